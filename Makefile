@@ -1,0 +1,32 @@
+# Two entry points for a fresh machine with nothing but Python >= 3.11:
+#   make demo   create .venv, install, optimize a bundled sample model, print the summary
+#   make test   create .venv, install, run the test suite
+# torch is installed first and pinned (TORCH_SPEC) so that a CPU-only machine gets the CPU
+# wheel instead of several GB of CUDA packages; override it on a GPU machine, e.g.
+#   make test TORCH_SPEC='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128'
+
+PYTHON ?= python3
+TORCH_SPEC ?= torch==2.13.0
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH_SPEC)
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/convexport optimize sample_models/seed000_subtracted_conv.py -o out/seed000.opt.onnx --report out/seed000.report.json
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

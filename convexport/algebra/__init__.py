@@ -1,0 +1,29 @@
+"""Pure-numpy weight algebra of linear convolution structure, exact or refused.
+
+Every fold works on ConvSpec (one Conv: dense float64 kernel, explicit pads) and returns an
+exact result or a Refusal saying why not; callers cast weights back to the model's dtype.
+
+    spec.py           ConvSpec, Refusal, AxisGeometry (the per-axis read formula)
+    onnx_conv.py      ONNX Conv <-> ConvSpec (groups, auto_pad, minimal kernel on the way out)
+    groups.py         grouped <-> block-diagonal dense kernels, largest exact group count
+    taps.py           trimming all-zero border taps, coarsening the dilation
+    compose.py        second(first(x)) as one conv
+    padding_reads.py  when a composition reads padding: exactness and the border map
+    parallel.py       sums and channel concats of convs reading one x
+    linear_ops.py     identity, AveragePool, zero Pad, per-channel scale/shift, BatchNorm
+"""
+
+from .compose import DEFAULT_BORDER_LIMIT_BYTES, Composition, compose
+from .groups import largest_group_count
+from .linear_ops import (avgpool_as_conv, batchnorm_scale_shift, identity_conv, merge_zero_pad, scale_shift_after,
+                         scale_shift_before)
+from .onnx_conv import conv_from_onnx, conv_to_onnx
+from .parallel import combine_parallel, concat_parallel
+from .spec import AxisGeometry, ConvSpec, Refusal
+
+__all__ = [
+    "AxisGeometry", "Composition", "ConvSpec", "DEFAULT_BORDER_LIMIT_BYTES", "Refusal",
+    "avgpool_as_conv", "batchnorm_scale_shift", "combine_parallel", "compose", "concat_parallel",
+    "conv_from_onnx", "conv_to_onnx", "identity_conv", "largest_group_count", "merge_zero_pad",
+    "scale_shift_after", "scale_shift_before",
+]

@@ -1,0 +1,221 @@
+"""The command line. The only module that knows exit codes:
+
+0 done; 1 user error (one line on stderr); 2 usage error; 3 validation failed (nothing
+written); 70 an internal error (a bug in convexport: one line, --debug for the traceback).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import traceback
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from .errors import ConvexportError, ValidationError, first_line
+
+EXIT_USER, EXIT_VALIDATION, EXIT_INTERNAL = 1, 3, 70
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Export PyTorch models to ONNX, fold their linear structure exactly, prove it.")
+rules_app = typer.Typer(no_args_is_help=True, help="List, show, check and test rule files.")
+app.add_typer(rules_app, name="rules")
+
+stdout = Console()
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+_debug = False
+
+
+@app.callback()
+def _main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False):
+    global _debug
+    _debug = debug
+
+
+InputOpt = Annotated[Optional[list[str]], typer.Option("--input", help="NAME:DIMS[:DTYPE], e.g. x:1x3x224x224 (N or batch = dynamic).")]
+OpsetOpt = Annotated[Optional[int], typer.Option("--opset", help="ONNX opset for torch exports (default 18).")]
+DynamicOpt = Annotated[bool, typer.Option("--dynamic-batch", help="Make the first dim of every input dynamic.")]
+TrustOpt = Annotated[bool, typer.Option("--trust-pickle", help="Allow a pickled nn.Module (.pt/.pth); unpickling runs code.")]
+
+
+@app.command()
+def optimize(
+    model: Annotated[str, typer.Argument(help="*.onnx, *.pt/*.pth (TorchScript), *.pt2, file.py[:callable] or package.module:callable.")],
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Where to write (default <stem>.opt.onnx beside MODEL).")] = None,
+    input: InputOpt = None,
+    rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="Rule file or folder (repeatable).")] = None,
+    no_builtin_rules: Annotated[bool, typer.Option("--no-builtin-rules", help="Use only the --rules given.")] = False,
+    strategy: Annotated[str, typer.Option("--strategy", help="exact | cost | measure.")] = "cost",
+    device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda (profiling).")] = "auto",
+    report: Annotated[Optional[Path], typer.Option("--report", help="Write the JSON report here.")] = None,
+    html: Annotated[Optional[Path], typer.Option("--html", help="Write an HTML report here.")] = None,
+    no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip validation (not recommended).")] = False,
+    no_profile: Annotated[bool, typer.Option("--no-profile", help="Skip profiling.")] = False,
+    rtol: Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance of validation.")] = None,
+    atol: Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance of validation.")] = None,
+    opset: OpsetOpt = None,
+    dynamic_batch: DynamicOpt = False,
+    trust_pickle: TrustOpt = False,
+):
+    """Export MODEL, fold its linear structure, validate, profile and write the result."""
+    from . import pipeline, validate
+    from .report import print_optimize_summary, write_json
+
+    def run():
+        if html is not None:
+            raise ConvexportError("--html: HTML reports are not implemented yet; use --report for JSON")
+        try:
+            with _progress() as progress:
+                result = pipeline.optimize(
+                    model, input or [], output, rules or [], strategy, device, not no_validate, not no_profile,
+                    builtin_rules=not no_builtin_rules, rtol=validate.DEFAULT_RTOL if rtol is None else rtol,
+                    atol=validate.DEFAULT_ATOL if atol is None else atol, opset=opset,
+                    dynamic_batch=dynamic_batch, trust_pickle=trust_pickle, progress=progress,
+                )
+        except ValidationError as exc:
+            if report is not None and exc.report is not None:
+                write_json(exc.report, report)
+            raise
+        if report is not None:
+            write_json(result.report, report)
+        print_optimize_summary(result.report, stdout)
+
+    _guarded(run)
+
+
+@app.command()
+def export(
+    model: Annotated[str, typer.Argument(help="*.onnx, *.pt/*.pth, *.pt2, file.py[:callable] or package.module:callable.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the ONNX model.")],
+    input: InputOpt = None,
+    opset: OpsetOpt = None,
+    dynamic_batch: DynamicOpt = False,
+    trust_pickle: TrustOpt = False,
+):
+    """Export MODEL to ONNX without rewriting it."""
+    from .pipeline import export_only
+
+    _guarded(lambda: stdout.print(f"wrote {export_only(model, output, input or [], opset, dynamic_batch, trust_pickle)}"))
+
+
+@app.command("validate")
+def validate_command(
+    reference: Annotated[Path, typer.Argument(help="The reference ONNX model.")],
+    candidate: Annotated[Path, typer.Argument(help="The ONNX model to check against it.")],
+    inputs: Annotated[Optional[Path], typer.Option("--inputs", help="DATA.npz of input arrays.")] = None,
+    runs: Annotated[int, typer.Option("--runs", help="Seeded random input sets.")] = 3,
+    rtol: Annotated[Optional[float], typer.Option("--rtol")] = None,
+    atol: Annotated[Optional[float], typer.Option("--atol")] = None,
+    report: Annotated[Optional[Path], typer.Option("--report")] = None,
+):
+    """Compare two ONNX models on the same inputs (exit 3 when they differ)."""
+    _guarded(lambda: _not_yet("validate"))
+
+
+@app.command()
+def profile(
+    model: Annotated[Path, typer.Argument(help="An ONNX model.")],
+    device: Annotated[str, typer.Option("--device")] = "auto",
+    runs: Annotated[int, typer.Option("--runs")] = 20,
+    warmup: Annotated[int, typer.Option("--warmup")] = 3,
+    report: Annotated[Optional[Path], typer.Option("--report")] = None,
+):
+    """Time an ONNX model on ONNX Runtime."""
+    _guarded(lambda: _not_yet("profile"))
+
+
+RulesOpt = Annotated[Optional[list[Path]], typer.Option("--rules", help="Also these rule files or folders.")]
+
+
+@rules_app.command("list")
+def rules_list(rules: RulesOpt = None):
+    """Every rule, one line each, with its file."""
+    def run():
+        for rule in _all_rules(rules):
+            stdout.print(f"{rule.name:28} {rule.file}:{rule.line}  {rule.doc}", markup=False, highlight=False)
+    _guarded(run)
+
+
+@rules_app.command("show")
+def rules_show(name: Annotated[str, typer.Argument(help="A rule name.")], rules: RulesOpt = None):
+    """A rule's text and doc."""
+    def run():
+        found = [rule for rule in _all_rules(rules) if rule.name == name]
+        if not found:
+            raise ConvexportError(f"no rule named {name!r}; `convexport rules list` lists them")
+        rule = found[0]
+        lines = Path(rule.file).read_text(encoding="utf-8").splitlines()
+        end = next((i for i in range(rule.line, len(lines)) if lines[i].lstrip().startswith("- name:")), len(lines))
+        stdout.print(f"# {rule.file}:{rule.line}\n# {rule.doc}", markup=False, highlight=False)
+        stdout.print("\n".join(lines[rule.line - 1:end]).rstrip(), markup=False, highlight=False)
+    _guarded(run)
+
+
+@rules_app.command("check")
+def rules_check(files: Annotated[list[Path], typer.Argument(help="Rule files to check.")]):
+    """Parse rule files and report every error as file:line:col: message."""
+    from .rewrite.primitives import builtin_primitives
+    from .rewrite.rulefile import load_rules, rule_files
+
+    def run():
+        rules = load_rules(rule_files(list(files)), set(builtin_primitives()))
+        stdout.print(f"{len(rules)} rule(s) OK")
+    _guarded(run)
+
+
+def _all_rules(extra):
+    from .rewrite.primitives import builtin_primitives
+    from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
+
+    return load_rules(builtin_rule_files() + rule_files(list(extra or [])), set(builtin_primitives()))
+
+
+@contextlib.contextmanager
+def _progress():
+    """A transient spinner naming the current step, on a terminal only: stderr stays one
+    line long for pipelines."""
+    if not stderr.is_terminal:
+        yield lambda step: None
+        return
+    with stderr.status("starting") as status:
+        yield lambda step: status.update(f"{step}...")
+
+
+def _not_yet(command: str):
+    raise ConvexportError(f"convexport {command}: not implemented yet")
+
+
+def _guarded(action) -> None:
+    """Run a command; map convexport's errors to exit codes with one line on stderr."""
+    try:
+        action()
+    except ValidationError as exc:
+        stderr.print(f"convexport: {exc}", markup=False)
+        raise typer.Exit(EXIT_VALIDATION) from None
+    except ConvexportError as exc:
+        if _debug:
+            traceback.print_exc()
+        stderr.print(f"convexport: {exc}", markup=False)
+        raise typer.Exit(EXIT_USER) from None
+    except KeyboardInterrupt:
+        stderr.print("convexport: interrupted", markup=False)
+        raise typer.Exit(130) from None
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:
+        if _debug:
+            traceback.print_exc()
+        stderr.print(f"convexport: internal error: {type(exc).__name__}: {first_line(exc)} "
+                     "(please report it; --debug shows the traceback)", markup=False)
+        raise typer.Exit(EXIT_INTERNAL) from None
+
+
+def main() -> None:
+    app(prog_name="convexport")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

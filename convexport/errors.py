@@ -1,0 +1,23 @@
+"""The exceptions convexport raises on purpose; the CLI maps them to exit codes."""
+
+
+class ConvexportError(Exception):
+    """A user error: unreadable model, bad rule file, bad option value (exit code 1).
+
+    The message is one line meant for a person: it names the file (and, for rule files, the
+    line) and says what to do.
+    """
+
+
+class ValidationError(ConvexportError):
+    """The optimized graph does not compute what the original computes (exit code 3)."""
+
+    def __init__(self, message: str, report: dict | None = None):
+        super().__init__(message)
+        self.report = report
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's message, for one-line error reports."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:limit]

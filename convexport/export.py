@@ -1,0 +1,222 @@
+"""torch program -> onnx.ModelProto, and the input specs of the exported graph.
+
+Exporter per kind:
+  nn.Module         torch.export + the dynamo ONNX exporter (falls back to the TorchScript
+                    exporter when torch.export cannot trace the module)
+  ExportedProgram   the dynamo ONNX exporter
+  ScriptModule      the TorchScript ONNX exporter (the only one that takes a ScriptModule)
+The default opset is 18: the lowest the dynamo exporter emits natively, supported by every
+ONNX Runtime >= 1.14, and the one the built-in rules are tested at.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import logging
+import warnings
+from dataclasses import dataclass
+
+import onnx
+
+from .errors import ConvexportError, first_line
+from .inputs import InputSpec
+from .loading import LoadedModel
+
+DEFAULT_OPSET = 18
+MIN_OPSET = 13
+_BATCH_DIM = "batch"
+
+
+@dataclass
+class ExportResult:
+    model: onnx.ModelProto
+    inputs: list[InputSpec]      # one per graph input, in order; dynamic dims by name
+    exporter: str                # onnx (no export) | dynamo | torchscript
+
+
+def export_model(loaded: LoadedModel, input_specs: list[InputSpec] | None = None,
+                 opset: int | None = None, dynamic_batch: bool = False) -> ExportResult:
+    """Export (or, for ONNX, take) the model and return it shape-inferred with its inputs."""
+    input_specs = list(input_specs or [])
+    if opset is not None and opset < MIN_OPSET:
+        raise ConvexportError(f"--opset {opset}: convexport needs opset >= {MIN_OPSET}")
+    if loaded.kind == "onnx":
+        model = onnx.ModelProto()
+        model.CopyFrom(loaded.onnx_model)
+        _apply_input_specs(model, input_specs, dynamic_batch, loaded.source)
+        return ExportResult(infer_shapes(model, loaded.source), graph_input_specs(model), "onnx")
+    args, names = _example_arguments(loaded, input_specs)
+    dynamic = dynamic_batch or any(spec.is_dynamic for spec in input_specs)
+    if dynamic:
+        args = tuple(_at_least_two_in_batch(t) for t in args)
+    opset = opset or DEFAULT_OPSET
+    model, exporter = _run_exporter(loaded, args, names, opset, dynamic)
+    return ExportResult(infer_shapes(model, loaded.source), graph_input_specs(model), exporter)
+
+
+def infer_shapes(model: onnx.ModelProto, source: str) -> onnx.ModelProto:
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception as exc:
+        raise ConvexportError(f"{source}: ONNX shape inference failed: {str(exc).splitlines()[0]}") from exc
+
+
+def graph_input_specs(model: onnx.ModelProto) -> list[InputSpec]:
+    """The graph's real inputs (not initializers) as InputSpecs."""
+    initializers = {init.name for init in model.graph.initializer}
+    specs = []
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        tensor_type = value.type.tensor_type
+        dims = tuple(
+            d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or f"{value.name}_{i}")
+            for i, d in enumerate(tensor_type.shape.dim)
+        )
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        specs.append(InputSpec(value.name, dims, str(dtype)))
+    return specs
+
+
+def _apply_input_specs(model: onnx.ModelProto, specs: list[InputSpec], dynamic_batch: bool, source: str) -> None:
+    """--input on an ONNX model fixes (or names) the dims of its inputs."""
+    by_name = {value.name: value for value in model.graph.input}
+    for spec in specs:
+        if spec.name not in by_name:
+            raise ConvexportError(
+                f"--input {spec.name}: {source} has no input {spec.name!r} (inputs: {', '.join(by_name)})"
+            )
+        shape = by_name[spec.name].type.tensor_type.shape
+        if len(shape.dim) != len(spec.dims):
+            raise ConvexportError(
+                f"--input {spec}: {source} input {spec.name!r} has rank {len(shape.dim)}, not {len(spec.dims)}"
+            )
+        for dim, value in zip(shape.dim, spec.dims):
+            if isinstance(value, int):
+                dim.dim_value = value
+            else:
+                dim.dim_param = value
+    if dynamic_batch:
+        for value in model.graph.input:
+            dims = value.type.tensor_type.shape.dim
+            if dims:
+                dims[0].dim_param = _BATCH_DIM
+
+
+def _example_arguments(loaded: LoadedModel, specs: list[InputSpec]) -> tuple[tuple, list[str]]:
+    """Positional example tensors and their names, from --input or the model's own examples."""
+    import torch
+
+    signature_names = _forward_argument_names(loaded)
+    if specs:
+        generator = torch.Generator().manual_seed(0)
+        args = tuple(
+            torch.randn(spec.concrete_shape(), generator=generator).to(_torch_dtype(spec))
+            if spec.numpy_dtype.kind == "f" else torch.zeros(spec.concrete_shape(), dtype=_torch_dtype(spec))
+            for spec in specs
+        )
+        return args, [spec.name for spec in specs]
+    if loaded.example_inputs is None:
+        hint = "TorchScript archives carry no input shapes" if loaded.kind == "torchscript" else "no example inputs"
+        raise ConvexportError(
+            f"{loaded.source}: {hint}; pass --input NAME:DIMS (e.g. --input x:1x3x224x224), or have "
+            "the factory return (module, example_inputs)"
+        )
+    args = loaded.example_inputs
+    names = loaded.input_names or signature_names
+    if len(names) < len(args):
+        names = [f"input_{i}" for i in range(len(args))]
+    return args, list(names[: len(args)])
+
+
+def _forward_argument_names(loaded: LoadedModel) -> list[str]:
+    if loaded.kind != "module":
+        return []
+    try:
+        parameters = inspect.signature(loaded.program.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _torch_dtype(spec: InputSpec):
+    import torch
+
+    return getattr(torch, spec.dtype)
+
+
+def _at_least_two_in_batch(tensor):
+    """torch.export specialises a size-1 dim to a constant; trace dynamic batches at 2."""
+    import torch
+
+    if tensor.dim() and tensor.shape[0] == 1:
+        return torch.cat([tensor, tensor])
+    return tensor
+
+
+def _run_exporter(loaded: LoadedModel, args: tuple, names: list[str], opset: int, dynamic: bool):
+    import torch
+
+    if loaded.kind == "torchscript":
+        return _export_torchscript(loaded, args, names, opset, dynamic), "torchscript"
+    try:
+        return _export_dynamo(loaded, args, names, opset, dynamic), "dynamo"
+    except ConvexportError:
+        raise
+    except Exception as dynamo_error:
+        if loaded.kind != "module" or isinstance(loaded.program, torch.export.ExportedProgram):
+            raise ConvexportError(f"{loaded.source}: ONNX export failed: {first_line(dynamo_error)}") from dynamo_error
+        try:
+            return _export_torchscript(loaded, args, names, opset, dynamic), "torchscript"
+        except Exception as script_error:
+            raise ConvexportError(
+                f"{loaded.source}: ONNX export failed (torch.export: {first_line(dynamo_error)}; "
+                f"TorchScript: {first_line(script_error)})"
+            ) from script_error
+
+
+def _export_dynamo(loaded: LoadedModel, args: tuple, names: list[str], opset: int, dynamic: bool) -> onnx.ModelProto:
+    import torch
+
+    dynamic_shapes = None
+    if dynamic:
+        batch = torch.export.Dim(_BATCH_DIM)
+        dynamic_shapes = tuple({0: batch} if t.dim() else None for t in args)
+    with _quiet():
+        program = torch.onnx.export(
+            loaded.program, args, dynamo=True, opset_version=opset, input_names=names,
+            dynamic_shapes=dynamic_shapes, verbose=False, optimize=True,
+        )
+    return program.model_proto
+
+
+def _export_torchscript(loaded: LoadedModel, args: tuple, names: list[str], opset: int, dynamic: bool) -> onnx.ModelProto:
+    import torch
+
+    buffer = io.BytesIO()
+    dynamic_axes = {name: {0: _BATCH_DIM} for name, t in zip(names, args) if t.dim()} if dynamic else None
+    with _quiet():
+        torch.onnx.export(
+            loaded.program, args, buffer, dynamo=False, opset_version=opset, input_names=names,
+            dynamic_axes=dynamic_axes, do_constant_folding=True,
+        )
+    return onnx.load_from_string(buffer.getvalue())
+
+
+@contextlib.contextmanager
+def _quiet():
+    """The exporters print progress and warnings; convexport reports on its own."""
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "torch._export", "onnxscript")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+

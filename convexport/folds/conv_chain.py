@@ -1,0 +1,54 @@
+"""A chain of two linear nodes (Conv, BN, per-channel affine, AveragePool, zero Pad) -> one Conv."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..algebra import Refusal, compose
+from ..rewrite.primitives import Rewrite
+from .convnodes import conv_flops, make_conv, spatial_shape
+from .linear_nodes import data_input, linear_spec
+
+# A bias of the first node read through the second's zero padding is exact only with a
+# constant correction map added to the output ([O, *out], float32); it is used when at most
+# this many bytes (a 64x128x128 map), so the fold never trades compute for a large tensor.
+BORDER_LIMIT_BYTES = 4 << 20
+
+
+def output_dtype(node: gs.Node):
+    dtype = node.outputs[0].dtype
+    return np.dtype(dtype) if dtype is not None else np.dtype(np.float32)
+
+
+def compose_linear(match, context) -> Rewrite | Refusal:
+    """second(first(x)) -> Conv'(x) [+ border map]; the algebra is convexport.algebra.compose."""
+    first, second = match.nodes["h"], match.root
+    x = data_input(first)
+    first_spec, second_spec = linear_spec(first, context.opset), linear_spec(second, context.opset)
+    for spec in (first_spec, second_spec):
+        if isinstance(spec, Refusal):
+            return spec
+    limit = int(context.params.get("border_limit_bytes", BORDER_LIMIT_BYTES))
+    composition = compose(first_spec, second_spec, spatial_shape(x), limit)
+    if isinstance(composition, Refusal):
+        return composition
+    output = second.outputs[0]
+    node, folded = make_conv(context, x, composition.spec, output_dtype(second), output.name)
+    nodes, note = [node], f"{first.op} -> {second.op} composed into one Conv"
+    extra = {}
+    if composition.border is not None:
+        border = gs.Constant(context.fresh(output.name + "_border"), composition.border[None].astype(output_dtype(second)))
+        corrected = gs.Variable(context.fresh(output.name + "_corrected"), dtype=output_dtype(second))
+        nodes.append(gs.Node("Add", context.fresh(output.name + "_border_add"), inputs=[folded, border], outputs=[corrected]))
+        folded, note = corrected, note + f" plus a constant border map of {composition.border.nbytes // 2} bytes"
+        extra["border_map_bytes"] = int(composition.border.size * 4)
+    before = _chain_flops(first, first_spec, second, second_spec)
+    after = conv_flops(composition.spec, output.shape)
+    return Rewrite(nodes, [(output, folded)], note, before, after, extra)
+
+
+def _chain_flops(first, first_spec, second, second_spec) -> float | None:
+    parts = [conv_flops(spec, node.outputs[0].shape)
+             for node, spec in ((first, first_spec), (second, second_spec))]
+    return None if None in parts else float(sum(parts))

@@ -1,0 +1,52 @@
+"""Between ONNX Conv nodes in a gs.Graph and the algebra's ConvSpec."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..algebra import ConvSpec, Refusal, conv_from_onnx, conv_to_onnx
+from ..graph import constant_value, is_absent
+
+
+def spatial_shape(tensor) -> tuple[int | None, ...] | None:
+    """The spatial dims of an NC... tensor (None for an unknown dim), or None without a rank."""
+    shape = getattr(tensor, "shape", None)
+    if shape is None or len(shape) < 3:
+        return None
+    return tuple(d if isinstance(d, int) and d >= 0 else None for d in shape[2:])
+
+
+def conv_spec(node: gs.Node) -> ConvSpec | Refusal:
+    """The ConvSpec of a Conv node whose weight (and bias) are constants."""
+    weight = constant_value(node.inputs[1])
+    bias_input = node.inputs[2] if len(node.inputs) > 2 else None
+    bias = None if is_absent(bias_input) else constant_value(bias_input)
+    if weight is None or (not is_absent(bias_input) and bias is None):
+        return Refusal(f"{node.name}: weight or bias is not a constant")
+    attrs = {key: (list(value) if isinstance(value, (list, tuple)) else value) for key, value in node.attrs.items()}
+    return conv_from_onnx(weight, bias, attrs, spatial_shape(node.inputs[0]))
+
+
+def weight_dtype(node: gs.Node) -> np.dtype:
+    return np.asarray(constant_value(node.inputs[1])).dtype
+
+
+def make_conv(context, x, spec: ConvSpec, dtype: np.dtype, base: str) -> tuple[gs.Node, gs.Variable]:
+    """A Conv node computing `spec` on x; weights cast back to the model's dtype."""
+    weight, bias, attrs = conv_to_onnx(spec)
+    inputs = [x, gs.Constant(context.fresh(base + "_weight"), weight.astype(dtype))]
+    if bias is not None:
+        inputs.append(gs.Constant(context.fresh(base + "_bias"), bias.astype(dtype)))
+    output = gs.Variable(context.fresh(base), dtype=dtype)
+    node = gs.Node("Conv", context.fresh(base + "_conv"), attrs, inputs, [output])
+    return node, output
+
+
+def conv_flops(spec: ConvSpec, output_shape) -> float | None:
+    """2 * O * prod(out spatial) * (I/g) * prod(k): the FLOPs of the Conv emitted for `spec`,
+    per sample (None when the output's spatial shape is unknown)."""
+    if output_shape is None or len(output_shape) < 3 or any(not isinstance(d, int) for d in output_shape[2:]):
+        return None
+    weight_shape = conv_to_onnx(spec)[0].shape
+    return 2.0 * float(np.prod([weight_shape[0], *output_shape[2:]])) * float(np.prod(weight_shape[1:]))

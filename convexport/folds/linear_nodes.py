@@ -1,0 +1,107 @@
+"""Every linear node convexport folds, seen as a ConvSpec acting on its data input.
+
+Conv is itself; BatchNormalization, and Mul / Div / Add / Sub by a per-channel or scalar
+constant, are 1x1 depthwise convs with a bias; AveragePool is a depthwise conv of 1/k^n; a
+zero Pad is an identity kernel with pads. Composing and summing them is then one algebra.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..algebra import (ConvSpec, Refusal, avgpool_as_conv, batchnorm_scale_shift, identity_conv,
+                       merge_zero_pad, scale_shift_after)
+from ..graph import attribute, constant_value, is_absent
+from .convnodes import conv_spec, spatial_shape
+
+ELEMENTWISE = ("Mul", "Div", "Add", "Sub")
+
+
+def data_input(node: gs.Node):
+    """The run-time operand of a linear node (for elementwise ops, the non-constant one)."""
+    if node.op in ELEMENTWISE:
+        return node.inputs[1] if constant_value(node.inputs[0]) is not None else node.inputs[0]
+    return node.inputs[0]
+
+
+def linear_spec(node: gs.Node, opset: int) -> ConvSpec | Refusal:
+    """The ConvSpec that computes `node` from data_input(node)."""
+    if node.op == "Conv":
+        return conv_spec(node)
+    shape = getattr(data_input(node), "shape", None)
+    if shape is None or len(shape) < 3 or not isinstance(shape[1], int):
+        return Refusal(f"{node.name}: the rank and channel count of its input are unknown")
+    channels, nd = shape[1], len(shape) - 2
+    if node.op == "BatchNormalization":
+        gamma, beta, mean, var = (constant_value(t) for t in node.inputs[1:5])
+        scale, shift = batchnorm_scale_shift(*(np.asarray(v, np.float64) for v in (gamma, beta, mean, var)),
+                                             float(attribute(node, "epsilon", opset)))
+        return scale_shift_after(identity_conv(channels, nd), scale, shift)
+    if node.op in ELEMENTWISE:
+        return _elementwise_spec(node, channels, nd)
+    if node.op == "AveragePool":
+        return _avgpool_spec(node, channels, nd, spatial_shape(node.inputs[0]), opset)
+    if node.op == "Pad":
+        return _pad_spec(node, channels, nd, opset)
+    return Refusal(f"{node.name}: {node.op} is not a linear op convexport folds")
+
+
+def _elementwise_spec(node: gs.Node, channels: int, nd: int) -> ConvSpec | Refusal:
+    """x*k, x/k, x+k, x-k, k*x, k+x and k-x for a constant k of shape [C,1..] or a scalar."""
+    data_first = constant_value(node.inputs[0]) is None
+    constant = constant_value(node.inputs[1] if data_first else node.inputs[0])
+    per_channel = _per_channel(np.asarray(constant, np.float64), channels, nd)
+    if isinstance(per_channel, Refusal):
+        return Refusal(f"{node.name}: {per_channel.reason}")
+    identity = identity_conv(channels, nd)
+    if node.op == "Mul":
+        return scale_shift_after(identity, per_channel, 0.0)
+    if node.op == "Div":
+        if not data_first:
+            return Refusal(f"{node.name}: k / x is not linear in x")
+        return scale_shift_after(identity, 1.0 / per_channel, 0.0)
+    if node.op == "Add":
+        return scale_shift_after(identity, 1.0, per_channel)
+    return scale_shift_after(identity, 1.0, -per_channel) if data_first else scale_shift_after(identity, -1.0, per_channel)
+
+
+def _per_channel(value: np.ndarray, channels: int, nd: int) -> np.ndarray | Refusal:
+    """A constant that broadcasts over [N, C, *spatial] one value per channel, as [C]."""
+    if value.ndim > nd + 2:
+        return Refusal(f"the constant of shape {value.shape} would broadcast the output to a higher rank")
+    full = value.reshape((1,) * (nd + 2 - value.ndim) + value.shape)
+    if full.shape[0] != 1 or any(d != 1 for d in full.shape[2:]) or full.shape[1] not in (1, channels):
+        return Refusal(f"the constant of shape {value.shape} is not per-channel over {channels} channels")
+    return np.broadcast_to(full.reshape(-1), (channels,)).astype(np.float64)
+
+
+def _avgpool_spec(node: gs.Node, channels: int, nd: int, spatial, opset: int) -> ConvSpec | Refusal:
+    kernel = tuple(attribute(node, "kernel_shape", opset))
+    strides = tuple(attribute(node, "strides", opset) or (1,) * nd)
+    pads = tuple(attribute(node, "pads", opset) or (0,) * (2 * nd))
+    if attribute(node, "auto_pad", opset) not in (None, "NOTSET", "VALID"):
+        return Refusal(f"{node.name}: AveragePool with auto_pad {attribute(node, 'auto_pad', opset)} is not folded")
+    if any(d != 1 for d in attribute(node, "dilations", opset) or ()):
+        return Refusal(f"{node.name}: dilated AveragePool is not folded")
+    return avgpool_as_conv(channels, kernel, strides, pads[:nd], pads[nd:],
+                           bool(attribute(node, "count_include_pad", opset)), bool(attribute(node, "ceil_mode", opset)),
+                           spatial)
+
+
+def _pad_spec(node: gs.Node, channels: int, nd: int, opset: int) -> ConvSpec | Refusal:
+    if attribute(node, "mode", opset) != "constant":
+        return Refusal(f"{node.name}: Pad mode {attribute(node, 'mode', opset)!r} is not zero padding")
+    pads = constant_value(node.inputs[1])
+    value = None if len(node.inputs) < 3 or is_absent(node.inputs[2]) else constant_value(node.inputs[2])
+    axes_given = len(node.inputs) > 3 and not is_absent(node.inputs[3])
+    if pads is None or axes_given:
+        return Refusal(f"{node.name}: Pad amounts are not constant (or use axes)")
+    if value is not None and np.any(np.asarray(value) != 0):
+        return Refusal(f"{node.name}: pads with {np.asarray(value).item()}, not zero")
+    pads = [int(p) for p in np.asarray(pads).reshape(-1)]
+    rank = nd + 2
+    begin, end = pads[:rank], pads[rank:]
+    if any(begin[:2]) or any(end[:2]):
+        return Refusal(f"{node.name}: pads the batch or channel axis")
+    return merge_zero_pad(identity_conv(channels, nd), begin[2:], end[2:])

@@ -1,0 +1,88 @@
+"""Input specifications (`--input NAME:DIMS[:DTYPE]`) and seeded random input data."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ConvexportError
+
+DTYPES = {
+    "float32": np.float32, "float": np.float32, "fp32": np.float32,
+    "float16": np.float16, "half": np.float16, "fp16": np.float16,
+    "float64": np.float64, "double": np.float64,
+    "int64": np.int64, "long": np.int64, "int32": np.int32, "int": np.int32,
+    "int8": np.int8, "uint8": np.uint8, "bool": np.bool_,
+}
+_DIM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# The size a dynamic dimension takes when data has to be made up for it (validation,
+# profiling) and no concrete size was given.
+DEFAULT_DYNAMIC_SIZE = 1
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One model input: a name, dims (an int, or a name for a dynamic dim) and a dtype."""
+
+    name: str
+    dims: tuple[int | str, ...]
+    dtype: str = "float32"
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return np.dtype(DTYPES[self.dtype])
+
+    @property
+    def is_dynamic(self) -> bool:
+        return any(isinstance(d, str) for d in self.dims)
+
+    def concrete_shape(self, dynamic_size: int = DEFAULT_DYNAMIC_SIZE) -> tuple[int, ...]:
+        return tuple(d if isinstance(d, int) else dynamic_size for d in self.dims)
+
+    def __str__(self) -> str:
+        return f"{self.name}:{'x'.join(str(d) for d in self.dims)}:{self.dtype}"
+
+
+def parse_input_spec(text: str) -> InputSpec:
+    """Parse `NAME:DIMS[:DTYPE]`, e.g. `x:1x3x224x224`, `x:Nx3x224x224:float16`."""
+    parts = text.split(":")
+    hint = "expected NAME:DIMS[:DTYPE], e.g. x:1x3x224x224 or x:Nx3x224x224:float16"
+    if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
+        raise ConvexportError(f"--input {text!r}: {hint}")
+    name, dims_text = parts[0], parts[1]
+    dtype = parts[2] if len(parts) == 3 else "float32"
+    if dtype not in DTYPES:
+        raise ConvexportError(
+            f"--input {text!r}: unknown dtype {dtype!r} (one of {', '.join(sorted(set(DTYPES)))})"
+        )
+    dims: list[int | str] = []
+    for token in dims_text.split("x"):  # so a dimension name cannot contain an 'x'
+        if token.isdigit() and int(token) > 0:
+            dims.append(int(token))
+        elif _DIM_NAME.match(token):
+            dims.append("batch" if token in ("N", "n", "batch") else token)
+        else:
+            raise ConvexportError(f"--input {text!r}: bad dimension {token!r}; {hint}")
+    if not dims:
+        raise ConvexportError(f"--input {text!r}: {hint}")
+    return InputSpec(name, tuple(dims), str(np.dtype(DTYPES[dtype])))
+
+
+def random_inputs(specs: list[InputSpec], seed: int, dynamic_size: int = DEFAULT_DYNAMIC_SIZE
+                  ) -> dict[str, np.ndarray]:
+    """Seeded data for each input: standard normal floats, small non-negative integers."""
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for spec in specs:
+        shape = spec.concrete_shape(dynamic_size)
+        dtype = spec.numpy_dtype
+        if np.issubdtype(dtype, np.floating):
+            feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype == np.bool_:
+            feeds[spec.name] = rng.integers(0, 2, shape).astype(np.bool_)
+        else:
+            feeds[spec.name] = rng.integers(0, 4, shape).astype(dtype)
+    return feeds

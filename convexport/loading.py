@@ -1,0 +1,226 @@
+"""Turn a MODEL argument into something exportable: an ONNX model or a torch program.
+
+MODEL is one of (DESIGN.md section 1):
+  *.onnx                         an ONNX model, used as it is
+  *.pt / *.pth                   a TorchScript archive; a pickled nn.Module only when trusted
+  *.pt2                          an ExportedProgram saved by torch.export.save
+  path/file.py[:callable]        a factory (default `build`) returning a module or a
+  package.module:callable        (module, example_inputs) pair
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConvexportError, first_line
+
+DEFAULT_FACTORY = "build"
+
+
+@dataclass
+class LoadedModel:
+    """What a MODEL argument names, ready for export."""
+
+    source: str                      # the MODEL argument as given
+    kind: str                        # onnx | torchscript | exported_program | module
+    default_output: Path             # <stem>.opt.onnx beside the model (cwd for modules)
+    onnx_model: Any = None           # onnx.ModelProto when kind == "onnx"
+    program: Any = None              # nn.Module, ScriptModule or ExportedProgram
+    example_inputs: tuple | None = None
+    input_names: list[str] = field(default_factory=list)
+
+
+def load_model(source: str, trust_pickle: bool = False) -> LoadedModel:
+    """Load MODEL; every failure is a ConvexportError naming the file and what to do."""
+    path_text, _, factory = _split_factory(source)
+    path = Path(path_text)
+    suffix = path.suffix.lower()
+    if suffix == ".py" or (factory and not path.suffix):
+        return _load_factory(source, path_text, factory or DEFAULT_FACTORY)
+    if suffix not in (".onnx", ".pt", ".pth", ".pt2"):
+        raise ConvexportError(
+            f"{source}: unknown model type {path.suffix or '(no suffix)'!r}; expected .onnx, .pt, "
+            ".pth, .pt2, file.py[:callable] or package.module:callable"
+        )
+    if not path.is_file():
+        raise ConvexportError(f"{source}: no such file")
+    default_output = path.with_name(path.stem + ".opt.onnx")
+    if suffix == ".onnx":
+        return LoadedModel(source, "onnx", default_output, onnx_model=_load_onnx(path))
+    if suffix == ".pt2":
+        return _load_exported_program(path, default_output)
+    return _load_torch_archive(path, default_output, trust_pickle)
+
+
+def _split_factory(source: str) -> tuple[str, str, str]:
+    """'a/b.py:make' -> ('a/b.py', ':', 'make'); Windows drive letters are left alone."""
+    head, sep, tail = source.rpartition(":")
+    if sep and tail and "/" not in tail and "\\" not in tail and len(head) > 1:
+        return head, sep, tail
+    return source, "", ""
+
+
+def _load_onnx(path: Path):
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        model = onnx.load(str(path), load_external_data=True)
+    except (DecodeError, ValueError, OSError, RuntimeError) as exc:
+        raise ConvexportError(
+            f"{path}: not a readable ONNX model ({first_line(exc)}); re-export it or check the "
+            "file was copied whole"
+        ) from exc
+    if not model.graph.node and not model.graph.output:
+        raise ConvexportError(f"{path}: the file parses as ONNX but holds no graph")
+    try:
+        onnx.checker.check_model(model, full_check=False)
+    except onnx.checker.ValidationError as exc:
+        raise ConvexportError(f"{path}: invalid ONNX model: {first_line(exc)}") from exc
+    return model
+
+
+def _load_exported_program(path: Path, default_output: Path) -> LoadedModel:
+    import torch
+
+    try:
+        program = torch.export.load(str(path))
+    except Exception as exc:  # torch raises many types for a bad archive
+        raise ConvexportError(
+            f"{path}: not a torch.export archive ({first_line(exc)}); save one with "
+            "torch.export.save(torch.export.export(model, inputs), 'model.pt2')"
+        ) from exc
+    names, inputs = _exported_program_inputs(program)
+    return LoadedModel(str(path), "exported_program", default_output, program=program,
+                       example_inputs=inputs, input_names=names)
+
+
+def _exported_program_inputs(program) -> tuple[list[str], tuple | None]:
+    """User input names and zero tensors of the traced shapes (None if any dim is symbolic)."""
+    import torch
+
+    user_inputs = list(program.graph_signature.user_inputs)
+    tensors = []
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name in user_inputs:
+            value = node.meta.get("val")
+            if value is None or not all(isinstance(d, int) for d in value.shape):
+                return user_inputs, None
+            tensors.append(torch.zeros(tuple(value.shape), dtype=value.dtype))
+    return user_inputs, tuple(tensors)
+
+
+def _load_torch_archive(path: Path, default_output: Path, trust_pickle: bool) -> LoadedModel:
+    import torch
+
+    if not zipfile.is_zipfile(path):
+        raise ConvexportError(
+            f"{path}: not a TorchScript archive (not a zip file); save one with "
+            "torch.jit.save(torch.jit.script(model) or torch.jit.trace(model, x), 'model.pt')"
+        )
+    if _is_torchscript_archive(path):
+        try:
+            program = torch.jit.load(str(path), map_location="cpu")
+        except Exception as exc:
+            raise ConvexportError(f"{path}: unreadable TorchScript archive ({first_line(exc)})") from exc
+        return LoadedModel(str(path), "torchscript", default_output, program=program.eval())
+    if not trust_pickle:
+        try:
+            torch.load(str(path), map_location="cpu", weights_only=True)
+        except Exception:
+            raise ConvexportError(
+                f"{path}: holds a pickled nn.Module and unpickling runs code from the file; pass "
+                "--trust-pickle if you trust it, or save a TorchScript archive instead"
+            ) from None
+        raise ConvexportError(
+            f"{path}: holds tensors (a state_dict?), not a model; give a file.py:factory that "
+            "builds the module and loads them"
+        )
+    try:
+        program = torch.load(str(path), map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise ConvexportError(f"{path}: could not unpickle ({first_line(exc)})") from exc
+    if not isinstance(program, torch.nn.Module):
+        raise ConvexportError(
+            f"{path}: unpickled a {type(program).__name__}, not an nn.Module; give a "
+            "file.py:factory that builds the module"
+        )
+    return LoadedModel(str(path), "module", default_output, program=program.eval())
+
+
+def _is_torchscript_archive(path: Path) -> bool:
+    with zipfile.ZipFile(path) as archive:
+        return any(name.endswith("/constants.pkl") or "/code/" in name for name in archive.namelist())
+
+
+def _load_factory(source: str, path_text: str, factory_name: str) -> LoadedModel:
+    module = _import_factory_module(source, path_text)
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise ConvexportError(f"{source}: {path_text} has no callable {factory_name!r}")
+    try:
+        produced = factory()
+    except Exception as exc:
+        raise ConvexportError(f"{source}: {factory_name}() raised {type(exc).__name__}: {first_line(exc)}") from exc
+    program, inputs = _unpack_factory_result(source, produced)
+    if inputs is None and callable(getattr(module, "example_inputs", None)):
+        inputs = _as_tuple(module.example_inputs())
+    if path_text.endswith(".py"):
+        default_output = Path(path_text).with_name(f"{Path(path_text).stem}.opt.onnx")
+    else:
+        default_output = Path.cwd() / f"{path_text.rsplit('.', 1)[-1]}.opt.onnx"
+    return LoadedModel(source, "module", default_output,
+                       program=program.eval(), example_inputs=inputs)
+
+
+def _import_factory_module(source: str, path_text: str):
+    if path_text.endswith(".py"):
+        path = Path(path_text)
+        if not path.is_file():
+            raise ConvexportError(f"{source}: no such file {path_text}")
+        name = f"convexport_user_{abs(hash(str(path.resolve())))}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        loader_dir = str(path.resolve().parent)
+        sys.path.insert(0, loader_dir)  # let the file import its neighbours
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[name]
+            raise ConvexportError(f"{source}: importing {path_text} raised {type(exc).__name__}: {first_line(exc)}") from exc
+        finally:
+            sys.path.remove(loader_dir)
+        return module
+    try:
+        return importlib.import_module(path_text)
+    except Exception as exc:
+        raise ConvexportError(f"{source}: cannot import module {path_text!r} ({first_line(exc)})") from exc
+
+
+def _unpack_factory_result(source: str, produced) -> tuple[Any, tuple | None]:
+    import torch
+
+    if isinstance(produced, torch.nn.Module):
+        return produced, None
+    if isinstance(produced, (tuple, list)) and len(produced) == 2 and isinstance(produced[0], torch.nn.Module):
+        return produced[0], _as_tuple(produced[1])
+    raise ConvexportError(
+        f"{source}: the factory returned {type(produced).__name__}; expected an nn.Module or a "
+        "(module, example_inputs) pair"
+    )
+
+
+def _as_tuple(inputs) -> tuple:
+    import torch
+
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,)
+    return tuple(inputs)
+

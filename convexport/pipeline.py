@@ -1,0 +1,164 @@
+"""The optimize pipeline: load -> export -> rewrite -> validate -> profile -> write -> report."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from . import __version__
+from .errors import ConvexportError, ValidationError
+from .export import ExportResult, export_model
+from .inputs import InputSpec, parse_input_spec
+from .loading import LoadedModel, load_model
+from .profile import profile_models
+from .rewrite.engine import STRATEGIES, rewrite_model
+from .rewrite.primitives import builtin_primitives
+from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
+from .runtime import resolve_device
+from .stats import graph_stats
+from .validate import DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_RUNS, compare_models
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class OptimizeResult:
+    report: dict
+    model: onnx.ModelProto          # the optimized graph
+    original: onnx.ModelProto       # the exported graph it was checked against
+    output: Path | None             # where it was written (None when not written)
+
+
+def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str | Path | None = None,
+             rules: Sequence[str | Path] = (), strategy: str = "cost", device: str = "auto",
+             validate: bool = True, profile: bool = True, *, builtin_rules: bool = True,
+             rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL, opset: int | None = None,
+             dynamic_batch: bool = False, trust_pickle: bool = False, write: bool = True,
+             progress: Progress | None = None) -> OptimizeResult:
+    """Optimize MODEL (a path or MODEL string, an onnx.ModelProto, or an nn.Module).
+
+    Raises ConvexportError for user errors and ValidationError (nothing written) when the
+    optimized graph does not match the original.
+    """
+    say = progress or (lambda message: None)
+    if strategy not in STRATEGIES:
+        raise ConvexportError(f"--strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    device = resolve_device(device) if profile else device
+    specs = [spec if isinstance(spec, InputSpec) else parse_input_spec(spec) for spec in inputs or ()]
+    loaded = _load(model, trust_pickle)
+    rule_list = _rules(rules, builtin_rules)
+    destination = _destination(loaded, output) if write else None
+
+    say("exporting")
+    exported = export_model(loaded, specs, opset, dynamic_batch)
+    say("rewriting")
+    outcome = rewrite_model(exported.model, rule_list, builtin_primitives(), strategy, loaded.source)
+    report = _report(loaded, destination, exported, outcome)
+
+    if validate:
+        say("validating")
+        result = compare_models(exported.model, outcome.model, _validation_inputs(exported, specs),
+                                DEFAULT_RUNS, rtol, atol)
+        report["validation"] = result.to_report()
+        if not result.passed:
+            raise ValidationError(
+                f"{loaded.source}: the optimized graph does not match the original ({result.summary()}); "
+                "nothing was written", report)
+    if profile:
+        say(f"profiling on {device}")
+        measured = profile_models({"before": exported.model, "after": outcome.model},
+                                  _validation_inputs(exported, specs), device)
+        before, after = measured["before"]["latency_ms"]["median"], measured["after"]["latency_ms"]["median"]
+        report["profile"] = {**measured, "speedup": before / after if after > 0 else None}
+    if destination is not None:
+        say("writing")
+        save_atomically(outcome.model, destination)
+    return OptimizeResult(report, outcome.model, exported.model, destination)
+
+
+def export_only(model, output: str | Path, inputs: Sequence[str | InputSpec] | None = None,
+                opset: int | None = None, dynamic_batch: bool = False, trust_pickle: bool = False) -> Path:
+    specs = [spec if isinstance(spec, InputSpec) else parse_input_spec(spec) for spec in inputs or ()]
+    loaded = _load(model, trust_pickle)
+    destination = _destination(loaded, output)
+    save_atomically(export_model(loaded, specs, opset, dynamic_batch).model, destination)
+    return destination
+
+
+def _load(model, trust_pickle: bool) -> LoadedModel:
+    if isinstance(model, onnx.ModelProto):
+        return LoadedModel("<onnx.ModelProto>", "onnx", Path.cwd() / "model.opt.onnx", onnx_model=model)
+    if isinstance(model, (str, Path)):
+        return load_model(str(model), trust_pickle)
+    import torch
+
+    if isinstance(model, torch.nn.Module):
+        return LoadedModel(f"<{type(model).__name__}>", "module", Path.cwd() / "model.opt.onnx", program=model.eval())
+    raise ConvexportError(f"cannot optimize a {type(model).__name__}: give a path, an onnx.ModelProto or an nn.Module")
+
+
+def _rules(paths: Sequence[str | Path], builtin: bool):
+    primitives = builtin_primitives()
+    files = (builtin_rule_files() if builtin else []) + rule_files(list(paths))
+    return load_rules(files, set(primitives))
+
+
+def _destination(loaded: LoadedModel, output: str | Path | None) -> Path:
+    destination = Path(output) if output is not None else loaded.default_output
+    source = Path(loaded.source.rsplit(":", 1)[0]) if loaded.kind == "module" else Path(loaded.source)
+    if source.exists() and destination.exists() and destination.resolve() == source.resolve():
+        raise ConvexportError(f"{destination}: is the input model; choose another -o (the input is never modified)")
+    if not destination.parent.exists():
+        raise ConvexportError(f"{destination}: folder {destination.parent} does not exist")
+    return destination
+
+
+def _validation_inputs(exported: ExportResult, specs: list[InputSpec]) -> list[InputSpec]:
+    """The graph's inputs, with any dims --input names concretely."""
+    given = {spec.name: spec for spec in specs}
+    resolved = []
+    for spec in exported.inputs:
+        override = given.get(spec.name)
+        if override is not None and len(override.dims) == len(spec.dims):
+            dims = tuple(o if isinstance(o, int) else s for o, s in zip(override.dims, spec.dims))
+            spec = InputSpec(spec.name, dims, spec.dtype)
+        resolved.append(spec)
+    return resolved
+
+
+def _report(loaded: LoadedModel, destination: Path | None, exported: ExportResult, outcome) -> dict:
+    return {
+        "convexport_version": __version__,
+        "model": loaded.source,
+        "output": str(destination) if destination else None,
+        "exporter": exported.exporter,
+        "opset": next((o.version for o in exported.model.opset_import if o.domain in ("", "ai.onnx")), None),
+        "inputs": [str(spec) for spec in exported.inputs],
+        "before": graph_stats(exported.model),
+        "after": graph_stats(outcome.model),
+        "rewrites": outcome.applied,
+        "skipped": outcome.skipped,
+        "validation": None,
+        "profile": None,
+    }
+
+
+def save_atomically(model: onnx.ModelProto, destination: Path) -> None:
+    """Write to a temporary file beside the destination, then rename it into place."""
+    destination = Path(destination)
+    handle, temporary = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
+    os.close(handle)
+    try:
+        onnx.save(model, temporary)
+        os.replace(temporary, destination)
+    except OSError as exc:
+        Path(temporary).unlink(missing_ok=True)
+        raise ConvexportError(f"{destination}: cannot write ({exc.strerror or exc})") from exc
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

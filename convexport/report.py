@@ -1,0 +1,87 @@
+"""Reports from the result dicts: JSON files and the terminal summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from .errors import ConvexportError
+
+
+def write_json(report: dict, destination: str | Path) -> None:
+    """Atomically write the report as indented JSON."""
+    destination = Path(destination)
+    if not destination.parent.exists():
+        raise ConvexportError(f"{destination}: folder {destination.parent} does not exist")
+    handle, temporary = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            json.dump(report, stream, indent=2, default=_jsonable)
+            stream.write("\n")
+        os.replace(temporary, destination)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _jsonable(value):
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def print_optimize_summary(report: dict, console: Console) -> None:
+    before, after = report["before"], report["after"]
+    table = Table(title=f"convexport {report['model']}", show_edge=False, title_justify="left")
+    table.add_column("")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    table.add_row("nodes", str(before["nodes"]), str(after["nodes"]))
+    for op in _interesting_ops(before["ops"], after["ops"]):
+        table.add_row(op, str(before["ops"].get(op, 0)), str(after["ops"].get(op, 0)))
+    table.add_row("FLOPs", _si(before["flops"]), _si(after["flops"]))
+    table.add_row("params", _si(before["params"]), _si(after["params"]))
+    profile = report.get("profile")
+    if profile:
+        table.add_row(f"latency ms ({profile['device']}, median)",
+                      f"{profile['before']['latency_ms']['median']:.3f}",
+                      f"{profile['after']['latency_ms']['median']:.3f}")
+    console.print(table)
+    rules: dict[str, int] = {}
+    for entry in report["rewrites"]:
+        rules[entry["rule"]] = rules.get(entry["rule"], 0) + 1
+    applied = ", ".join(f"{rule} x{count}" for rule, count in rules.items()) or "none"
+    console.print(f"rewrites: {applied}")
+    if report["skipped"]:
+        console.print(f"skipped: {len(report['skipped'])} (see --report for the reasons)")
+        for entry in report["skipped"][:5]:
+            console.print(f"  {entry['rule']} at {', '.join(entry['nodes'][:3])}: {entry['reason']}")
+    validation = report.get("validation")
+    if validation:
+        worst = max((e["max_abs"] for e in validation["outputs"].values()), default=0.0)
+        verdict = "[green]passed[/green]" if validation["passed"] else "[red]FAILED[/red]"
+        console.print(f"validation: {verdict} over {validation['runs']} runs, max abs error {worst:.3g}")
+    if profile and profile.get("speedup"):
+        console.print(f"speedup: {profile['speedup']:.2f}x on {profile['provider']}")
+    if report.get("output"):
+        console.print(f"wrote {report['output']}")
+
+
+def _interesting_ops(before: dict, after: dict) -> list[str]:
+    """Ops whose count changed, most frequent first (at most 8)."""
+    changed = [op for op in {**before, **after} if before.get(op, 0) != after.get(op, 0)]
+    return sorted(changed, key=lambda op: -max(before.get(op, 0), after.get(op, 0)))[:8]
+
+
+def _si(value: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return f"{value:.3g}"

@@ -1,0 +1,1 @@
+"""Rule files, pattern matching and the rewrite engine."""

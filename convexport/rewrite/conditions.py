@@ -1,0 +1,101 @@
+"""The `require:` conditions of a rule. Each returns None when it holds, else the reason.
+
+    constant: [names]        initializers or Constant outputs (absent optional inputs pass)
+    private: [names]         read by exactly one node and not a graph output, so removing
+                             the node that makes it removes work instead of duplicating it
+    same: [lists]            every element of a variadic list is the same tensor
+    count: {list: n}         the variadic list has at least n elements
+    static_shape: [names]    every dimension is known
+    rank: {name: [r, ...]}   the tensor's rank is one of these
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import onnx_graphsurgeon as gs
+
+from ..graph import constant_value, is_absent
+
+
+def _each(values: dict, names) -> list[tuple[str, object]]:
+    """(label, tensor) pairs for names that may be shared tensors or per-element lists."""
+    pairs = []
+    for name in names if isinstance(names, (list, tuple)) else [names]:
+        bound = values.get(name)
+        if isinstance(bound, list):
+            pairs.extend((f"{name}[{i}]", tensor) for i, tensor in enumerate(bound))
+        else:
+            pairs.append((name, bound))
+    return pairs
+
+
+def _label(name: str, tensor) -> str:
+    return f"{name} ({tensor.name})" if getattr(tensor, "name", "") else name
+
+
+def constant(values: dict, names, graph: gs.Graph) -> str | None:
+    for name, tensor in _each(values, names):
+        if not is_absent(tensor) and constant_value(tensor) is None:
+            return f"{_label(name, tensor)} is computed at run time, not a constant"
+    return None
+
+
+def private(values: dict, names, graph: gs.Graph) -> str | None:
+    outputs = set(map(id, graph.outputs))
+    for name, tensor in _each(values, names):
+        if is_absent(tensor):
+            continue
+        if id(tensor) in outputs:
+            return f"{_label(name, tensor)} is a graph output"
+        readers = {id(node) for node in tensor.outputs}
+        if len(readers) > 1:
+            return f"{_label(name, tensor)} is also read by {len(readers) - 1} other node(s)"
+    return None
+
+
+def same(values: dict, names, graph: gs.Graph) -> str | None:
+    for name in names:
+        elements = values.get(name) or []
+        if any(element is not elements[0] for element in elements):
+            return f"the elements of {name} are different tensors"
+    return None
+
+
+def count(values: dict, minimums: dict, graph: gs.Graph) -> str | None:
+    for name, minimum in minimums.items():
+        if len(values.get(name) or []) < int(minimum):
+            return f"{name} has {len(values.get(name) or [])} element(s), fewer than {minimum}"
+    return None
+
+
+def static_shape(values: dict, names, graph: gs.Graph) -> str | None:
+    for name, tensor in _each(values, names):
+        shape = getattr(tensor, "shape", None)
+        if not is_absent(tensor) and (shape is None or not all(isinstance(d, int) and d >= 0 for d in shape)):
+            return f"{_label(name, tensor)} has no static shape ({shape})"
+    return None
+
+
+def rank(values: dict, ranks: dict, graph: gs.Graph) -> str | None:
+    for name, allowed in ranks.items():
+        allowed = allowed if isinstance(allowed, list) else [allowed]
+        for label, tensor in _each(values, name):
+            shape = getattr(tensor, "shape", None)
+            if shape is None or len(shape) not in allowed:
+                return f"{_label(label, tensor)} has rank {None if shape is None else len(shape)}, not {allowed}"
+    return None
+
+
+CONDITIONS: dict[str, Callable[[dict, object, gs.Graph], str | None]] = {
+    "constant": constant, "private": private, "same": same, "count": count,
+    "static_shape": static_shape, "rank": rank,
+}
+
+
+def first_failure(require, values: dict, graph: gs.Graph) -> str | None:
+    for name, argument in require:
+        reason = CONDITIONS[name](values, argument, graph)
+        if reason:
+            return reason
+    return None

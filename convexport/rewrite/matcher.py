@@ -1,0 +1,166 @@
+"""Match a rule's pattern on a graph, anchored at a root node, walking to producers.
+
+Every tensor has one producer, so a pattern (a tree of producer edges from the root) matches
+at most one way, except for the input order of commutative ops, which is backtracked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx_graphsurgeon as gs
+
+from ..graph import NOT_IN_SCHEMA, attribute, constant_value, is_absent
+from .pattern import COMMUTATIVE, PatternNode, ValueRef
+from .rulefile import Rule
+
+
+@dataclass
+class Match:
+    """What a pattern bound: tensors and nodes by name; per-element names hold lists."""
+
+    rule: Rule
+    values: dict            # name -> tensor, None (absent optional) or list of those
+    nodes: dict             # a line's first output name -> gs.Node or list of gs.Node
+    root: gs.Node
+
+    def node_list(self) -> list[gs.Node]:
+        found: list[gs.Node] = []
+        for line in self.rule.pattern:
+            bound = self.nodes.get(line.outputs[0].name)
+            for node in bound if isinstance(bound, list) else [bound]:
+                if node is not None and all(node is not seen for seen in found):
+                    found.append(node)
+        return found
+
+    def node_names(self) -> list[str]:
+        return [node.name for node in self.node_list()]
+
+
+class _State:
+    def __init__(self):
+        self.values: dict = {}
+        self.nodes: dict = {}
+
+    def copy(self) -> "_State":
+        other = _State()
+        other.values, other.nodes = dict(self.values), dict(self.nodes)
+        return other
+
+
+class PatternMatcher:
+    def __init__(self, rule: Rule, opset: int, graph_outputs: set[int]):
+        self.rule = rule
+        self.opset = opset
+        self.graph_outputs = graph_outputs
+        self.producers = {ref.name: line for line in rule.pattern for ref in line.outputs}
+
+    def match(self, root: gs.Node) -> Match | None:
+        state = _State()
+        if not self._node(self.rule.root, root, state, None):
+            return None
+        values, nodes = _collect(state.values), _collect(state.nodes)
+        return Match(self.rule, values, nodes, root)
+
+    def _node(self, line: PatternNode, node: gs.Node, state: _State, element: int | None) -> bool:
+        if node.op != line.op_type or (node.domain or "") not in ("", "ai.onnx"):
+            return False
+        key = _key(line.outputs[0], element)
+        if key in state.nodes:
+            return state.nodes[key] is node
+        for name, wanted in line.attributes:
+            actual = attribute(node, name, self.opset)
+            if actual is not NOT_IN_SCHEMA and actual != wanted:
+                return False
+        if len(node.outputs) < len(line.outputs) or any(self._used(out) for out in node.outputs[len(line.outputs):]):
+            return False
+        state.nodes[key] = node
+        for ref, tensor in zip(line.outputs, node.outputs):
+            out_key = _key(ref, element)
+            if out_key in state.values and state.values[out_key] is not tensor:
+                return False
+            state.values[out_key] = tensor
+        return self._inputs(line, list(node.inputs), state, element)
+
+    def _inputs(self, line: PatternNode, tensors: list, state: _State, element: int | None) -> bool:
+        variadic = line.variadic_input
+        fixed = [ref for ref in line.inputs if not ref.variadic]
+        if variadic is None:
+            orders = [tensors]
+            if line.op_type in COMMUTATIVE and len(tensors) == 2:
+                orders.append(tensors[::-1])
+            for order in orders:
+                trial = state.copy()
+                if self._fixed(fixed, order, trial, element, exact=True):
+                    state.values, state.nodes = trial.values, trial.nodes
+                    return True
+            return False
+        position = line.inputs.index(variadic)
+        if not self._fixed(fixed[:position], tensors[:position], state, element, exact=False):
+            return False
+        return self._list(variadic, tensors[position:], state)
+
+    def _fixed(self, refs: list[ValueRef], tensors: list, state: _State, element: int | None, exact: bool) -> bool:
+        if exact and len(tensors) > len(refs) and any(not is_absent(t) for t in tensors[len(refs):]):
+            return False
+        for index, ref in enumerate(refs):
+            tensor = tensors[index] if index < len(tensors) else None
+            if is_absent(tensor):
+                if not ref.optional:
+                    return False
+                state.values.setdefault(_key(ref, element), None)
+                continue
+            if not self._value(ref, tensor, state, element):
+                return False
+        return True
+
+    def _list(self, ref: ValueRef, tensors: list, state: _State) -> bool:
+        state.values[ref.name] = list(tensors)
+        element_line = self.producers.get(ref.name)
+        if element_line is None:
+            return True
+        for index, tensor in enumerate(tensors):
+            if not self._value(ValueRef(ref.name, per_element=True), tensor, state, index):
+                return False
+        return True
+
+    def _value(self, ref: ValueRef, tensor, state: _State, element: int | None) -> bool:
+        if ref.wildcard:
+            return True
+        key = _key(ref, element)
+        if key in state.values:
+            return state.values[key] is tensor
+        if ref.constant and constant_value(tensor) is None:
+            return False
+        state.values[key] = tensor
+        line = self.producers.get(ref.name)
+        if line is None:
+            return True
+        if not isinstance(tensor, gs.Variable) or len(tensor.inputs) != 1:
+            return False
+        producer = tensor.inputs[0]
+        if producer.outputs.index(tensor) != [r.name for r in line.outputs].index(ref.name):
+            return False
+        return self._node(line, producer, state, element if line.is_element else None)
+
+    def _used(self, tensor) -> bool:
+        return bool(tensor.outputs) or id(tensor) in self.graph_outputs
+
+
+def _key(ref: ValueRef, element: int | None):
+    return (ref.name, element) if ref.per_element else ref.name
+
+
+def _collect(bound: dict) -> dict:
+    """Turn per-element (name, index) keys into lists ordered by index."""
+    result: dict = {}
+    elements: dict[str, dict[int, object]] = {}
+    for key, value in bound.items():
+        if isinstance(key, tuple):
+            elements.setdefault(key[0], {})[key[1]] = value
+        else:
+            result[key] = value
+    for name, by_index in elements.items():
+        size = max(by_index) + 1
+        result[name] = [by_index.get(index) for index in range(size)]
+    return result

@@ -1,0 +1,201 @@
+"""Rule files: YAML documents holding rules; parsed with every error as file:line:col.
+
+    rules:
+      - name: conv-batchnorm
+        doc: BatchNormalization after a Conv scales its weights and shifts its bias.
+        match:
+          - c = Conv(x, w, b?)
+          - y = BatchNormalization[training_mode=0](c, scale, shift, mean, var)
+        require:
+          constant: [w, b, scale, shift, mean, var]
+          private: [c]
+        apply: conv_scale_shift_after
+        with: {}            # optional parameters for the primitive
+
+See README.md ("Writing rules") for the language; pattern lines are parsed by pattern.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import onnx
+import yaml
+
+from ..errors import ConvexportError
+from .conditions import CONDITIONS
+from .pattern import PatternNode, PatternSyntaxError, parse_pattern_line
+
+RULE_KEYS = {"name", "doc", "match", "require", "apply", "with"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    doc: str
+    pattern: tuple[PatternNode, ...]
+    require: tuple[tuple[str, object], ...]
+    apply: str
+    params: dict = field(default_factory=dict, hash=False, compare=False)
+    file: str = ""
+    line: int = 0
+
+    @property
+    def root(self) -> PatternNode:
+        return self.pattern[-1]
+
+
+class RuleFileError(ConvexportError):
+    def __init__(self, file: str, line: int, column: int, message: str):
+        super().__init__(f"{file}:{line}:{column}: {message}")
+
+
+def builtin_rule_files() -> list[Path]:
+    folder = resources.files("convexport.builtin_rules")
+    return sorted(Path(str(entry)) for entry in folder.iterdir() if entry.name.endswith(".yaml"))
+
+
+def rule_files(paths: list[str | Path]) -> list[Path]:
+    """Expand files and folders (their *.yaml / *.yml, sorted) given with --rules."""
+    found = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found.extend(sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml")))
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise ConvexportError(f"{raw}: no such rule file or folder")
+    return found
+
+
+def load_rules(files: list[Path], primitives: set[str]) -> list[Rule]:
+    rules: list[Rule] = []
+    seen: dict[str, str] = {}
+    for path in files:
+        for rule in parse_rule_file(path, primitives):
+            if rule.name in seen:
+                raise RuleFileError(str(path), rule.line, 1, f"rule {rule.name!r} is already defined in {seen[rule.name]}")
+            seen[rule.name] = f"{rule.file}:{rule.line}"
+            rules.append(rule)
+    return rules
+
+
+def parse_rule_file(path: Path, primitives: set[str]) -> list[Rule]:
+    file = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConvexportError(f"{file}: cannot read rule file ({exc})") from exc
+    try:
+        document = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        raise RuleFileError(file, line, column, f"not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(document, yaml.MappingNode):
+        raise RuleFileError(file, 1, 1, "a rule file is a mapping with a 'rules:' list")
+    top = _mapping(document)
+    if "rules" not in top or not isinstance(top["rules"][1], yaml.SequenceNode):
+        raise RuleFileError(file, _line(document), 1, "expected a top-level 'rules:' list")
+    return [_parse_rule(file, node, primitives) for node in top["rules"][1].value]
+
+
+def _parse_rule(file: str, node, primitives: set[str]) -> Rule:
+    if not isinstance(node, yaml.MappingNode):
+        raise RuleFileError(file, _line(node), _column(node), "each rule is a mapping with name, doc, match, apply")
+    fields = _mapping(node)
+    for key, (key_node, _) in fields.items():
+        if key not in RULE_KEYS:
+            raise RuleFileError(file, _line(key_node), _column(key_node),
+                                f"unknown key {key!r} (expected {', '.join(sorted(RULE_KEYS))})")
+    for key in ("name", "doc", "match", "apply"):
+        if key not in fields:
+            raise RuleFileError(file, _line(node), _column(node), f"rule lacks {key!r}")
+    name = _scalar(file, fields["name"][1], "name")
+    apply = _scalar(file, fields["apply"][1], "apply")
+    if apply not in primitives:
+        raise RuleFileError(file, _line(fields["apply"][1]), _column(fields["apply"][1]),
+                            f"rule {name!r}: unknown primitive {apply!r} (known: {', '.join(sorted(primitives))})")
+    pattern = _parse_match(file, name, fields["match"][1])
+    require = _parse_require(file, name, fields["require"][1], pattern) if "require" in fields else ()
+    params = yaml.safe_load(yaml.serialize(fields["with"][1])) if "with" in fields else {}
+    if not isinstance(params, dict):
+        raise RuleFileError(file, _line(fields["with"][1]), _column(fields["with"][1]), "'with' must be a mapping")
+    return Rule(name, _scalar(file, fields["doc"][1], "doc"), pattern, require, apply, params, file, _line(node))
+
+
+def _parse_match(file: str, rule: str, node) -> tuple[PatternNode, ...]:
+    if not isinstance(node, yaml.SequenceNode) or not node.value:
+        raise RuleFileError(file, _line(node), _column(node), f"rule {rule!r}: 'match' is a list of pattern lines")
+    lines = []
+    for item in node.value:
+        text = _scalar(file, item, "pattern line")
+        try:
+            parsed = parse_pattern_line(text, _line(item))
+        except PatternSyntaxError as exc:
+            raise RuleFileError(file, _line(item), _column(item) + exc.column - 1, f"rule {rule!r}: {exc}") from None
+        if not onnx.defs.has(parsed.op_type):
+            raise RuleFileError(file, _line(item), _column(item), f"rule {rule!r}: unknown ONNX op {parsed.op_type!r}")
+        lines.append(parsed)
+    _check_connected(file, rule, lines, node)
+    return tuple(lines)
+
+
+def _check_connected(file: str, rule: str, lines: list[PatternNode], node) -> None:
+    """Every line but the root feeds another line; element lines belong to a variadic list."""
+    produced: dict[str, PatternNode] = {}
+    for line in lines:
+        for ref in line.outputs:
+            if ref.name in produced:
+                raise RuleFileError(file, line.line, 1, f"rule {rule!r}: {ref.name!r} is produced twice")
+            produced[ref.name] = line
+    if lines[-1].is_element:
+        raise RuleFileError(file, lines[-1].line, 1, f"rule {rule!r}: the last line (the root) cannot be an element line")
+    used = {ref.name for line in lines for ref in line.inputs}
+    variadic = {ref.name for line in lines for ref in line.inputs if ref.variadic}
+    for line in lines[:-1]:
+        name = line.outputs[0].name
+        if name not in used:
+            raise RuleFileError(file, line.line, 1, f"rule {rule!r}: {name!r} is not read by any later line")
+        if line.is_element and name not in variadic:
+            raise RuleFileError(file, line.line, 1, f"rule {rule!r}: {name}[] has no variadic *{name} input")
+
+
+def _parse_require(file: str, rule: str, node, pattern: tuple[PatternNode, ...]) -> tuple[tuple[str, object], ...]:
+    if not isinstance(node, yaml.MappingNode):
+        raise RuleFileError(file, _line(node), _column(node), f"rule {rule!r}: 'require' is a mapping of condition: names")
+    names = {ref.name for line in pattern for ref in (*line.inputs, *line.outputs)}
+    conditions = []
+    for key, (key_node, value_node) in _mapping(node).items():
+        if key not in CONDITIONS:
+            raise RuleFileError(file, _line(key_node), _column(key_node),
+                                f"rule {rule!r}: unknown condition {key!r} (known: {', '.join(sorted(CONDITIONS))})")
+        value = yaml.safe_load(yaml.serialize(value_node))
+        referenced = value if isinstance(value, list) else list(value) if isinstance(value, dict) else [value]
+        for name in referenced:
+            if name not in names:
+                raise RuleFileError(file, _line(value_node), _column(value_node),
+                                    f"rule {rule!r}: condition {key!r} names {name!r}, which the pattern does not bind")
+        conditions.append((key, value))
+    return tuple(conditions)
+
+
+def _mapping(node: yaml.MappingNode) -> dict[str, tuple]:
+    return {key.value: (key, value) for key, value in node.value}
+
+
+def _scalar(file: str, node, what: str) -> str:
+    if not isinstance(node, yaml.ScalarNode) or not str(node.value).strip():
+        raise RuleFileError(file, _line(node), _column(node), f"{what} must be a non-empty string")
+    return str(node.value).strip()
+
+
+def _line(node) -> int:
+    return node.start_mark.line + 1
+
+
+def _column(node) -> int:
+    return node.start_mark.column + 1

@@ -1,0 +1,70 @@
+"""ONNX Runtime sessions: provider choice and session creation from in-memory models."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import onnx
+import onnxruntime as ort
+
+from .errors import ConvexportError, first_line
+
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+
+
+@functools.cache
+def cuda_usable() -> bool:
+    """True when onnxruntime-gpu really runs a session on CUDA (GPU, driver and CUDA libraries).
+
+    ORT lists CUDAExecutionProvider whenever onnxruntime-gpu is installed and silently falls
+    back to the CPU when the libraries are missing, so the only reliable test is a session.
+    """
+    if CUDA not in ort.get_available_providers():
+        return False
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    probe = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("Identity", ["x"], ["y"])], "probe",
+            [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+        ),
+        opset_imports=[onnx.helper.make_opsetid("", 13)], ir_version=8,
+    )
+    try:
+        session = ort.InferenceSession(probe.SerializeToString(), providers=[CUDA, CPU])
+    except Exception:
+        return False
+    return CUDA in session.get_providers()
+
+
+def resolve_device(device: str) -> str:
+    """auto -> cuda when usable, else cpu; cuda without a usable GPU is a user error."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ConvexportError(f"--device {device!r}: expected auto, cpu or cuda")
+    if device == "auto":
+        return "cuda" if cuda_usable() else "cpu"
+    if device == "cuda" and not cuda_usable():
+        raise ConvexportError("--device cuda: no usable CUDA GPU for onnxruntime-gpu here; use --device cpu")
+    return device
+
+
+def create_session(model: onnx.ModelProto, device: str = "cpu", optimize: bool = True,
+                   profile_path: str | None = None) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
+    if profile_path:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_path
+    providers = [CUDA, CPU] if device == "cuda" else [CPU]
+    try:
+        return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+    except Exception as exc:
+        raise ConvexportError(f"ONNX Runtime cannot load the model: {first_line(exc)}") from exc

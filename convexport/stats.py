@@ -1,0 +1,94 @@
+"""Size and cost of an ONNX graph: node and op counts, parameters, FLOPs from shapes.
+
+FLOPs count multiply-adds as two operations for the ops whose cost depends on a weight
+(Conv, ConvTranspose, Gemm, MatMul, Einsum with two operands) and one operation per output
+element for every other op. Symbolic dims count as 1 (a dynamic batch is reported per sample).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+
+
+def graph_stats(model: onnx.ModelProto) -> dict:
+    """The report contract's `before` / `after` block."""
+    graph = model.graph
+    shapes = _known_shapes(model)
+    ops = Counter(node.op_type for node in graph.node)
+    return {
+        "nodes": len(graph.node),
+        "ops": dict(sorted(ops.items(), key=lambda item: (-item[1], item[0]))),
+        "flops": float(sum(_node_flops(node, shapes) for node in graph.node)),
+        "params": int(_parameter_count(model)),
+    }
+
+
+def _known_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    shapes: dict[str, tuple[int, ...]] = {}
+    values = list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
+    for value in values:
+        if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
+            shapes[value.name] = tuple(
+                d.dim_value if d.HasField("dim_value") else 1 for d in value.type.tensor_type.shape.dim
+            )
+    for init in model.graph.initializer:
+        shapes[init.name] = tuple(init.dims)
+    return shapes
+
+
+def _node_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> float:
+    out = shapes.get(node.output[0]) if node.output else None
+    if out is None:
+        return 0.0
+    out_elements = float(np.prod(out)) if out else 1.0
+    if node.op_type in ("Conv", "ConvTranspose"):
+        weight = shapes.get(node.input[1])
+        if weight is None:
+            return 0.0
+        # Conv: each output element sums (I/g)*prod(k) products; weight is [O, I/g, *k].
+        # ConvTranspose: each input element scatters O/g*prod(k); weight is [I, O/g, *k].
+        if node.op_type == "Conv":
+            return 2.0 * out_elements * float(np.prod(weight[1:]))
+        source = shapes.get(node.input[0])
+        return 2.0 * float(np.prod(source or (1,))) * float(np.prod(weight[1:]))
+    if node.op_type in ("Gemm", "MatMul"):
+        a = shapes.get(node.input[0])
+        if not a:
+            return 0.0
+        transposed = node.op_type == "Gemm" and any(at.name == "transA" and at.i for at in node.attribute)
+        inner = a[0] if transposed and len(a) == 2 else a[-1]
+        return 2.0 * out_elements * inner
+    if node.op_type == "Einsum" and len(node.input) == 2:
+        return 2.0 * _einsum_products(node, shapes)
+    return out_elements
+
+
+def _einsum_products(node: onnx.NodeProto, shapes) -> float:
+    """Number of scalar products of a two-operand einsum: the product of all index sizes."""
+    equation = next(at.s.decode() for at in node.attribute if at.name == "equation")
+    operands = equation.replace(" ", "").split("->")[0].split(",")
+    sizes: dict[str, int] = {}
+    for letters, name in zip(operands, node.input):
+        shape = shapes.get(name)
+        if shape is None or "." in letters or len(shape) != len(letters):
+            return 0.0
+        sizes.update(zip(letters, shape))
+    return float(np.prod(list(sizes.values())))
+
+
+def _parameter_count(model: onnx.ModelProto) -> int:
+    total = sum(int(np.prod(init.dims)) for init in model.graph.initializer
+                if init.data_type in _FLOAT_TYPES)
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for attribute in node.attribute:
+                if attribute.name == "value" and attribute.t.data_type in _FLOAT_TYPES:
+                    total += int(np.prod(attribute.t.dims))
+    return total
+
+
+_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+                onnx.TensorProto.BFLOAT16}

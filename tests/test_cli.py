@@ -1,0 +1,112 @@
+"""The command line: exit codes and one-line messages for bad input; never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from convexport.cli import app
+from small_net import example_inputs, make_module
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def assert_user_error(result, *fragments):
+    assert result.exit_code == 1, result.output
+    message = result.stderr.strip()
+    assert len(message.splitlines()) == 1, message
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_missing_file(tmp_path):
+    assert_user_error(invoke("optimize", tmp_path / "nope.onnx"), "nope.onnx", "no such file")
+
+
+def test_not_a_model(tmp_path):
+    path = tmp_path / "notes.onnx"
+    path.write_text("these are not the weights you are looking for")
+    assert_user_error(invoke("optimize", path), "notes.onnx", "not a readable ONNX model")
+
+
+def test_truncated_onnx(tmp_path, small_net_path):
+    whole = tmp_path / "whole.onnx"
+    assert invoke("export", f"{small_net_path}:build", "-o", whole).exit_code == 0
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    assert_user_error(invoke("optimize", cut), "cut.onnx", "copied whole")
+
+
+def test_unknown_suffix(tmp_path):
+    path = tmp_path / "model.h5"
+    path.write_bytes(b"\x89HDF")
+    assert_user_error(invoke("optimize", path), "model.h5", "unknown model type", ".onnx")
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    ("x", "NAME:DIMS"), ("x:", "NAME:DIMS"), ("x:1x3xx4", "bad dimension"), ("x:0x3", "bad dimension"),
+    (":1x2", "NAME:DIMS"), ("x:1x3x4:complex7", "unknown dtype 'complex7'"),
+])
+def test_malformed_input_spec(small_net_path, spec, fragment):
+    assert_user_error(invoke("optimize", f"{small_net_path}:build", "--input", spec), f"--input {spec!r}", fragment)
+
+
+def test_pickled_module_needs_trust(tmp_path):
+    path = tmp_path / "pickled.pt"
+    torch.save(make_module(), path)
+    assert_user_error(invoke("optimize", path), "pickled.pt", "--trust-pickle")
+
+
+def test_state_dict_is_not_a_model(tmp_path):
+    path = tmp_path / "weights.pt"
+    torch.save(make_module().state_dict(), path)
+    assert_user_error(invoke("optimize", path), "weights.pt", "state_dict")
+
+
+def test_torchscript_without_input_asks_for_it(tmp_path):
+    path = tmp_path / "net.pt"
+    torch.jit.save(torch.jit.trace(make_module(), example_inputs()), path)
+    assert_user_error(invoke("optimize", path), "net.pt", "--input")
+
+
+@pytest.mark.parametrize("factory, fragment", [
+    ("build_broken", "factory failed on purpose"), ("not_a_model", "expected an nn.Module"),
+    ("no_such_factory", "no callable"),
+])
+def test_bad_factories(small_net_path, factory, fragment):
+    assert_user_error(invoke("optimize", f"{small_net_path}:{factory}"), fragment)
+
+
+def test_bad_option_values(small_net_path):
+    assert_user_error(invoke("optimize", f"{small_net_path}:build", "--strategy", "fastest"), "--strategy")
+    assert_user_error(invoke("optimize", f"{small_net_path}:build", "--device", "tpu"), "--device")
+
+
+def test_usage_error_exits_2():
+    assert invoke("optimize").exit_code == 2
+    assert invoke("optimize", "a.onnx", "--no-such-flag").exit_code == 2
+
+
+def test_optimize_writes_output_and_report(small_net_path, tmp_path):
+    out, report = tmp_path / "net.opt.onnx", tmp_path / "r.json"
+    result = invoke("optimize", f"{small_net_path}:build", "-o", out, "--report", report, "--no-profile")
+    assert result.exit_code == 0, result.output
+    assert out.exists() and json.loads(report.read_text())["output"] == str(out)
+    assert "validation: passed" in result.stdout
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_console_script_runs_as_a_module(tmp_path):
+    completed = subprocess.run([sys.executable, "-m", "convexport", "optimize", str(tmp_path / "x.onnx")],
+                               capture_output=True, text=True)
+    assert completed.returncode == 1 and completed.stderr.count("\n") == 1 and "Traceback" not in completed.stderr

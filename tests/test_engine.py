@@ -1,0 +1,125 @@
+"""The engine on hand-built graphs: BN folding, Identity/Dropout removal, refusals, outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from convexport.rewrite.engine import rewrite_model
+from convexport.rewrite.primitives import builtin_primitives
+from convexport.rewrite.rulefile import builtin_rule_files, load_rules
+from helpers import make_model, op_counts, run, tensor
+
+RNG = np.random.default_rng(0)
+RULES = load_rules(builtin_rule_files(), set(builtin_primitives()))
+
+
+def rewrite(model, strategy="exact"):
+    return rewrite_model(model, RULES, builtin_primitives(), strategy)
+
+
+def conv_bn_model(nd=2, group=1, bias=True, eps=1e-3, extra_consumer=False, bn_output_is_graph_output=True):
+    channels_in, channels_out = 4, 8
+    spatial = [7, 6, 5][:nd]
+    weights = {
+        "w": RNG.standard_normal([channels_out, channels_in // group] + [3] * nd).astype(np.float32),
+        "s": RNG.uniform(0.5, 2, channels_out).astype(np.float32),
+        "t": RNG.standard_normal(channels_out).astype(np.float32),
+        "m": RNG.standard_normal(channels_out).astype(np.float32),
+        "v": RNG.uniform(0.5, 2, channels_out).astype(np.float32),
+    }
+    conv_inputs = ["x", "w"]
+    if bias:
+        weights["b"] = RNG.standard_normal(channels_out).astype(np.float32)
+        conv_inputs.append("b")
+    nodes = [
+        helper.make_node("Conv", conv_inputs, ["c"], name="conv", pads=[1] * (2 * nd), group=group),
+        helper.make_node("BatchNormalization", ["c", "s", "t", "m", "v"], ["y"], name="bn", epsilon=eps),
+    ]
+    outputs = [tensor("y", None)]
+    if extra_consumer:
+        nodes.append(helper.make_node("Relu", ["c"], ["r"], name="relu"))
+        outputs.append(tensor("r", None))
+    return make_model(nodes, [tensor("x", [2, channels_in] + spatial)], outputs, weights)
+
+
+def feeds_for(model):
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    return {"x": RNG.standard_normal(shape).astype(np.float32)}
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+@pytest.mark.parametrize("group", [1, 2, 4])
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv_batchnorm_folds_exactly(nd, group, bias):
+    model = conv_bn_model(nd, group, bias)
+    outcome = rewrite(model)
+    assert op_counts(outcome.model) == {"Conv": 1}
+    assert [entry["rule"] for entry in outcome.applied] == ["conv-batchnorm"]
+    assert outcome.applied[0]["nodes"] == ["conv", "bn"]
+    feeds = feeds_for(model)
+    np.testing.assert_allclose(run(outcome.model, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+    assert outcome.model.graph.output[0].name == "y"
+
+
+def test_conv_batchnorm_refused_when_conv_output_is_shared():
+    model = conv_bn_model(extra_consumer=True)
+    outcome = rewrite(model)
+    assert op_counts(outcome.model)["BatchNormalization"] == 1
+    (skip,) = outcome.skipped
+    assert skip["rule"] == "conv-batchnorm" and "also read by 1 other node" in skip["reason"]
+
+
+def test_batchnorm_with_run_time_statistics_is_left_alone():
+    model = conv_bn_model()
+    scale = next(init for init in model.graph.initializer if init.name == "s")
+    model.graph.initializer.remove(scale)
+    model.graph.input.append(tensor("s", [8]))
+    outcome = rewrite(model)
+    assert op_counts(outcome.model)["BatchNormalization"] == 1
+
+
+def test_conv_with_run_time_weight_is_reported():
+    model = conv_bn_model()
+    weight = next(init for init in model.graph.initializer if init.name == "w")
+    model.graph.initializer.remove(weight)
+    model.graph.input.append(tensor("w", list(weight.dims)))
+    outcome = rewrite(model)
+    assert op_counts(outcome.model)["BatchNormalization"] == 1
+    assert "w (w) is computed at run time" in outcome.skipped[0]["reason"]
+
+
+def test_identity_and_dropout_removed_and_output_name_kept():
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="relu"),
+        helper.make_node("Identity", ["a"], ["b"], name="identity"),
+        helper.make_node("Dropout", ["b"], ["y"], name="dropout"),
+    ]
+    model = make_model(nodes, [tensor("x", [2, 3])], [tensor("y", [2, 3])])
+    outcome = rewrite(model)
+    assert op_counts(outcome.model) == {"Relu": 1}
+    assert outcome.model.graph.output[0].name == "y"
+    feeds = {"x": RNG.standard_normal([2, 3]).astype(np.float32)}
+    np.testing.assert_array_equal(run(outcome.model, feeds)[0], np.maximum(feeds["x"], 0))
+
+
+def test_identity_from_input_to_output_is_kept():
+    model = make_model([helper.make_node("Identity", ["x"], ["y"], name="identity")],
+                       [tensor("x", [2])], [tensor("y", [2])])
+    outcome = rewrite(model)
+    assert op_counts(outcome.model) == {"Identity": 1}
+    assert "graph output" in outcome.skipped[0]["reason"]
+
+
+def test_dropout_with_used_mask_is_kept():
+    nodes = [helper.make_node("Dropout", ["x"], ["y", "mask"], name="dropout")]
+    model = make_model(nodes, [tensor("x", [2])], [tensor("y", [2]), tensor("mask", [2], 9)])
+    assert op_counts(rewrite(model).model) == {"Dropout": 1}
+
+
+def test_training_mode_dropout_is_kept():
+    nodes = [helper.make_node("Dropout", ["x", "r", "t"], ["y"], name="dropout")]
+    model = make_model(nodes, [tensor("x", [2])], [tensor("y", [2])],
+                       {"r": np.array(0.5, np.float32), "t": np.array(True)})
+    assert op_counts(rewrite(model).model) == {"Dropout": 1}

@@ -1,0 +1,149 @@
+"""Every MODEL kind through optimize: the output equals torch at 1e-5; the report's fields."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import convexport
+from helpers import op_counts, run
+from small_net import example_inputs, make_module
+
+
+def torch_output() -> np.ndarray:
+    with torch.no_grad():
+        return make_module()(*example_inputs()).numpy()
+
+
+def check_against_torch(path) -> onnx.ModelProto:
+    model = onnx.load(str(path))
+    (actual,) = run(model, {model.graph.input[0].name: example_inputs()[0].numpy()})
+    np.testing.assert_allclose(actual, torch_output(), rtol=1e-5, atol=1e-5)
+    return model
+
+
+@pytest.fixture(scope="module")
+def model_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("models")
+    module, inputs = make_module(), example_inputs()
+    torch.jit.save(torch.jit.trace(module, inputs), folder / "net.pt")
+    torch.export.save(torch.export.export(module, inputs), folder / "net.pt2")
+    torch.save(module, folder / "pickled.pth")
+    convexport.export_only(str(folder / "net.pt"), folder / "net.onnx", inputs=["x:1x3x16x16"])
+    # Both exporters fold eval-mode BatchNorm themselves; keep it, as other producers do.
+    torch.onnx.export(module, inputs, str(folder / "with_bn.onnx"), dynamo=False, opset_version=18,
+                      training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False, input_names=["x"])
+    return folder
+
+
+def optimize_quietly(model, tmp_path, **kwargs):
+    return convexport.optimize(model, output=tmp_path / "out.onnx", profile=False, **kwargs)
+
+
+def test_factory_file(small_net_path, tmp_path):
+    result = optimize_quietly(f"{small_net_path}:build", tmp_path)
+    optimized = check_against_torch(result.output)
+    assert "BatchNormalization" not in op_counts(optimized)
+    assert {"Dropout", "Identity"}.isdisjoint(op_counts(optimized))
+    assert result.report["validation"]["passed"]
+
+
+def test_factory_module_only_needs_example_inputs_from_the_file(small_net_path, tmp_path):
+    result = optimize_quietly(f"{small_net_path}:build_module_only", tmp_path)
+    check_against_torch(result.output)
+
+
+def test_default_factory_is_build(small_net_path, tmp_path):
+    check_against_torch(optimize_quietly(str(small_net_path), tmp_path).output)
+
+
+def test_package_module_callable(tmp_path):
+    check_against_torch(optimize_quietly("small_net:build", tmp_path).output)
+
+
+def test_torchscript_archive_with_input(model_files, tmp_path):
+    result = optimize_quietly(str(model_files / "net.pt"), tmp_path, inputs=["x:1x3x16x16"])
+    assert result.report["exporter"] == "torchscript"
+    check_against_torch(result.output)
+
+
+def test_exported_program_takes_its_traced_shapes(model_files, tmp_path):
+    result = optimize_quietly(str(model_files / "net.pt2"), tmp_path)
+    assert result.report["exporter"] == "dynamo"
+    check_against_torch(result.output)
+
+
+def test_pickled_module_with_trust(model_files, tmp_path):
+    result = optimize_quietly(str(model_files / "pickled.pth"), tmp_path, trust_pickle=True, inputs=["x:1x3x16x16"])
+    check_against_torch(result.output)
+
+
+def test_onnx_file_is_never_modified(model_files, tmp_path):
+    source = model_files / "net.onnx"
+    before = source.read_bytes()
+    result = optimize_quietly(str(source), tmp_path)
+    assert source.read_bytes() == before
+    check_against_torch(result.output)
+
+
+def test_onnx_with_batchnorm_folds_to_two_convs(model_files, tmp_path):
+    result = optimize_quietly(str(model_files / "with_bn.onnx"), tmp_path)
+    optimized = check_against_torch(result.output)
+    assert op_counts(optimized) == {"Conv": 2, "Relu": 1}
+    applied = [entry["rule"] for entry in result.report["rewrites"]]
+    assert applied.count("conv-batchnorm") == 2 and "conv-conv" in applied
+
+
+def test_default_output_beside_the_model(model_files):
+    source = model_files / "net.onnx"
+    result = convexport.optimize(str(source), profile=False)
+    assert result.output == model_files / "net.opt.onnx" and result.output.exists()
+
+
+def test_dynamic_batch(small_net_path, tmp_path):
+    result = optimize_quietly(f"{small_net_path}:build", tmp_path, dynamic_batch=True)
+    model = onnx.load(str(result.output))
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param
+    batch = torch.randn(3, 3, 16, 16)
+    (actual,) = run(model, {model.graph.input[0].name: batch.numpy()})
+    with torch.no_grad():
+        np.testing.assert_allclose(actual, make_module()(batch).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_named_dynamic_dim_in_input_spec(model_files, tmp_path):
+    result = optimize_quietly(str(model_files / "net.pt"), tmp_path, inputs=["x:Nx3x16x16"])
+    dim = onnx.load(str(result.output)).graph.input[0].type.tensor_type.shape.dim[0]
+    assert dim.dim_param
+
+
+def test_nn_module_object_through_the_api(tmp_path):
+    result = convexport.optimize(make_module(), inputs=["x:1x3x16x16"], output=tmp_path / "m.onnx", profile=False)
+    assert result.report["before"]["ops"]["Conv"] == 3 and result.report["after"]["ops"]["Conv"] == 2
+
+
+def test_report_fields(small_net_path, tmp_path):
+    result = convexport.optimize(f"{small_net_path}:build", output=tmp_path / "o.onnx", device="cpu")
+    report = json.loads(json.dumps(result.report))
+    for key in ("convexport_version", "model", "output", "before", "after", "rewrites", "skipped",
+                "validation", "profile"):
+        assert key in report
+    for side in ("before", "after"):
+        assert set(report[side]) >= {"nodes", "ops", "flops", "params"}
+    assert report["before"]["nodes"] > report["after"]["nodes"]
+    assert report["after"]["flops"] < report["before"]["flops"]
+    assert report["after"]["params"] < report["before"]["params"]
+    rules = {entry["rule"] for entry in report["rewrites"]}
+    assert rules >= {"conv-conv"}
+    for entry in report["rewrites"]:
+        assert set(entry) >= {"rule", "file", "nodes", "reason"} and entry["nodes"]
+    assert report["validation"]["passed"] and report["validation"]["runs"] == 3
+    for stats in report["validation"]["outputs"].values():
+        assert 0 <= stats["max_abs"] < 1e-4
+    profile = report["profile"]
+    assert profile["device"] == "cpu" and profile["provider"] == "CPUExecutionProvider"
+    assert profile["before"]["latency_ms"]["median"] > 0 and profile["after"]["latency_ms"]["p90"] > 0
+    assert profile["speedup"] > 0
