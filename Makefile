@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/convexport optimize sample_models/seed000_subtracted_conv.py -o out/seed000.opt.onnx --report out/seed000.report.json
+	$(VENV)/bin/convexport optimize sample_models/seed004_full_padding.py -o out/seed004.opt.onnx --report out/seed004.report.json
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -112,7 +112,20 @@ def validate_command(
     report: Annotated[Optional[Path], typer.Option("--report")] = None,
 ):
     """Compare two ONNX models on the same inputs (exit 3 when they differ)."""
-    _guarded(lambda: _not_yet("validate"))
+    from . import validate as checks
+    from .report import write_json
+
+    def run():
+        result = checks.validate_files(reference, candidate, inputs, runs,
+                                       checks.DEFAULT_RTOL if rtol is None else rtol,
+                                       checks.DEFAULT_ATOL if atol is None else atol)
+        if report is not None:
+            write_json(result.to_report(), report)
+        verdict = "passed" if result.passed else "FAILED"
+        stdout.print(f"validation {verdict} over {result.runs} run(s): {result.summary()}", markup=False)
+        if not result.passed:
+            raise ValidationError(f"{candidate} does not match {reference}: {result.summary()}")
+    _guarded(run)
 
 
 @app.command()
@@ -124,7 +137,26 @@ def profile(
     report: Annotated[Optional[Path], typer.Option("--report")] = None,
 ):
     """Time an ONNX model on ONNX Runtime."""
-    _guarded(lambda: _not_yet("profile"))
+    from .export import graph_input_specs
+    from .loading import load_model
+    from .profile import profile_models
+    from .report import write_json
+    from .runtime import resolve_device
+
+    def run():
+        if model.suffix.lower() != ".onnx":
+            raise ConvexportError(f"{model}: profile takes an ONNX model; `convexport export` makes one")
+        if runs < 1 or warmup < 0:
+            raise ConvexportError("--runs must be >= 1 and --warmup >= 0")
+        onnx_model = load_model(str(model)).onnx_model
+        measured = profile_models({"model": onnx_model}, graph_input_specs(onnx_model), resolve_device(device),
+                                  runs, warmup)
+        if report is not None:
+            write_json(measured, report)
+        latency = measured["model"]["latency_ms"]
+        stdout.print(f"{model} on {measured['provider']}: median {latency['median']:.3f} ms, "
+                     f"p90 {latency['p90']:.3f} ms over {runs} runs", markup=False)
+    _guarded(run)
 
 
 RulesOpt = Annotated[Optional[list[Path]], typer.Option("--rules", help="Also these rule files or folders.")]
@@ -135,7 +167,9 @@ def rules_list(rules: RulesOpt = None):
     """Every rule, one line each, with its file."""
     def run():
         for rule in _all_rules(rules):
-            stdout.print(f"{rule.name:28} {rule.file}:{rule.line}  {rule.doc}", markup=False, highlight=False)
+            location = f"{_shown_path(rule.file)}:{rule.line}"
+            stdout.print(f"{rule.name:22} {location:32} {rule.doc}",
+                         markup=False, highlight=False, soft_wrap=True)
     _guarded(run)
 
 
@@ -149,7 +183,7 @@ def rules_show(name: Annotated[str, typer.Argument(help="A rule name.")], rules:
         rule = found[0]
         lines = Path(rule.file).read_text(encoding="utf-8").splitlines()
         end = next((i for i in range(rule.line, len(lines)) if lines[i].lstrip().startswith("- name:")), len(lines))
-        stdout.print(f"# {rule.file}:{rule.line}\n# {rule.doc}", markup=False, highlight=False)
+        stdout.print(f"# {_shown_path(rule.file)}:{rule.line}", markup=False, highlight=False)
         stdout.print("\n".join(lines[rule.line - 1:end]).rstrip(), markup=False, highlight=False)
     _guarded(run)
 
@@ -164,6 +198,14 @@ def rules_check(files: Annotated[list[Path], typer.Argument(help="Rule files to 
         rules = load_rules(rule_files(list(files)), set(builtin_primitives()))
         stdout.print(f"{len(rules)} rule(s) OK")
     _guarded(run)
+
+
+def _shown_path(path: str) -> str:
+    """A rule file's path relative to the working directory when it lies below it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path
 
 
 def _all_rules(extra):
@@ -182,10 +224,6 @@ def _progress():
         return
     with stderr.status("starting") as status:
         yield lambda step: status.update(f"{step}...")
-
-
-def _not_yet(command: str):
-    raise ConvexportError(f"convexport {command}: not implemented yet")
 
 
 def _guarded(action) -> None:

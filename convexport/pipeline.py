@@ -48,6 +48,8 @@ def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str
     say = progress or (lambda message: None)
     if strategy not in STRATEGIES:
         raise ConvexportError(f"--strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    if strategy == "measure":
+        raise ConvexportError("--strategy measure: timing candidates is not implemented yet; use exact or cost")
     device = resolve_device(device) if profile else device
     specs = [spec if isinstance(spec, InputSpec) else parse_input_spec(spec) for spec in inputs or ()]
     loaded = _load(model, trust_pickle)

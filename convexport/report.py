@@ -39,7 +39,8 @@ def _jsonable(value):
 
 def print_optimize_summary(report: dict, console: Console) -> None:
     before, after = report["before"], report["after"]
-    table = Table(title=f"convexport {report['model']}", show_edge=False, title_justify="left")
+    console.print(f"[bold]{report['model']}[/bold] -> {report.get('output') or '(not written)'}", highlight=False)
+    table = Table(show_edge=False)
     table.add_column("")
     table.add_column("before", justify="right")
     table.add_column("after", justify="right")
@@ -70,8 +71,6 @@ def print_optimize_summary(report: dict, console: Console) -> None:
         console.print(f"validation: {verdict} over {validation['runs']} runs, max abs error {worst:.3g}")
     if profile and profile.get("speedup"):
         console.print(f"speedup: {profile['speedup']:.2f}x on {profile['provider']}")
-    if report.get("output"):
-        console.print(f"wrote {report['output']}")
 
 
 def _interesting_ops(before: dict, after: dict) -> list[str]:

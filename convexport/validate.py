@@ -10,10 +10,12 @@ same infinity. Per output we report max and mean absolute error, max relative er
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
 
+from .errors import ConvexportError
 from .inputs import InputSpec, random_inputs
 from .runtime import create_session
 
@@ -68,18 +70,18 @@ class ValidationResult:
 
 def compare_models(reference: onnx.ModelProto, candidate: onnx.ModelProto, inputs: list[InputSpec],
                    runs: int = DEFAULT_RUNS, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL,
-                   seed: int = 0) -> ValidationResult:
-    """Run both models on `runs` seeded input sets and compare every output."""
+                   seed: int = 0, extra_feeds: list[dict] = ()) -> ValidationResult:
+    """Run both models on `runs` seeded input sets (and `extra_feeds`), compare every output."""
     ref_session = create_session(reference, optimize=False)
     cand_session = create_session(candidate, optimize=False)
     names = [out.name for out in ref_session.get_outputs()]
-    result = ValidationResult(True, runs, rtol, atol)
+    result = ValidationResult(True, runs + len(extra_feeds), rtol, atol)
     missing = [name for name in names if name not in {o.name for o in cand_session.get_outputs()}]
     if missing:
         result.passed, result.problem = False, f"candidate lacks output(s) {', '.join(missing)}"
         return result
-    for run in range(runs):
-        feeds = random_inputs(inputs, seed + run)
+    all_feeds = [random_inputs(inputs, seed + run) for run in range(runs)] + list(extra_feeds)
+    for feeds in all_feeds:
         expected = ref_session.run(names, feeds)
         actual = cand_session.run(names, feeds)
         for name, ref, cand in zip(names, expected, actual):
@@ -114,3 +116,33 @@ def compare_arrays(ref: np.ndarray, cand: np.ndarray, rtol: float, atol: float) 
         mismatches=mismatches,
         elements=int(ref.size),
     )
+
+
+def validate_files(reference: Path, candidate: Path, inputs_npz: Path | None, runs: int,
+                   rtol: float, atol: float) -> ValidationResult:
+    """`convexport validate`: seeded random inputs, plus the arrays of DATA.npz if given."""
+    from .export import graph_input_specs
+    from .loading import load_model
+
+    if runs < 0:
+        raise ConvexportError("--runs must be >= 0")
+    for path in (reference, candidate):
+        if path.suffix.lower() != ".onnx":
+            raise ConvexportError(f"{path}: validate compares ONNX models")
+    models = [load_model(str(path)).onnx_model for path in (reference, candidate)]
+    feeds = [] if inputs_npz is None else [_load_npz(inputs_npz, graph_input_specs(models[0]))]
+    if runs == 0 and not feeds:
+        raise ConvexportError("--runs 0 without --inputs compares nothing")
+    return compare_models(models[0], models[1], graph_input_specs(models[0]), runs, rtol, atol, extra_feeds=feeds)
+
+
+def _load_npz(path: Path, inputs: list[InputSpec]) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path) as data:
+            arrays = {name: data[name] for name in data.files}
+    except (OSError, ValueError) as exc:
+        raise ConvexportError(f"{path}: not a readable .npz file ({exc})") from exc
+    missing = [spec.name for spec in inputs if spec.name not in arrays]
+    if missing:
+        raise ConvexportError(f"{path}: lacks arrays for input(s) {', '.join(missing)} (has {', '.join(arrays)})")
+    return {spec.name: arrays[spec.name].astype(spec.numpy_dtype) for spec in inputs}

@@ -110,3 +110,65 @@ def test_console_script_runs_as_a_module(tmp_path):
     completed = subprocess.run([sys.executable, "-m", "convexport", "optimize", str(tmp_path / "x.onnx")],
                                capture_output=True, text=True)
     assert completed.returncode == 1 and completed.stderr.count("\n") == 1 and "Traceback" not in completed.stderr
+
+
+@pytest.fixture(scope="module")
+def exported_pair(tmp_path_factory, small_net_path):
+    folder = tmp_path_factory.mktemp("pair")
+    assert invoke("optimize", f"{small_net_path}:build", "-o", folder / "opt.onnx", "--no-profile").exit_code == 0
+    assert invoke("export", f"{small_net_path}:build", "-o", folder / "ref.onnx").exit_code == 0
+    return folder
+
+
+def test_validate_passes_on_the_optimized_model(exported_pair):
+    report = exported_pair / "v.json"
+    result = invoke("validate", exported_pair / "ref.onnx", exported_pair / "opt.onnx", "--report", report)
+    assert result.exit_code == 0, result.output
+    assert json.loads(report.read_text())["passed"] is True
+
+
+def test_validate_fails_with_exit_3_on_a_perturbed_weight(exported_pair, tmp_path):
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(exported_pair / "opt.onnx"))
+    weight = max(model.graph.initializer, key=lambda init: np.prod(init.dims))
+    values = numpy_helper.to_array(weight).copy()
+    values *= 1.01
+    weight.CopyFrom(numpy_helper.from_array(values, weight.name))
+    onnx.save(model, str(tmp_path / "nudged.onnx"))
+    result = invoke("validate", exported_pair / "ref.onnx", tmp_path / "nudged.onnx")
+    assert result.exit_code == 3, result.output
+    assert "does not match" in result.stderr
+
+
+def test_validate_with_inputs_npz(exported_pair, tmp_path):
+    import numpy as np
+
+    data = tmp_path / "data.npz"
+    np.savez(data, input=np.ones((1, 3, 16, 16), np.float32))  # nn.Sequential's argument name
+    result = invoke("validate", exported_pair / "ref.onnx", exported_pair / "opt.onnx", "--inputs", data, "--runs", 0)
+    assert result.exit_code == 0 and "over 1 run" in result.stdout
+    np.savez(data, y=np.ones((1, 3, 16, 16), np.float32))
+    assert_user_error(invoke("validate", exported_pair / "ref.onnx", exported_pair / "opt.onnx", "--inputs", data),
+                      "lacks arrays for input(s) input")
+
+
+def test_profile_command(exported_pair, tmp_path):
+    report = tmp_path / "p.json"
+    result = invoke("profile", exported_pair / "opt.onnx", "--device", "cpu", "--runs", 5, "--report", report)
+    assert result.exit_code == 0, result.output
+    latency = json.loads(report.read_text())["model"]["latency_ms"]
+    assert 0 < latency["min"] <= latency["median"] <= latency["p90"]
+
+
+def test_rules_commands(tmp_path):
+    listed = invoke("rules", "list")
+    assert listed.exit_code == 0 and "conv-conv" in listed.stdout and "linear_chain.yaml" in listed.stdout
+    shown = invoke("rules", "show", "conv-conv")
+    assert shown.exit_code == 0 and "y = Conv(h, w2, b2?)" in shown.stdout
+    assert_user_error(invoke("rules", "show", "no-such-rule"), "no rule named")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rules:\n  - name: a\n    doc: d\n    match: [y = Nope(x)]\n    apply: forward_input\n")
+    assert_user_error(invoke("rules", "check", bad), f"{bad}:4:", "unknown ONNX op")

@@ -20,6 +20,7 @@ import numpy as np
 
 from . import padding_reads
 from .spec import AxisGeometry, ConvSpec, Refusal, spatial_lengths
+from .taps import normalize_taps
 
 DEFAULT_BORDER_LIMIT_BYTES = 1 << 20
 
@@ -93,9 +94,11 @@ def composite_conv(first: ConvSpec, second: ConvSpec) -> ConvSpec:
 
 
 def _describe(first: ConvSpec, second: ConvSpec, spec: ConvSpec) -> str:
+    """E.g. '3x3 after 1x1/s2,2 -> 3x3/s2,2 conv', with the kernel conv_to_onnx will emit."""
     def kernel(s: ConvSpec) -> str:
-        return "x".join(map(str, s.kernel_shape)) + ("" if set(s.strides) == {1} else f"/s{','.join(map(str, s.strides))}")
-    return f"{kernel(second)} after {kernel(first)} -> {kernel(spec)} conv"
+        strides = "" if set(s.strides) == {1} else "/s" + ",".join(map(str, s.strides))
+        return "x".join(map(str, s.kernel_shape)) + strides
+    return f"{kernel(second)} after {kernel(first)} -> {kernel(normalize_taps(spec))} conv"
 
 
 def compose(first: ConvSpec, second: ConvSpec, input_spatial: Sequence[int | None] | None,
@@ -132,7 +135,7 @@ def compose(first: ConvSpec, second: ConvSpec, input_spatial: Sequence[int | Non
                            f"map [{second.out_channels}, {', '.join(map(str, output_shape))}] would take {size} "
                            f"bytes, over the limit of {border_limit_bytes}")
         border = padding_reads.border_map(first.axes(), second.axes(), lengths, bias_taps)
-        border = None
+        border = border if np.any(border) else None
     spec = composite_conv(first, second)
     description = _describe(first, second, spec)
     if border is not None:

@@ -54,7 +54,8 @@ def avgpool_as_conv(channels: int, kernel_shape: Sequence[int], strides: Sequenc
     return ConvSpec(weight, np.zeros(channels), False, strides, (1,) * nd, pads_begin, pads_end)
 
 
-def merge_zero_pad(spec: ConvSpec, pad_begin_spatial: Sequence[int], pad_end_spatial: Sequence[int]) -> ConvSpec | Refusal:
+def merge_zero_pad(spec: ConvSpec, pad_begin_spatial: Sequence[int],
+                   pad_end_spatial: Sequence[int]) -> ConvSpec | Refusal:
     """conv(ZeroPad(x)) as one conv: pads (a + p_begin, e + p_end). Refused for negative pads,
     which crop x: the conv would then read real values where it read cropped-away zeros."""
     begin, end = tuple(int(p) for p in pad_begin_spatial), tuple(int(p) for p in pad_end_spatial)

@@ -41,8 +41,8 @@ def compose_linear(match, context) -> Rewrite | Refusal:
         border = gs.Constant(context.fresh(output.name + "_border"), composition.border[None].astype(output_dtype(second)))
         corrected = gs.Variable(context.fresh(output.name + "_corrected"), dtype=output_dtype(second))
         nodes.append(gs.Node("Add", context.fresh(output.name + "_border_add"), inputs=[folded, border], outputs=[corrected]))
-        folded, note = corrected, note + f" plus a constant border map of {composition.border.nbytes // 2} bytes"
-        extra["border_map_bytes"] = int(composition.border.size * 4)
+        extra["border_map_bytes"] = int(composition.border.size * output_dtype(second).itemsize)
+        folded, note = corrected, note + f" plus a constant border map of {extra['border_map_bytes']} bytes"
     before = _chain_flops(first, first_spec, second, second_spec)
     after = conv_flops(composition.spec, output.shape)
     return Rewrite(nodes, [(output, folded)], note, before, after, extra)

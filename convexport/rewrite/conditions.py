@@ -7,6 +7,12 @@
     count: {list: n}         the variadic list has at least n elements
     static_shape: [names]    every dimension is known
     rank: {name: [r, ...]}   the tensor's rank is one of these
+    per_channel: {k: t}      constant k is a scalar or one value per channel of tensor t
+                             (broadcasts as [C, 1, ...] without changing t's shape)
+
+The same conditions may stand under `where:`, where a failure means "no match" and is not
+reported (a shape of graph the rule is not about), instead of `require:` (a refusal the
+report lists with its reason).
 """
 
 from __future__ import annotations
@@ -87,9 +93,22 @@ def rank(values: dict, ranks: dict, graph: gs.Graph) -> str | None:
     return None
 
 
+def per_channel(values: dict, pairs: dict, graph: gs.Graph) -> str | None:
+    for constant_name, tensor_name in pairs.items():
+        value, tensor = constant_value(values.get(constant_name)), values.get(tensor_name)
+        shape = getattr(tensor, "shape", None)
+        if value is None or shape is None or len(shape) < 2:
+            return f"{constant_name} or the shape of {tensor_name} is unknown"
+        padded = (1,) * (len(shape) - value.ndim) + value.shape
+        if value.ndim > len(shape) or any(d != 1 for i, d in enumerate(padded) if i != 1) \
+                or padded[1] not in (1, shape[1]):
+            return f"{constant_name} of shape {value.shape} is not per-channel for {tensor_name} {tuple(shape)}"
+    return None
+
+
 CONDITIONS: dict[str, Callable[[dict, object, gs.Graph], str | None]] = {
     "constant": constant, "private": private, "same": same, "count": count,
-    "static_shape": static_shape, "rank": rank,
+    "static_shape": static_shape, "rank": rank, "per_channel": per_channel,
 }
 
 

@@ -78,7 +78,7 @@ def _run_pass(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primitiv
             if id(node) not in live:
                 continue
             match = matcher.match(node)
-            if match is None:
+            if match is None or first_failure(rule.where, match.values, graph):
                 continue
             context = RewriteContext(graph, opset, fresh, rule.params, strategy)
             verdict = _decide(match, primitives[rule.apply], context)
@@ -87,7 +87,7 @@ def _run_pass(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primitiv
                 skipped[(rule.name, tuple(entry["nodes"]))] = {**entry, "reason": verdict}
                 continue
             _apply(graph, verdict, fresh)
-            applied.append({**entry, "reason": verdict.note, **_cost_fields(verdict)})
+            applied.append({**entry, "reason": verdict.note, **_cost_fields(verdict), **verdict.extra})
             changed = True
             graph.cleanup(remove_unused_graph_inputs=False)
             matcher.graph_outputs = set(map(id, graph.outputs))

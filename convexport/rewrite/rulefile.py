@@ -6,7 +6,9 @@
         match:
           - c = Conv(x, w, b?)
           - y = BatchNormalization[training_mode=0](c, scale, shift, mean, var)
-        require:
+        where:              # silent: no match unless these hold
+          rank: {x: [3, 4, 5]}
+        require:            # reported: the report's `skipped` lists the failing reason
           constant: [w, b, scale, shift, mean, var]
           private: [c]
         apply: conv_scale_shift_after
@@ -28,7 +30,7 @@ from ..errors import ConvexportError
 from .conditions import CONDITIONS
 from .pattern import PatternNode, PatternSyntaxError, parse_pattern_line
 
-RULE_KEYS = {"name", "doc", "match", "require", "apply", "with"}
+RULE_KEYS = {"name", "doc", "match", "where", "require", "apply", "with"}
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,8 @@ class Rule:
     name: str
     doc: str
     pattern: tuple[PatternNode, ...]
-    require: tuple[tuple[str, object], ...]
+    where: tuple[tuple[str, object], ...]      # silent: a failure is no match
+    require: tuple[tuple[str, object], ...]    # reported: a failure is a refusal
     apply: str
     params: dict = field(default_factory=dict, hash=False, compare=False)
     file: str = ""
@@ -120,11 +123,13 @@ def _parse_rule(file: str, node, primitives: set[str]) -> Rule:
         raise RuleFileError(file, _line(fields["apply"][1]), _column(fields["apply"][1]),
                             f"rule {name!r}: unknown primitive {apply!r} (known: {', '.join(sorted(primitives))})")
     pattern = _parse_match(file, name, fields["match"][1])
-    require = _parse_require(file, name, fields["require"][1], pattern) if "require" in fields else ()
+    where, require = (_parse_conditions(file, name, key, fields[key][1], pattern) if key in fields else ()
+                      for key in ("where", "require"))
     params = yaml.safe_load(yaml.serialize(fields["with"][1])) if "with" in fields else {}
     if not isinstance(params, dict):
         raise RuleFileError(file, _line(fields["with"][1]), _column(fields["with"][1]), "'with' must be a mapping")
-    return Rule(name, _scalar(file, fields["doc"][1], "doc"), pattern, require, apply, params, file, _line(node))
+    return Rule(name, _scalar(file, fields["doc"][1], "doc"), pattern, tuple(where), tuple(require), apply, params,
+                file, _line(node))
 
 
 def _parse_match(file: str, rule: str, node) -> tuple[PatternNode, ...]:
@@ -164,9 +169,10 @@ def _check_connected(file: str, rule: str, lines: list[PatternNode], node) -> No
             raise RuleFileError(file, line.line, 1, f"rule {rule!r}: {name}[] has no variadic *{name} input")
 
 
-def _parse_require(file: str, rule: str, node, pattern: tuple[PatternNode, ...]) -> tuple[tuple[str, object], ...]:
+def _parse_conditions(file: str, rule: str, section: str, node, pattern: tuple[PatternNode, ...]
+                      ) -> tuple[tuple[str, object], ...]:
     if not isinstance(node, yaml.MappingNode):
-        raise RuleFileError(file, _line(node), _column(node), f"rule {rule!r}: 'require' is a mapping of condition: names")
+        raise RuleFileError(file, _line(node), _column(node), f"rule {rule!r}: '{section}' is a mapping of condition: names")
     names = {ref.name for line in pattern for ref in (*line.inputs, *line.outputs)}
     conditions = []
     for key, (key_node, value_node) in _mapping(node).items():
@@ -174,7 +180,10 @@ def _parse_require(file: str, rule: str, node, pattern: tuple[PatternNode, ...])
             raise RuleFileError(file, _line(key_node), _column(key_node),
                                 f"rule {rule!r}: unknown condition {key!r} (known: {', '.join(sorted(CONDITIONS))})")
         value = yaml.safe_load(yaml.serialize(value_node))
-        referenced = value if isinstance(value, list) else list(value) if isinstance(value, dict) else [value]
+        if isinstance(value, dict):
+            referenced = [*value, *(v for v in value.values() if isinstance(v, str))] if key == "per_channel" else list(value)
+        else:
+            referenced = value if isinstance(value, list) else [value]
         for name in referenced:
             if name not in names:
                 raise RuleFileError(file, _line(value_node), _column(value_node),

@@ -155,8 +155,9 @@ class GraphBuilder:
         return output
 
     def run(self, output: str, x: np.ndarray) -> np.ndarray:
-        graph = helper.make_graph(self.nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, self.x_shape)],
-                                  [helper.make_tensor_value_info(output, TensorProto.FLOAT, [f"d{i}" for i in range(len(self.x_shape))])], self.initializers)
+        inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, self.x_shape)]
+        outputs = [helper.make_tensor_value_info(output, TensorProto.FLOAT, [f"d{i}" for i in range(len(self.x_shape))])]
+        graph = helper.make_graph(self.nodes, "g", inputs, outputs, self.initializers)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
         onnx.checker.check_model(model)
         options = ort.SessionOptions()

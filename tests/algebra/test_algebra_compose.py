@@ -176,3 +176,33 @@ def test_checked_lengths_represent_every_length():
             assert not np.any(single.leaks & ~reads.leaks), (first, second, length)
             assert not np.any(single.reaches & ~reads.reaches), (first, second, length)
             assert not np.any(single.pads_read & ~reads.pads_read), (first, second, length)
+
+
+def test_tap_pairs_meeting_on_no_middle_channel_do_not_block_the_fold():
+    """Middle channel 0 is made by a centre tap and read by second's 3-tap; channel 1 by a
+    3-tap and read by second's centre tap only. second's padded reads meet only channel 0,
+    whose first-conv window at a padded position is padding too: exact."""
+    w1 = np.zeros((2, 1, 3))
+    w1[0, 0, 1] = 1.5
+    w1[1, 0] = [1.0, -2.0, 0.5]
+    w2 = np.zeros((1, 2, 3))
+    w2[0, 0] = [0.3, 1.0, -0.7]
+    w2[0, 1, 1] = 2.0
+    first, second = OnnxConv(w1, None, {"pads": [1, 1]}), OnnxConv(w2, None, {"pads": [1, 1]})
+    result = compose(first.spec((8,)), second.spec((8,)), (8,))
+    assert isinstance(result, Composition), result
+    x = random_input(random.Random(0), 1, (8,))
+    assert_exact(run_spec(x, result.spec), torch_conv(torch_conv(x, first), second))
+
+
+def test_a_pair_reading_only_padding_on_another_axis_is_harmless():
+    """On axis 1 (length 1) first's taps 0 and 2 read only padding, so second's padded rows,
+    where first's axis-0 window reaches real x, still see zeros."""
+    w1 = np.zeros((1, 1, 3, 3))
+    w1[0, 0, :, [0, 2]] = [[1.0, 2.0, 3.0], [-1.0, 0.5, 4.0]]
+    first = OnnxConv(w1, None, {"pads": [1, 1, 1, 1]})
+    second = OnnxConv(np.ones((1, 1, 3, 1)), None, {"pads": [1, 0, 1, 0]})
+    result = compose(first.spec((5, 1)), second.spec((5, 1)), (5, 1))
+    assert isinstance(result, Composition), result
+    x = random_input(random.Random(1), 1, (5, 1))
+    assert_exact(run_spec(x, result.spec), torch_conv(torch_conv(x, first), second))

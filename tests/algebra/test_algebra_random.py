@@ -173,7 +173,8 @@ def _check_sum(convs, with_identity, signs, spatial, told) -> str:
     if isinstance(result, Refusal):
         if None not in told:   # necessary: the branches' outputs differ in shape
             x = _random_x(specs[0].in_channels, spatial)
-            shapes = {tuple(torch_conv(x, conv).shape[2:]) for conv in convs} | ({tuple(spatial)} if with_identity else set())
+            shapes = {tuple(torch_conv(x, conv).shape[2:]) for conv in convs}
+            shapes |= {tuple(spatial)} if with_identity else set()
             assert len(shapes) > 1, result.reason
         return "refused"
     assert isinstance(result, ConvSpec)

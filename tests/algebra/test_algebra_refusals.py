@@ -126,7 +126,8 @@ def test_shift_before_a_padded_conv_is_refused():
     result = scale_shift_before(conv.spec(None), 1.0, np.array([0.5, -1.0]))
     assert isinstance(result, Refusal) and "padding" in result.reason
     unpadded = dataclasses.replace(conv.spec(None), pads_begin=(0,), pads_end=(0,))
-    naive = dataclasses.replace(scale_shift_before(unpadded, 1.0, np.array([0.5, -1.0])), pads_begin=(1,), pads_end=(1,))
+    shifted_weights = scale_shift_before(unpadded, 1.0, np.array([0.5, -1.0]))
+    naive = dataclasses.replace(shifted_weights, pads_begin=(1,), pads_end=(1,))
     x = _x(2, 7)
     shifted = x + torch.tensor([0.5, -1.0]).view(1, 2, 1)
     assert differs(run_spec(x, naive), torch_conv(shifted, conv))
