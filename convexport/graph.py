@@ -77,6 +77,12 @@ def attribute(node: gs.Node, name: str, opset: int):
     return tuple(value) if isinstance(value, list) else value
 
 
+def attribute_or(node: gs.Node, name: str, opset: int, default):
+    """The attribute's value, its schema default, or `default` when it has neither."""
+    value = attribute(node, name, opset)
+    return default if value is None or value is NOT_IN_SCHEMA else value
+
+
 def default_opset(model: onnx.ModelProto) -> int:
     return next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 18)
 

@@ -165,7 +165,7 @@ def test_profile_command(exported_pair, tmp_path):
 
 def test_rules_commands(tmp_path):
     listed = invoke("rules", "list")
-    assert listed.exit_code == 0 and "conv-conv" in listed.stdout and "linear_chain.yaml" in listed.stdout
+    assert listed.exit_code == 0 and "conv-conv" in listed.stdout and "20_linear_chain.yaml" in listed.stdout
     shown = invoke("rules", "show", "conv-conv")
     assert shown.exit_code == 0 and "y = Conv(h, w2, b2?)" in shown.stdout
     assert_user_error(invoke("rules", "show", "no-such-rule"), "no rule named")

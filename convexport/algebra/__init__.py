@@ -11,8 +11,10 @@ exact result or a Refusal saying why not; callers cast weights back to the model
     padding_reads.py  when a composition reads padding: exactness and the border map
     parallel.py       sums and channel concats of convs reading one x
     linear_ops.py     identity, AveragePool, zero Pad, per-channel scale/shift, BatchNorm
+    evaluate.py       a ConvSpec applied to a constant array (maps pushed through a conv)
 """
 
+from .evaluate import apply_conv
 from .compose import DEFAULT_BORDER_LIMIT_BYTES, Composition, compose
 from .groups import largest_group_count
 from .linear_ops import (avgpool_as_conv, batchnorm_scale_shift, identity_conv, merge_zero_pad, scale_shift_after,
@@ -22,7 +24,7 @@ from .parallel import combine_parallel, concat_parallel
 from .spec import AxisGeometry, ConvSpec, Refusal
 
 __all__ = [
-    "AxisGeometry", "Composition", "ConvSpec", "DEFAULT_BORDER_LIMIT_BYTES", "Refusal",
+    "AxisGeometry", "Composition", "apply_conv", "ConvSpec", "DEFAULT_BORDER_LIMIT_BYTES", "Refusal",
     "avgpool_as_conv", "batchnorm_scale_shift", "combine_parallel", "compose", "concat_parallel",
     "conv_from_onnx", "conv_to_onnx", "identity_conv", "largest_group_count", "merge_zero_pad",
     "scale_shift_after", "scale_shift_before",

@@ -4,12 +4,15 @@
     compose_linear     h = first(x); y = second(h)  ->  one Conv of x (names: h, root)
     sum_branches       y = Add/Sub(branch(x), branch(x)) -> one Conv (names: x; with: signs)
     concat_branches    y = Concat(*parts), parts[] = branch(x) -> one Conv (names: x, parts)
+    linear_of_constant_map   h = Add(t, m:const); y = linear(h) -> linear(t) + linear0(m)
+    merge_constant_adds      h = Add(t, m1:const); y = Add(h, m2:const) -> t + (m1 + m2)
 A branch is x itself or a linear node reading x (Conv, BatchNormalization, per-channel
 Mul/Div/Add/Sub, AveragePool, zero Pad): see linear_nodes.py.
 """
 
 from .cleanup import forward_input
 from .conv_branches import concat_branches, sum_branches
+from .constant_maps import linear_of_constant_map, merge_constant_adds
 from .conv_chain import compose_linear
 
 REGISTRY = {
@@ -17,4 +20,6 @@ REGISTRY = {
     "compose_linear": compose_linear,
     "sum_branches": sum_branches,
     "concat_branches": concat_branches,
+    "linear_of_constant_map": linear_of_constant_map,
+    "merge_constant_adds": merge_constant_adds,
 }

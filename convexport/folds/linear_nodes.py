@@ -12,7 +12,7 @@ import onnx_graphsurgeon as gs
 
 from ..algebra import (ConvSpec, Refusal, avgpool_as_conv, batchnorm_scale_shift, identity_conv,
                        merge_zero_pad, scale_shift_after)
-from ..graph import attribute, constant_value, is_absent
+from ..graph import attribute, attribute_or, constant_value, is_absent
 from .convnodes import conv_spec, spatial_shape
 
 ELEMENTWISE = ("Mul", "Div", "Add", "Sub")
@@ -36,7 +36,7 @@ def linear_spec(node: gs.Node, opset: int) -> ConvSpec | Refusal:
     if node.op == "BatchNormalization":
         gamma, beta, mean, var = (constant_value(t) for t in node.inputs[1:5])
         scale, shift = batchnorm_scale_shift(*(np.asarray(v, np.float64) for v in (gamma, beta, mean, var)),
-                                             float(attribute(node, "epsilon", opset)))
+                                             float(attribute_or(node, "epsilon", opset, 1e-5)))
         return scale_shift_after(identity_conv(channels, nd), scale, shift)
     if node.op in ELEMENTWISE:
         return _elementwise_spec(node, channels, nd)
@@ -78,20 +78,22 @@ def _per_channel(value: np.ndarray, channels: int, nd: int) -> np.ndarray | Refu
 
 def _avgpool_spec(node: gs.Node, channels: int, nd: int, spatial, opset: int) -> ConvSpec | Refusal:
     kernel = tuple(attribute(node, "kernel_shape", opset))
-    strides = tuple(attribute(node, "strides", opset) or (1,) * nd)
-    pads = tuple(attribute(node, "pads", opset) or (0,) * (2 * nd))
-    if attribute(node, "auto_pad", opset) not in (None, "NOTSET", "VALID"):
-        return Refusal(f"{node.name}: AveragePool with auto_pad {attribute(node, 'auto_pad', opset)} is not folded")
-    if any(d != 1 for d in attribute(node, "dilations", opset) or ()):
+    strides = tuple(attribute_or(node, "strides", opset, (1,) * nd))
+    pads = tuple(attribute_or(node, "pads", opset, (0,) * (2 * nd)))
+    auto_pad = attribute_or(node, "auto_pad", opset, "NOTSET")
+    if auto_pad not in ("NOTSET", "VALID"):
+        return Refusal(f"{node.name}: AveragePool with auto_pad {auto_pad} is not folded")
+    if any(d != 1 for d in attribute_or(node, "dilations", opset, ())):
         return Refusal(f"{node.name}: dilated AveragePool is not folded")
     return avgpool_as_conv(channels, kernel, strides, pads[:nd], pads[nd:],
-                           bool(attribute(node, "count_include_pad", opset)), bool(attribute(node, "ceil_mode", opset)),
-                           spatial)
+                           bool(attribute_or(node, "count_include_pad", opset, 0)),
+                           bool(attribute_or(node, "ceil_mode", opset, 0)), spatial)
 
 
 def _pad_spec(node: gs.Node, channels: int, nd: int, opset: int) -> ConvSpec | Refusal:
-    if attribute(node, "mode", opset) != "constant":
-        return Refusal(f"{node.name}: Pad mode {attribute(node, 'mode', opset)!r} is not zero padding")
+    mode = attribute_or(node, "mode", opset, "constant")
+    if mode != "constant":
+        return Refusal(f"{node.name}: Pad mode {mode!r} is not zero padding")
     pads = constant_value(node.inputs[1])
     value = None if len(node.inputs) < 3 or is_absent(node.inputs[2]) else constant_value(node.inputs[2])
     axes_given = len(node.inputs) > 3 and not is_absent(node.inputs[3])

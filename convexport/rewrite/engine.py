@@ -100,7 +100,10 @@ def _decide(match: Match, primitive: Primitive, context: RewriteContext) -> Rewr
     reason = first_failure(match.rule.require, match.values, context.graph)
     if reason:
         return reason
-    result = primitive(match, context)
+    try:
+        result = primitive(match, context)
+    except ValueError as exc:   # the algebra's word for shapes it cannot work with
+        return f"{match.rule.apply} cannot handle these shapes: {exc}"
     if isinstance(result, Refusal):
         return result.reason
     for old, new in result.replace:

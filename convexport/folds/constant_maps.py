@@ -1,0 +1,75 @@
+"""Constant maps added to a tensor (border maps, biases of any shape) moved past linear nodes.
+
+A fold that reads a bias through padding leaves `Add(conv(x), B)` with a constant map B; these
+primitives keep it from blocking the next fold: a linear node after the Add is applied to B
+once, here, and consecutive constant Adds become one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..algebra import Refusal, apply_conv
+from ..graph import constant_value
+from ..rewrite.primitives import Rewrite
+from .conv_chain import BORDER_LIMIT_BYTES, output_dtype
+from .linear_nodes import linear_spec
+
+
+def _full_map(value: np.ndarray, shape) -> np.ndarray | Refusal:
+    """The constant as [1, C, *spatial] of `shape` ([N, C, *spatial]); it may not vary over N."""
+    if shape is None or any(not isinstance(d, int) for d in shape[1:]):
+        return Refusal("the tensor the constant is added to has no static shape")
+    if value.ndim > len(shape) or (value.ndim == len(shape) and value.shape[0] != 1):
+        return Refusal(f"the constant of shape {value.shape} varies over the batch")
+    try:
+        return np.broadcast_to(value, (1, *shape[1:])).astype(np.float64)
+    except ValueError:
+        return Refusal(f"the constant of shape {value.shape} does not broadcast to {tuple(shape)}")
+
+
+def linear_of_constant_map(match, context) -> Rewrite | Refusal:
+    """L(t + m) -> L(t) + L0(m), L0 = L without its bias: a linear node moved before the Add.
+
+    m [1, C, *spatial] (any shape broadcasting to t's, not over the batch) -> L0(m)
+    [1, O, *out], computed once in float64.
+    """
+    add, node = match.nodes["h"], match.root
+    t, m = match.values["t"], match.values["m"]
+    value = _full_map(constant_value(m).astype(np.float64), t.shape)
+    if isinstance(value, Refusal):
+        return value
+    spec = linear_spec(node, context.opset)
+    if isinstance(spec, Refusal):
+        return spec
+    out_shape = spec.output_shape(value.shape[2:])
+    size = 4 * spec.out_channels * int(np.prod(out_shape))
+    limit = int(context.params.get("map_limit_bytes", BORDER_LIMIT_BYTES))
+    if size > limit:
+        return Refusal(f"the map after {node.op} would take {size} bytes, over the limit of {limit}")
+    moved = apply_conv(spec, value, with_bias=False)
+    dtype = output_dtype(node)
+    inner = gs.Variable(context.fresh(node.outputs[0].name + "_before_map"), dtype=dtype)
+    inputs = [t if tensor is add.outputs[0] else tensor for tensor in node.inputs]
+    moved_node = gs.Node(node.op, context.fresh(node.name + "_moved"), dict(node.attrs), inputs, [inner])
+    result = gs.Variable(context.fresh(node.outputs[0].name + "_plus_map"), dtype=dtype)
+    constant = gs.Constant(context.fresh(node.outputs[0].name + "_map"), moved.astype(dtype))
+    plus = gs.Node("Add", context.fresh(node.name + "_map_add"), inputs=[inner, constant], outputs=[result])
+    # The cost of the move is the Add's: over t before, over the (maybe larger) output after.
+    return Rewrite([moved_node, plus], [(node.outputs[0], result)],
+                   f"constant map moved past {node.op} ({size} bytes as float32)",
+                   float(value.size), float(moved.size))
+
+
+def merge_constant_adds(match, context) -> Rewrite | Refusal:
+    """(t + m1) + m2 -> t + (m1 + m2), the sum taken once in float64."""
+    m1, m2 = (constant_value(match.values[name]).astype(np.float64) for name in ("m1", "m2"))
+    total = m1 + m2
+    output = match.root.outputs[0]
+    dtype = output_dtype(match.root)
+    result = gs.Variable(context.fresh(output.name + "_sum"), dtype=dtype)
+    node = gs.Node("Add", context.fresh(match.root.name + "_merged"),
+                   inputs=[match.values["t"], gs.Constant(context.fresh(output.name + "_summed_map"), total.astype(dtype))],
+                   outputs=[result])
+    return Rewrite([node], [(output, result)], "two constant Adds merged into one")

@@ -1,0 +1,325 @@
+"""The built-in linear folds on ONNX graphs: exact where applied, refused (with a reason) where not.
+
+The algebra itself is tested exhaustively in tests/algebra; here every rule goes through the
+engine and ONNX Runtime (float32, rtol 1e-4 / atol 1e-5 relative to the output's scale).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from graphs import GraphBuilder, fold, rewrite
+from helpers import op_counts
+
+SHAPES = {1: [2, 4, 11], 2: [2, 4, 9, 8], 3: [1, 4, 9, 8, 7]}
+
+
+# --- Conv -> Conv ----------------------------------------------------------------------------
+
+CHAIN_GRID = [
+    # (first conv kwargs, second conv kwargs)
+    ({"kernel": 1}, {"kernel": 3, "pads": 1}),                           # 1x1 -> same 3x3 (bottleneck)
+    ({"kernel": 1, "stride": 2, "bias": False}, {"kernel": 3, "pads": 1}),  # seed 000's strided 1x1
+    ({"kernel": 3, "pads": 2}, {"kernel": 5, "pads": 4}),                # seed 004's full padding
+    ({"kernel": 3}, {"kernel": 3, "dilation": 2}),                       # valid, dilated
+    ({"kernel": 2, "stride": 2}, {"kernel": 3, "stride": 1}),            # strided, unpadded
+    ({"kernel": 3, "pads": 1, "group": 4}, {"kernel": 1}),               # depthwise -> pointwise
+    ({"kernel": 3, "group": 2}, {"kernel": 3, "group": 2, "dilation": 2}),
+    ({"kernel": 1, "bias": False}, {"kernel": 3, "pads": 1, "stride": 2}),
+]
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+@pytest.mark.parametrize("first, second", CHAIN_GRID)
+def test_conv_conv_chains_fold_to_one_conv(nd, first, second):
+    builder = GraphBuilder(SHAPES[nd])
+    h = builder.conv("x", 4, **first)
+    y = builder.conv(h, 6 if second.get("group", 1) == 1 else 4, **second)
+    outcome, counts = fold(builder, [y])
+    assert counts.get("Conv") == 1, outcome.skipped
+    assert set(counts) <= {"Conv", "Add"}        # Add: a border map for a bias read through padding
+
+
+def test_depthwise_after_depthwise_stays_depthwise():
+    builder = GraphBuilder([1, 4, 10, 10])
+    y = builder.conv(builder.conv("x", 4, 3, group=4), 4, 3, group=4)
+    outcome, counts = fold(builder, [y])
+    node = next(n for n in outcome.model.graph.node if n.op_type == "Conv")
+    assert next(a.i for a in node.attribute if a.name == "group") == 4
+
+
+def test_same_padded_3x3_after_3x3_is_refused_with_reason():
+    builder = GraphBuilder([1, 4, 8, 8])
+    y = builder.conv(builder.conv("x", 4, 3, pads=1), 4, 3, pads=1)
+    outcome, counts = fold(builder, [y])
+    assert counts == {"Conv": 2}
+    (skip,) = outcome.skipped
+    assert skip["rule"] == "conv-conv" and "would read real input" in skip["reason"]
+
+
+def test_bias_through_padding_gets_a_border_map_reported():
+    builder = GraphBuilder([1, 3, 12, 12])
+    y = builder.conv(builder.conv("x", 5, 1), 4, 3, pads=1)
+    outcome, counts = fold(builder, [y])
+    assert counts == {"Conv": 1, "Add": 1}
+    assert outcome.applied[0]["border_map_bytes"] == 4 * 12 * 12 * 4
+
+
+def test_too_large_border_map_is_refused():
+    builder = GraphBuilder([1, 3, 12, 12])
+    y = builder.conv(builder.conv("x", 5, 1), 4, 3, pads=1)
+    model = builder.model([y])
+    from dataclasses import replace
+
+    from graphs import RULES
+    small_limit = [replace(r, params={**r.params, "border_limit_bytes": 100}) if r.name == "conv-conv" else r
+                   for r in RULES]
+    outcome = rewrite(model, rules=small_limit)
+    assert op_counts(outcome.model) == {"Conv": 2}
+    assert "over the limit of 100" in outcome.skipped[0]["reason"]
+
+
+def test_bias_through_padding_under_a_dynamic_spatial_shape_is_refused():
+    builder = GraphBuilder([1, 3, 12, 12])
+    y = builder.conv(builder.conv("x", 5, 1), 4, 3, pads=1)
+    model = builder.model([y])
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_param = "H", "W"
+    import onnx
+    for value in list(model.graph.value_info):
+        model.graph.value_info.remove(value)
+    model = onnx.shape_inference.infer_shapes(model)
+    outcome = rewrite(model)
+    assert op_counts(outcome.model) == {"Conv": 2}
+    assert "static spatial shape" in outcome.skipped[0]["reason"]
+
+
+def test_no_bias_needs_no_static_shape_and_dynamic_batch_is_fine():
+    builder = GraphBuilder([2, 3, 12, 12])
+    y = builder.conv(builder.conv("x", 5, 1, bias=False), 4, 3, pads=1)
+    outcome, counts = fold(builder, [y], dynamic_batch=True)
+    assert counts == {"Conv": 1}
+
+
+def test_intermediate_graph_output_is_not_folded():
+    builder = GraphBuilder([1, 3, 8, 8])
+    h = builder.conv("x", 4, 1)
+    y = builder.conv(h, 4, 1)
+    outcome, counts = fold(builder, [y, h])
+    assert counts == {"Conv": 2}
+    assert "is a graph output" in outcome.skipped[0]["reason"]
+
+
+def test_intermediate_with_other_consumers_is_not_folded():
+    builder = GraphBuilder([1, 3, 8, 8])
+    h = builder.conv("x", 4, 1)
+    y = builder.conv(h, 4, 1)
+    r = builder.node("Relu", [h])
+    outcome, counts = fold(builder, [y, r])
+    assert counts == {"Conv": 2, "Relu": 1}
+    assert "also read by 1 other node" in outcome.skipped[0]["reason"]
+
+
+def test_run_time_weight_is_reported():
+    builder = GraphBuilder([1, 3, 8, 8])
+    h = builder.conv("x", 4, 1)
+    w = builder.node("Relu", [builder.const(np.ones([4, 4, 1, 1]), "w")])
+    y = builder.node("Conv", [h, w])
+    outcome, counts = fold(builder, [y])
+    assert counts.get("Conv") == 2
+    assert any("computed at run time" in s["reason"] for s in outcome.skipped)
+
+
+# --- affine maps, pooling and padding around a conv -----------------------------------------
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+@pytest.mark.parametrize("op, shape", [("Mul", "per-channel"), ("Div", "scalar"), ("Add", "per-channel"),
+                                       ("Sub", "scalar"), ("Mul", "scalar")])
+def test_affine_after_conv(nd, op, shape):
+    builder = GraphBuilder(SHAPES[nd])
+    c = builder.conv("x", 5, 3, stride=2)
+    value = builder.rng.uniform(0.5, 2, [5] + [1] * nd) if shape == "per-channel" else builder.rng.uniform(0.5, 2)
+    y = builder.node(op, [c, builder.const(value)])
+    outcome, counts = fold(builder, [y])
+    assert counts == {"Conv": 1}
+
+
+def test_constant_that_is_not_per_channel_is_no_match():
+    builder = GraphBuilder([1, 3, 6, 6])
+    c = builder.conv("x", 4, 1)
+    y = builder.node("Add", [c, builder.const(np.ones([1, 4, 6, 6]))])
+    outcome, counts = fold(builder, [y])
+    assert counts == {"Conv": 1, "Add": 1} and not outcome.skipped
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+def test_batchnorm_after_and_before_conv(nd):
+    builder = GraphBuilder(SHAPES[nd])
+    y = builder.batchnorm(builder.conv(builder.batchnorm("x"), 5, 1))
+    outcome, counts = fold(builder, [y])
+    assert counts == {"Conv": 1}
+
+
+def test_batchnorm_before_a_padded_conv_folds_only_with_a_border_map():
+    builder = GraphBuilder([1, 4, 8, 8])
+    y = builder.conv(builder.batchnorm("x"), 5, 3, pads=1)
+    outcome, counts = fold(builder, [y])
+    assert counts == {"Conv": 1, "Add": 1} and outcome.applied[0]["border_map_bytes"] > 0
+
+
+@pytest.mark.parametrize("include_pad, pool_pads, conv_pads, refusal", [
+    (1, 0, 0, None), (0, 0, 1, None),
+    (1, 1, 0, "would read real input"),      # the pool reads h's padding where the conv would read x
+    (0, 1, 1, "count_include_pad"),           # the divisor changes at the border: not a conv
+])
+def test_conv_then_average_pool(include_pad, pool_pads, conv_pads, refusal):
+    builder = GraphBuilder([1, 3, 10, 10])
+    c = builder.conv("x", 4, 3, pads=conv_pads, bias=False)
+    y = builder.node("AveragePool", [c], kernel_shape=[3, 3], strides=[2, 2], pads=[pool_pads] * 4,
+                     count_include_pad=include_pad)
+    outcome, counts = fold(builder, [y])
+    assert ("AveragePool" not in counts) == (refusal is None)
+    if refusal:
+        assert refusal in outcome.skipped[0]["reason"]
+
+
+def test_zero_pad_merges_into_conv_pads_and_reflect_pad_does_not():
+    builder = GraphBuilder([1, 3, 8, 8])
+    zero = builder.node("Pad", ["x", builder.const([0, 0, 1, 2, 0, 0, 2, 1], "p", np.int64)])
+    reflect = builder.node("Pad", ["x", builder.const([0, 0, 1, 1, 0, 0, 1, 1], "p", np.int64)], mode="reflect")
+    y1, y2 = builder.conv(zero, 4, 3), builder.conv(reflect, 4, 3)
+    outcome, counts = fold(builder, [y1, y2])
+    assert counts == {"Conv": 2, "Pad": 1}
+
+
+# --- parallel branches -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+def test_repvgg_acnet_style_branch_sum_is_one_conv(nd):
+    builder = GraphBuilder(SHAPES[nd])
+    k3 = builder.batchnorm(builder.conv("x", 4, 3, pads=1))
+    k1 = builder.batchnorm(builder.conv("x", 4, 1))
+    asym = builder.conv("x", 4, [1] + [3] * (nd - 1), pads=[0] + [1] * (nd - 1) + [0] + [1] * (nd - 1))
+    y = builder.node("Add", [builder.node("Add", [builder.node("Add", [k3, k1]), asym]), builder.batchnorm("x")])
+    outcome, counts = fold(builder, [y])
+    assert counts == {"Conv": 1}
+
+
+@pytest.mark.parametrize("stride, dilation", [(1, 1), (2, 1), (1, 2), (2, 2)])
+def test_sub_and_add_of_convs_with_different_kernels(stride, dilation):
+    builder = GraphBuilder([1, 4, 13, 12])
+    a = builder.conv("x", 6, 5, stride=stride, dilation=dilation, pads=2 * dilation)
+    b = builder.conv("x", 6, 3, stride=stride, pads=1)
+    c = builder.conv("x", 6, 1, stride=stride)
+    y = builder.node("Add", [builder.node("Sub", [a, b]), c])
+    outcome, counts = fold(builder, [y])
+    assert counts == {"Conv": 1}
+
+
+def test_identity_branches_add_and_sub_both_orders():
+    builder = GraphBuilder([1, 4, 8, 8])
+    dw = builder.conv("x", 4, 3, pads=1, group=4, bias=False)
+    y1 = builder.node("Sub", [dw, "x"])
+    dw2 = builder.conv("x", 4, 3, pads=1, group=4)
+    y2 = builder.node("Sub", ["x", dw2])
+    dw3 = builder.conv("x", 4, 3, pads=1, group=4)
+    y3 = builder.node("Add", ["x", dw3])
+    outcome, counts = fold(builder, [y1, y2, y3])
+    assert counts == {"Conv": 3}
+    for node in outcome.model.graph.node:      # depthwise minus identity stays depthwise
+        assert next(a.i for a in node.attribute if a.name == "group") == 4
+
+
+def test_average_pool_branch():
+    builder = GraphBuilder([1, 4, 9, 9])
+    pool = builder.node("AveragePool", ["x"], kernel_shape=[3, 3], pads=[1] * 4, count_include_pad=1)
+    y = builder.node("Add", [builder.conv("x", 4, 3, pads=1), pool])
+    outcome, counts = fold(builder, [y])
+    assert counts == {"Conv": 1}
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+def test_concat_of_convs_with_different_geometry(nd):
+    builder = GraphBuilder(SHAPES[nd])
+    parts = [builder.conv("x", 3, 3, pads=1), builder.conv("x", 2, 1, bias=False),
+             builder.conv("x", 4, 5, pads=2, group=4 if nd == 1 else 1), builder.conv("x", 2, 3, dilation=2, pads=2)]
+    y = builder.node("Concat", parts, axis=1)
+    outcome, counts = fold(builder, [y])
+    assert counts == {"Conv": 1}
+
+
+def test_branches_with_different_output_shapes_are_refused():
+    builder = GraphBuilder([1, 4, 8, 8])
+    a = builder.conv("x", 4, 3, pads=1)
+    b = builder.conv("x", 4, 1, stride=[2, 1])
+    y = builder.node("Concat", [a, b], axis=2)        # concat along H: not a channel concat
+    outcome, counts = fold(builder, [y])
+    assert counts == {"Conv": 2, "Concat": 1}
+
+
+def test_branch_used_elsewhere_is_not_merged():
+    builder = GraphBuilder([1, 4, 8, 8])
+    a, b = builder.conv("x", 4, 3, pads=1), builder.conv("x", 4, 1)
+    y = builder.node("Add", [a, b])
+    outcome, counts = fold(builder, [y, a])
+    assert counts == {"Conv": 2, "Add": 1}
+    assert "graph output" in outcome.skipped[0]["reason"]
+
+
+# --- the cost strategy -----------------------------------------------------------------------
+
+def test_cost_strategy_keeps_a_quarter_width_bottleneck():
+    builder = GraphBuilder([1, 32, 12, 12])
+    y = builder.conv(builder.conv(builder.conv("x", 8, 1, bias=False), 8, 3, pads=1, bias=False), 32, 1)
+    model = builder.model([y])
+    assert op_counts(rewrite(model, "cost").model)["Conv"] == 3
+    costly = rewrite(model, "cost").skipped
+    assert costly and all("FLOPs" in s["reason"] for s in costly)
+    assert op_counts(rewrite(model, "exact").model)["Conv"] == 1
+
+
+def test_cost_strategy_folds_what_pays():
+    builder = GraphBuilder([1, 8, 12, 12])
+    y = builder.conv(builder.conv("x", 8, 3, pads=1, group=8), 8, 1)     # a separable block
+    model = builder.model([y])
+    cost = rewrite(model, "cost")
+    # depthwise 3x3 + pointwise = 8*9 + 64 MACs/pixel; dense 3x3 = 576: more than 1.25x, kept
+    assert op_counts(cost.model)["Conv"] == 2
+    chain = GraphBuilder([1, 8, 12, 12])
+    y = chain.conv(chain.conv("x", 8, 1), 8, 1)                            # 1x1 -> 1x1 always pays
+    assert op_counts(rewrite(chain.model([y]), "cost").model)["Conv"] == 1
+
+
+# --- constant maps left by border corrections --------------------------------------------------
+
+def test_biased_bottleneck_folds_to_one_conv_through_its_border_map():
+    builder = GraphBuilder([1, 8, 10, 10])
+    y = builder.conv(builder.conv(builder.conv("x", 8, 1), 8, 3, pads=1), 8, 1)
+    outcome, counts = fold(builder, [y])
+    assert counts == {"Conv": 1, "Add": 1}
+    assert [e["rule"] for e in outcome.applied] == ["conv-conv", "conv-after-constant-map", "conv-conv"]
+
+
+def test_constant_adds_merge_and_large_maps_stay():
+    builder = GraphBuilder([1, 3, 6, 6])
+    h = builder.node("Add", ["x", builder.const(builder.rng.standard_normal([1, 3, 6, 6]))])
+    y = builder.node("Add", [h, builder.const(builder.rng.standard_normal([3, 1, 1]))])
+    outcome, counts = fold(builder, [y])
+    assert counts == {"Add": 1}
+    big = GraphBuilder([1, 3, 64, 64])
+    h = big.node("Add", ["x", big.const(big.rng.standard_normal([1, 3, 64, 64]))])
+    y = big.conv(h, 300, 1)
+    outcome, counts = fold(big, [y])
+    assert counts == {"Add": 1, "Conv": 1}
+    assert "over the limit" in outcome.skipped[0]["reason"]
+
+
+def test_map_that_varies_over_the_batch_is_not_moved():
+    builder = GraphBuilder([2, 3, 6, 6])
+    h = builder.node("Add", ["x", builder.const(builder.rng.standard_normal([2, 3, 6, 6]))])
+    outcome, counts = fold(builder, [builder.conv(h, 4, 3, pads=1)])
+    assert counts == {"Add": 1, "Conv": 1}
+    assert "varies over the batch" in outcome.skipped[0]["reason"]

@@ -1,0 +1,76 @@
+"""Random graphs of conv chains and branch sums: no rewrite may change any output."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from graphs import GraphBuilder, assert_same_outputs, rewrite
+
+
+def random_conv(builder: GraphBuilder, x, rng, stride=None, same=False):
+    """A conv on x with random geometry; `same` keeps stride 1 and the spatial size."""
+    channels = builder.shapes[x][1]
+    same = same or min(builder.shapes[x][2:]) < 7        # keep every output non-empty
+    kernel, dilation = int(rng.integers(1, 4)), int(rng.integers(1, 3))
+    stride = stride if stride is not None else (1 if same else int(rng.integers(1, 3)))
+    nd = len(builder.shapes[x]) - 2
+    if same:
+        total = dilation * (kernel - 1)
+        begin = int(rng.integers(0, total + 1))
+        pads = [begin] * nd + [total - begin] * nd
+    else:
+        pads = [int(rng.integers(0, kernel)) for _ in range(2 * nd)]
+    group = int(rng.choice([g for g in (1, 2, channels) if channels % g == 0]))
+    out = channels if same or rng.random() < 0.5 else int(rng.choice([2, 4, 6]))
+    out = out if out % group == 0 else group
+    return builder.conv(x, out, kernel, stride=stride, dilation=dilation, pads=pads, group=group,
+                        bias=bool(rng.random() < 0.6))
+
+
+def random_graph(seed: int):
+    rng = np.random.default_rng(seed)
+    nd = int(rng.integers(1, 4))
+    spatial = [int(rng.integers(7, 12)) for _ in range(nd)]
+    builder = GraphBuilder([1, 4, *spatial], seed=seed)
+    x = "x"
+    for _ in range(int(rng.integers(2, 5))):
+        choice = rng.random()
+        if choice < 0.35:
+            x = random_conv(builder, x, rng)
+        elif choice < 0.6:
+            a, b = random_conv(builder, x, rng, same=True), random_conv(builder, x, rng, same=True)
+            if builder.shapes[a] == builder.shapes[b]:
+                x = builder.node(str(rng.choice(["Add", "Sub"])), [a, b])
+            else:
+                x = builder.node("Concat", [a, b], axis=1)
+        elif choice < 0.75:
+            a = random_conv(builder, x, rng, same=True)
+            x = builder.node("Add", [a, x]) if builder.shapes[a] == builder.shapes[x] else a
+        elif choice < 0.9:
+            x = builder.batchnorm(x)
+        else:
+            scale = builder.rng.uniform(0.5, 2, [builder.shapes[x][1]] + [1] * nd)
+            x = builder.node("Mul", [x, builder.const(scale)])
+    return builder, x
+
+
+def check(seed: int) -> int:
+    builder, y = random_graph(seed)
+    model = builder.model([y])
+    outcome = rewrite(model, "exact")
+    assert_same_outputs(model, outcome.model, builder.input_shape, seed=seed)
+    return len(outcome.applied)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**31 - 1))
+def test_random_graphs_stay_exact(seed):
+    check(seed)
+
+
+def test_random_graphs_are_mostly_folded():
+    """The generator is not vacuous: most graphs get folded somewhere."""
+    folded = sum(check(seed) > 0 for seed in range(40))
+    assert folded >= 30, folded

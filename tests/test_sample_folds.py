@@ -1,0 +1,32 @@
+"""Every sample model end to end through `optimize`: the Conv counts each strategy reaches."""
+
+from __future__ import annotations
+
+import pytest
+
+import convexport
+from conftest import SAMPLES
+
+# (model, strategy) -> (Conv before, Conv after, other ops that must be gone)
+EXPECTED = {
+    ("seed000_subtracted_conv.py", "exact"): (6, 2, {"Sub", "Concat"}),
+    ("seed000_subtracted_conv.py", "cost"): (6, 6, {"Sub"}),          # the merged 3x3 costs 2x the FLOPs
+    ("seed001_bottleneck3d.py", "exact"): (5, 2, set()),
+    ("seed001_bottleneck3d.py", "cost"): (5, 4, set()),
+    ("seed002_group_attention.py", "cost"): (37, 37, set()),          # batching is a later rule set
+    ("seed003_large_kernel.py:build_small", "cost"): (1, 1, set()),
+    ("seed004_full_padding.py", "cost"): (2, 1, set()),
+    ("seed004_full_padding.py:build_nobias", "cost"): (2, 1, {"Add"}),
+}
+
+
+@pytest.mark.parametrize("model, strategy", list(EXPECTED))
+def test_sample_conv_counts(model, strategy, tmp_path):
+    before, after, gone = EXPECTED[(model, strategy)]
+    result = convexport.optimize(f"{SAMPLES}/{model}", output=tmp_path / "o.onnx", strategy=strategy,
+                                 profile=False)
+    report = result.report
+    assert report["validation"]["passed"]
+    assert report["before"]["ops"]["Conv"] == before
+    assert report["after"]["ops"]["Conv"] == after
+    assert not gone & set(report["after"]["ops"])
