@@ -172,3 +172,23 @@ def test_rules_commands(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("rules:\n  - name: a\n    doc: d\n    match: [y = Nope(x)]\n    apply: forward_input\n")
     assert_user_error(invoke("rules", "check", bad), f"{bad}:4:", "unknown ONNX op")
+
+
+def test_user_rules_folder_alone(small_net_path, tmp_path):
+    folder = tmp_path / "my_rules"
+    folder.mkdir()
+    (folder / "only_chain.yaml").write_text(
+        "rules:\n  - name: my-conv-conv\n    doc: mine\n    match:\n      - h = Conv(x, w1:const, b1:const?)\n"
+        "      - y = Conv(h, w2:const, b2:const?)\n    require: {private: [h]}\n    apply: compose_linear\n")
+    report = tmp_path / "r.json"
+    result = invoke("optimize", f"{small_net_path}:build", "-o", tmp_path / "o.onnx", "--no-profile",
+                    "--rules", folder, "--no-builtin-rules", "--report", report)
+    assert result.exit_code == 0, result.output
+    rewrites = json.loads(report.read_text())["rewrites"]
+    assert [r["rule"] for r in rewrites] == ["my-conv-conv"] and rewrites[0]["file"].endswith("only_chain.yaml")
+
+
+def test_bad_user_rule_file_exits_1_with_its_line(small_net_path, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rules:\n  - name: a\n    doc: d\n    match: [y = Conv(x, w)]\n    apply: nothing_like_it\n")
+    assert_user_error(invoke("optimize", f"{small_net_path}:build", "--rules", bad), f"{bad}:5:", "unknown primitive")
