@@ -6,11 +6,18 @@
     concat_branches    y = Concat(*parts), parts[] = branch(x) -> one Conv (names: x, parts)
     linear_of_constant_map   h = Add(t, m:const); y = linear(h) -> linear(t) + linear0(m)
     merge_constant_adds      h = Add(t, m1:const); y = Add(h, m2:const) -> t + (m1 + m2)
+    flatten_concats          Concat of Concats on one axis -> one Concat
+    repeat_as_tile           Concat(x, x, ..., x) -> Tile
+    batch_conv_heads         heads[] = Conv(x, ...): identical branches from sibling convs, batched
+    batch_gathered_linears   heads[] = Gemm(Gather(x, i[]), ...): per-row linears as one Einsum
+    batch_split_branches     *parts = Split(x): identical branches after a Split, batched
 A branch is x itself or a linear node reading x (Conv, BatchNormalization, per-channel
 Mul/Div/Add/Sub, AveragePool, zero Pad): see linear_nodes.py.
 """
 
+from .batch_branches import batch_conv_heads, batch_gathered_linears, batch_split_branches
 from .cleanup import forward_input
+from .concat_ops import flatten_concats, repeat_as_tile
 from .conv_branches import concat_branches, sum_branches
 from .constant_maps import linear_of_constant_map, merge_constant_adds
 from .conv_chain import compose_linear
@@ -22,4 +29,9 @@ REGISTRY = {
     "concat_branches": concat_branches,
     "linear_of_constant_map": linear_of_constant_map,
     "merge_constant_adds": merge_constant_adds,
+    "flatten_concats": flatten_concats,
+    "repeat_as_tile": repeat_as_tile,
+    "batch_conv_heads": batch_conv_heads,
+    "batch_gathered_linears": batch_gathered_linears,
+    "batch_split_branches": batch_split_branches,
 }

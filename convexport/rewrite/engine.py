@@ -74,14 +74,16 @@ def _run_pass(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primitiv
     for rule in rules:
         matcher = PatternMatcher(rule, opset, set(map(id, graph.outputs)))
         live = {id(node) for node in graph.nodes}
-        for node in list(graph.nodes):
-            if id(node) not in live:
+        for anchor in _anchors(graph, rule):
+            if not all(id(node) in live for node in _anchor_nodes(anchor)):
                 continue
-            match = matcher.match(node)
+            match = matcher.match_group(anchor) if rule.is_group else matcher.match(anchor)
             if match is None or first_failure(rule.where, match.values, graph):
                 continue
             context = RewriteContext(graph, opset, fresh, rule.params, strategy)
             verdict = _decide(match, primitives[rule.apply], context)
+            if verdict is None:
+                continue
             entry = {"rule": rule.name, "file": rule.file, "nodes": match.node_names()}
             if isinstance(verdict, str):
                 skipped[(rule.name, tuple(entry["nodes"]))] = {**entry, "reason": verdict}
@@ -95,8 +97,25 @@ def _run_pass(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primitiv
     return changed
 
 
-def _decide(match: Match, primitive: Primitive, context: RewriteContext) -> Rewrite | str:
-    """The Rewrite to apply, or the reason not to."""
+def _anchors(graph: gs.Graph, rule: Rule) -> list:
+    """Where matching starts: every node (for a root pattern), or every tensor read by a node
+    (for a group pattern, whose members all read one shared tensor), in topological order."""
+    if not rule.is_group:
+        return list(graph.nodes)
+    seen, tensors = set(), []
+    for tensor in [*graph.inputs, *(out for node in graph.nodes for out in node.outputs)]:
+        if id(tensor) not in seen and tensor.outputs:
+            seen.add(id(tensor))
+            tensors.append(tensor)
+    return tensors
+
+
+def _anchor_nodes(anchor) -> list:
+    return [anchor] if isinstance(anchor, gs.Node) else list(anchor.inputs)
+
+
+def _decide(match: Match, primitive: Primitive, context: RewriteContext) -> Rewrite | str | None:
+    """The Rewrite to apply, the reason not to, or None when the primitive finds nothing to do."""
     reason = first_failure(match.rule.require, match.values, context.graph)
     if reason:
         return reason
@@ -104,8 +123,8 @@ def _decide(match: Match, primitive: Primitive, context: RewriteContext) -> Rewr
         result = primitive(match, context)
     except ValueError as exc:   # the algebra's word for shapes it cannot work with
         return f"{match.rule.apply} cannot handle these shapes: {exc}"
-    if isinstance(result, Refusal):
-        return result.reason
+    if result is None or isinstance(result, Refusal):
+        return None if result is None else result.reason
     for old, new in result.replace:
         if not _takes_over(new, context.graph) and _is_graph_output(old, context.graph):
             return f"would rename graph output {old.name!r} to {new.name!r}"

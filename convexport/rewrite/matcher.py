@@ -62,6 +62,24 @@ class PatternMatcher:
         values, nodes = _collect(state.values), _collect(state.nodes)
         return Match(self.rule, values, nodes, root)
 
+    def match_group(self, anchor) -> Match | None:
+        """Every node that matches the group's element pattern reading `anchor` as the shared
+        tensor, in breadth-first order from it; a Match when there are two or more."""
+        root = self.rule.root
+        state = _State()
+        state.values[self.rule.anchor] = anchor
+        members = 0
+        for node in _downstream(anchor, len(self.rule.pattern)):
+            if node.op != root.op_type:
+                continue
+            trial = state.copy()
+            if self._node(root, node, trial, members):
+                state, members = trial, members + 1
+        if members < 2:
+            return None
+        values, nodes = _collect(state.values), _collect(state.nodes)
+        return Match(self.rule, values, nodes, nodes[root.outputs[0].name][0])
+
     def _node(self, line: PatternNode, node: gs.Node, state: _State, element: int | None) -> bool:
         if node.op != line.op_type or (node.domain or "") not in ("", "ai.onnx"):
             return False
@@ -72,6 +90,10 @@ class PatternMatcher:
             actual = attribute(node, name, self.opset)
             if actual is not NOT_IN_SCHEMA and actual != wanted:
                 return False
+        if line.outputs[0].variadic:
+            state.nodes[key] = node
+            state.values[line.outputs[0].name] = list(node.outputs)
+            return self._inputs(line, list(node.inputs), state, element)
         if len(node.outputs) < len(line.outputs) or any(self._used(out) for out in node.outputs[len(line.outputs):]):
             return False
         state.nodes[key] = node
@@ -145,6 +167,23 @@ class PatternMatcher:
 
     def _used(self, tensor) -> bool:
         return bool(tensor.outputs) or id(tensor) in self.graph_outputs
+
+
+def _downstream(tensor, depth: int) -> list[gs.Node]:
+    """Nodes within `depth` consumer steps of `tensor`, breadth first, each once."""
+    found: list[gs.Node] = []
+    seen: set[int] = set()
+    frontier = [tensor]
+    for _ in range(depth):
+        next_frontier = []
+        for value in frontier:
+            for node in value.outputs:
+                if id(node) not in seen:
+                    seen.add(id(node))
+                    found.append(node)
+                    next_frontier.extend(node.outputs)
+        frontier = next_frontier
+    return found
 
 
 def _key(ref: ValueRef, element: int | None):

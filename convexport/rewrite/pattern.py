@@ -3,6 +3,7 @@
     OUT = OpType(IN, IN?, ...)                 a node; its first output is OUT
     OUT = OpType[attr=value, ...](IN, ...)     with attribute conditions (absent = ONNX default)
     OUT, OUT2 = OpType(...)                    several outputs
+    *parts = Split(x)                          `parts` binds the list of all outputs
     y = Concat[axis=1](*parts)                 variadic: `parts` binds the whole input list
     parts[] = Conv(x, w[], b[]?)               each element of `parts` is a Conv; names ending
                                                in [] are per element, plain names are shared
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import yaml
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
-_LINE = re.compile(rf"^\s*(?P<outputs>{_NAME}(?:\[\])?(?:\s*,\s*{_NAME}(?:\[\])?)*)\s*=\s*(?P<op>{_NAME})\s*(?P<rest>.*)$")
+_LINE = re.compile(rf"^\s*(?P<outputs>\*?{_NAME}(?:\[\])?(?:\s*,\s*{_NAME}(?:\[\])?)*)\s*=\s*(?P<op>{_NAME})\s*(?P<rest>.*)$")
 _INPUT = re.compile(rf"^(?P<star>\*)?(?P<name>{_NAME})(?P<elem>\[\])?(?P<const>:const)?(?P<optional>\?)?$")
 
 COMMUTATIVE = frozenset({"Add", "Mul", "Sum", "Max", "Min"})
@@ -93,8 +94,9 @@ def parse_pattern_line(text: str, line: int = 0) -> PatternNode:
     if sum(ref.variadic for ref in inputs) > 1:
         raise PatternSyntaxError("at most one variadic *input per node")
     for ref in outputs:
-        if ref.optional or ref.variadic or ref.wildcard or ref.constant:
-            raise PatternSyntaxError(f"output {ref.name!r} cannot be optional, variadic, constant or '_'")
+        if ref.optional or ref.wildcard or ref.constant or (ref.variadic and len(outputs) > 1):
+            raise PatternSyntaxError(f"output {ref.name!r} cannot be optional, constant or '_', and *{ref.name} "
+                                     "(all outputs) stands alone")
     return PatternNode(match.group("op"), outputs, inputs, attributes, line, text.strip())
 
 

@@ -49,6 +49,22 @@ class Rule:
     def root(self) -> PatternNode:
         return self.pattern[-1]
 
+    @property
+    def is_group(self) -> bool:
+        """A group pattern: the last line is an element line, matched by every node (two or
+        more) that reaches one shared tensor, the anchor, through the pattern."""
+        return self.root.is_element
+
+    @property
+    def anchor(self) -> str | None:
+        """The group's shared tensor: the first plain name that no line produces."""
+        produced = {ref.name for line in self.pattern for ref in line.outputs}
+        for line in reversed(self.pattern):
+            for ref in line.inputs:
+                if not ref.per_element and not ref.wildcard and ref.name not in produced:
+                    return ref.name
+        return None
+
 
 class RuleFileError(ConvexportError):
     def __init__(self, file: str, line: int, column: int, message: str):
@@ -157,15 +173,22 @@ def _check_connected(file: str, rule: str, lines: list[PatternNode], node) -> No
             if ref.name in produced:
                 raise RuleFileError(file, line.line, 1, f"rule {rule!r}: {ref.name!r} is produced twice")
             produced[ref.name] = line
-    if lines[-1].is_element:
-        raise RuleFileError(file, lines[-1].line, 1, f"rule {rule!r}: the last line (the root) cannot be an element line")
     used = {ref.name for line in lines for ref in line.inputs}
     variadic = {ref.name for line in lines for ref in line.inputs if ref.variadic}
+    if lines[-1].is_element:
+        if not all(line.is_element for line in lines):
+            raise RuleFileError(file, lines[-1].line, 1, f"rule {rule!r}: a group pattern (last line name[] = ...) "
+                                "has only element lines")
+        shared = [ref for line in lines for ref in line.inputs if not ref.per_element and not ref.wildcard
+                  and ref.name not in produced]
+        if not shared:
+            raise RuleFileError(file, lines[-1].line, 1, f"rule {rule!r}: a group pattern needs a shared input "
+                                "(a plain name) that all its members read")
     for line in lines[:-1]:
         name = line.outputs[0].name
         if name not in used:
             raise RuleFileError(file, line.line, 1, f"rule {rule!r}: {name!r} is not read by any later line")
-        if line.is_element and name not in variadic:
+        if line.is_element and name not in variadic and not lines[-1].is_element:
             raise RuleFileError(file, line.line, 1, f"rule {rule!r}: {name}[] has no variadic *{name} input")
 
 

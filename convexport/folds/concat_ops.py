@@ -1,0 +1,56 @@
+"""Concat bookkeeping: nested Concats flattened, a tensor concatenated with itself as a Tile."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..rewrite.primitives import Rewrite
+from .conv_chain import output_dtype
+
+
+def flatten_concats(match, context) -> Rewrite | None:
+    """Concat(a, Concat(b, c), d) on one axis -> Concat(a, b, c, d) when the inner one has no
+    other reader (None when no input is such a Concat)."""
+    root = match.root
+    outputs = {id(t) for t in context.graph.outputs}
+    rank = len(root.outputs[0].shape) if root.outputs[0].shape else None
+    axis = root.attrs["axis"]
+
+    def inner(tensor):
+        producer = tensor.inputs[0] if len(tensor.inputs) == 1 else None
+        if producer is None or producer.op != "Concat" or len(tensor.outputs) != 1 or id(tensor) in outputs:
+            return None
+        same_axis = producer.attrs["axis"] == axis or (rank and producer.attrs["axis"] % rank == axis % rank)
+        return producer if same_axis else None
+
+    flat, merged = [], 0
+    for tensor in root.inputs:
+        producer = inner(tensor)
+        if producer is None:
+            flat.append(tensor)
+        else:
+            flat.extend(producer.inputs)
+            merged += 1
+    if not merged:
+        return None
+    output = root.outputs[0]
+    result = gs.Variable(context.fresh(output.name + "_flat"), dtype=output_dtype(root), shape=output.shape)
+    node = gs.Node("Concat", context.fresh(root.name + "_flat"), {"axis": axis}, flat, [result])
+    return Rewrite([node], [(output, result)], f"{merged} nested Concat(s) flattened")
+
+
+def repeat_as_tile(match, context) -> Rewrite | None:
+    """Concat(x, x, ..., x) (n times along axis a) -> Tile(x, repeats = n at a, 1 elsewhere)."""
+    root, parts = match.root, match.values["parts"]
+    shape = parts[0].shape
+    if shape is None:
+        return None
+    rank = len(shape)
+    axis = root.attrs["axis"] % rank
+    repeats = gs.Constant(context.fresh("repeats"), np.array([len(parts) if i == axis else 1 for i in range(rank)],
+                                                             np.int64))
+    output = root.outputs[0]
+    result = gs.Variable(context.fresh(output.name + "_tiled"), dtype=output_dtype(root), shape=output.shape)
+    node = gs.Node("Tile", context.fresh(root.name + "_tile"), {}, [parts[0], repeats], [result])
+    return Rewrite([node], [(output, result)], f"a tensor concatenated with itself {len(parts)} times as a Tile")
