@@ -1,7 +1,8 @@
 """Does the candidate graph compute what the reference computes? ONNX Runtime decides.
 
 Both models run on the CPU provider with graph optimisations off (so ORT's own fusions cannot
-hide or cause a difference) on seeded random inputs. An element passes when
+hide or cause a difference) on seeded random inputs; dynamic dims take the sizes 1, 2, 3, ...
+in successive runs. An element passes when
 `|cand - ref| <= atol + rtol * |ref|` (numpy.isclose); NaN must meet NaN and an infinity the
 same infinity. Per output we report max and mean absolute error, max relative error
 (`|cand - ref| / max(|ref|, atol)`) and the number of failing elements.
@@ -80,7 +81,8 @@ def compare_models(reference: onnx.ModelProto, candidate: onnx.ModelProto, input
     if missing:
         result.passed, result.problem = False, f"candidate lacks output(s) {', '.join(missing)}"
         return result
-    all_feeds = [random_inputs(inputs, seed + run) for run in range(runs)] + list(extra_feeds)
+    # run r gives dynamic dims the size r + 1, so a graph that only works at one size fails
+    all_feeds = [random_inputs(inputs, seed + run, dynamic_size=run + 1) for run in range(runs)] + list(extra_feeds)
     for feeds in all_feeds:
         expected = ref_session.run(names, feeds)
         actual = cand_session.run(names, feeds)

@@ -31,3 +31,11 @@ def test_sample_conv_counts(model, strategy, tmp_path):
     assert report["before"]["ops"]["Conv"] == before
     assert report["after"]["ops"]["Conv"] == after
     assert not gone & set(report["after"]["ops"])
+
+
+def test_seed002_with_a_dynamic_batch(tmp_path):
+    result = convexport.optimize(f"{SAMPLES}/seed002_group_attention.py", output=tmp_path / "o.onnx",
+                                 dynamic_batch=True, profile=False)
+    assert result.report["validation"]["passed"] and result.report["validation"]["runs"] == 3
+    ops = result.report["after"]["ops"]
+    assert ops["Conv"] <= 4 and ops.get("Gemm", 0) + ops.get("MatMul", 0) + ops.get("Einsum", 0) <= 4

@@ -136,8 +136,8 @@ def batch_gathered_linears(match, context) -> Rewrite | Refusal | None:
     if len(gemms) < 2:
         return None
     x = match.values["x"]
-    if not _static(x.shape) or len(x.shape) != 3:
-        return Refusal("the gathered tensor needs a static [B, K, I] shape")
+    if x.shape is None or len(x.shape) != 3 or not _static(x.shape[1:]):
+        return Refusal("the gathered tensor needs a [B, K, I] shape with static K and I")
     indices = [int(constant_value(g.inputs[0].inputs[0].inputs[1])) % x.shape[1] for g in gemms]
     transposed = bool(gemms[0].attrs.get("transB", 0))
     biases = [None if len(g.inputs) < 3 or is_absent(g.inputs[2]) else constant_value(g.inputs[2]) for g in gemms]
