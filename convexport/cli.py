@@ -168,7 +168,7 @@ def rules_list(rules: RulesOpt = None):
     def run():
         for rule in _all_rules(rules):
             location = f"{_shown_path(rule.file)}:{rule.line}"
-            stdout.print(f"{rule.name:22} {location:32} {rule.doc}",
+            stdout.print(f"{rule.name:26} {location:32} {rule.doc}",
                          markup=False, highlight=False, soft_wrap=True)
     _guarded(run)
 
