@@ -54,14 +54,14 @@ def optimize(
     html: Annotated[Optional[Path], typer.Option("--html", help="Write an HTML report here.")] = None,
     no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip validation (not recommended).")] = False,
     no_profile: Annotated[bool, typer.Option("--no-profile", help="Skip profiling.")] = False,
-    rtol: Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance of validation.")] = None,
-    atol: Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance of validation.")] = None,
+    rtol: Annotated[Optional[list[str]], typer.Option("--rtol", help="Relative tolerance; NAME:F for one output (repeatable).")] = None,
+    atol: Annotated[Optional[list[str]], typer.Option("--atol", help="Absolute tolerance; NAME:F for one output (repeatable).")] = None,
     opset: OpsetOpt = None,
     dynamic_batch: DynamicOpt = False,
     trust_pickle: TrustOpt = False,
 ):
     """Export MODEL, fold its linear structure, validate, profile and write the result."""
-    from . import pipeline, validate
+    from . import pipeline
     from .report import print_optimize_summary, write_json
 
     def run():
@@ -71,8 +71,7 @@ def optimize(
             with _progress() as progress:
                 result = pipeline.optimize(
                     model, input or [], output, rules or [], strategy, device, not no_validate, not no_profile,
-                    builtin_rules=not no_builtin_rules, rtol=validate.DEFAULT_RTOL if rtol is None else rtol,
-                    atol=validate.DEFAULT_ATOL if atol is None else atol, opset=opset,
+                    builtin_rules=not no_builtin_rules, rtol=rtol, atol=atol, opset=opset,
                     dynamic_batch=dynamic_batch, trust_pickle=trust_pickle, progress=progress,
                 )
         except ValidationError as exc:
@@ -107,18 +106,19 @@ def validate_command(
     candidate: Annotated[Path, typer.Argument(help="The ONNX model to check against it.")],
     inputs: Annotated[Optional[Path], typer.Option("--inputs", help="DATA.npz of input arrays.")] = None,
     runs: Annotated[int, typer.Option("--runs", help="Seeded random input sets.")] = 3,
-    rtol: Annotated[Optional[float], typer.Option("--rtol")] = None,
-    atol: Annotated[Optional[float], typer.Option("--atol")] = None,
+    rtol: Annotated[Optional[list[str]], typer.Option("--rtol", help="Relative tolerance; NAME:F for one output (repeatable).")] = None,
+    atol: Annotated[Optional[list[str]], typer.Option("--atol", help="Absolute tolerance; NAME:F for one output (repeatable).")] = None,
+    input: InputOpt = None,
     report: Annotated[Optional[Path], typer.Option("--report")] = None,
 ):
     """Compare two ONNX models on the same inputs (exit 3 when they differ)."""
     from . import validate as checks
+    from .inputs import parse_input_spec
     from .report import write_json
 
     def run():
-        result = checks.validate_files(reference, candidate, inputs, runs,
-                                       checks.DEFAULT_RTOL if rtol is None else rtol,
-                                       checks.DEFAULT_ATOL if atol is None else atol)
+        result = checks.validate_files(reference, candidate, inputs, runs, checks.Tolerances.parse(rtol, atol),
+                                       [parse_input_spec(text) for text in input or []])
         if report is not None:
             write_json(result.to_report(), report)
         verdict = "passed" if result.passed else "FAILED"

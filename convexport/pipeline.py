@@ -21,7 +21,7 @@ from .rewrite.primitives import builtin_primitives
 from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
 from .runtime import resolve_device
 from .stats import graph_stats
-from .validate import DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_RUNS, compare_models
+from .validate import DEFAULT_RUNS, Tolerances, compare_models
 
 Progress = Callable[[str], None]
 
@@ -37,7 +37,8 @@ class OptimizeResult:
 def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str | Path | None = None,
              rules: Sequence[str | Path] = (), strategy: str = "cost", device: str = "auto",
              validate: bool = True, profile: bool = True, *, builtin_rules: bool = True,
-             rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL, opset: int | None = None,
+             rtol: float | list[str] | None = None, atol: float | list[str] | None = None,
+             opset: int | None = None,
              dynamic_batch: bool = False, trust_pickle: bool = False, write: bool = True,
              progress: Progress | None = None) -> OptimizeResult:
     """Optimize MODEL (a path or MODEL string, an onnx.ModelProto, or an nn.Module).
@@ -46,6 +47,7 @@ def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str
     optimized graph does not match the original.
     """
     say = progress or (lambda message: None)
+    tolerances = Tolerances.parse(rtol, atol)
     if strategy not in STRATEGIES:
         raise ConvexportError(f"--strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
     if strategy == "measure":
@@ -59,17 +61,26 @@ def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str
     say("exporting")
     exported = export_model(loaded, specs, opset, dynamic_batch)
     say("rewriting")
-    outcome = rewrite_model(exported.model, rule_list, builtin_primitives(), strategy, loaded.source)
+    primitives = builtin_primitives()
+    outcome = rewrite_model(exported.model, rule_list, primitives, strategy, loaded.source)
     report = _report(loaded, destination, exported, outcome)
 
     if validate:
         say("validating")
-        result = compare_models(exported.model, outcome.model, _validation_inputs(exported, specs),
-                                DEFAULT_RUNS, rtol, atol)
+        inputs_for_check = _validation_inputs(exported, specs)
+        result = compare_models(exported.model, outcome.model, inputs_for_check, DEFAULT_RUNS, tolerances)
         report["validation"] = result.to_report()
         if not result.passed:
+            say("finding the rewrite that broke it")
+            culprit = find_bad_rewrite(exported.model, outcome.applied, inputs_for_check, tolerances,
+                                       lambda limit: rewrite_model(exported.model, rule_list, primitives, strategy,
+                                                                   loaded.source, limit).model)
+            report["validation"]["culprit"] = culprit
+            blame = "" if culprit is None else (
+                f"; rewrite #{culprit['index']} {culprit['rule']!r} ({culprit['file']}) at "
+                f"{', '.join(culprit['nodes'])} is the first that breaks it")
             raise ValidationError(
-                f"{loaded.source}: the optimized graph does not match the original ({result.summary()}); "
+                f"{loaded.source}: the optimized graph does not match the original ({result.summary()}){blame}; "
                 "nothing was written", report)
     if profile:
         say(f"profiling on {device}")
@@ -81,6 +92,26 @@ def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str
         say("writing")
         save_atomically(outcome.model, destination)
     return OptimizeResult(report, outcome.model, exported.model, destination)
+
+
+def find_bad_rewrite(reference: onnx.ModelProto, applied: list[dict], inputs: list[InputSpec],
+                     tolerances: Tolerances, rewrite_first: Callable[[int], onnx.ModelProto]) -> dict | None:
+    """The first rewrite after which validation fails, by bisection over how many of the (always
+    identically ordered) rewrites are applied; None if every prefix passes (the failure comes
+    from their interplay with the final shape inference)."""
+    def fails(count: int) -> bool:
+        return not compare_models(reference, rewrite_first(count), inputs, DEFAULT_RUNS, tolerances).passed
+
+    low, high = 0, len(applied)          # invariant: `low` rewrites pass, `high` fail
+    if not applied or not fails(high):
+        return None
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fails(middle):
+            high = middle
+        else:
+            low = middle
+    return {"index": high, **{key: applied[high - 1][key] for key in ("rule", "file", "nodes", "reason")}}
 
 
 def export_only(model, output: str | Path, inputs: Sequence[str | InputSpec] | None = None,

@@ -49,7 +49,9 @@ class RewriteOutcome:
 
 
 def rewrite_model(model: onnx.ModelProto, rules: list[Rule], primitives: dict[str, Primitive],
-                  strategy: str = "cost", source: str = "model") -> RewriteOutcome:
+                  strategy: str = "cost", source: str = "model", limit: int | None = None) -> RewriteOutcome:
+    """Rewrite to a fixed point; with `limit`, stop after that many rewrites (the same first
+    ones as an unlimited run, since the order is deterministic: used to find a bad one)."""
     opset = default_opset(model)
     applied: list[dict] = []
     skipped: dict[tuple, dict] = {}
@@ -57,7 +59,7 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule], primitives: dict[st
     passes = 0
     for passes in range(1, MAX_PASSES + 1):
         graph = import_graph(current)
-        changed = _run_pass(graph, rules, primitives, strategy, opset, applied, skipped)
+        changed = _run_pass(graph, rules, primitives, strategy, opset, applied, skipped, limit)
         graph.cleanup(remove_unused_graph_inputs=False).toposort()
         current = infer_shapes(export_graph(graph, model), source)
         if not changed:
@@ -68,13 +70,17 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule], primitives: dict[st
 
 
 def _run_pass(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primitive], strategy: str,
-              opset: int, applied: list[dict], skipped: dict[tuple, dict]) -> bool:
+              opset: int, applied: list[dict], skipped: dict[tuple, dict], limit: int | None) -> bool:
     changed = False
     fresh = NameGenerator(graph)
     for rule in rules:
+        if limit is not None and len(applied) >= limit:
+            break
         matcher = PatternMatcher(rule, opset, set(map(id, graph.outputs)))
         live = {id(node) for node in graph.nodes}
         for anchor in _anchors(graph, rule):
+            if limit is not None and len(applied) >= limit:
+                break
             if not all(id(node) in live for node in _anchor_nodes(anchor)):
                 continue
             match = matcher.match_group(anchor) if rule.is_group else matcher.match(anchor)

@@ -1,0 +1,141 @@
+"""Validation: tolerances that catch real changes and pass fp32 noise, NaN/Inf, per-output
+overrides, and localisation of the rewrite that broke a graph."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper, numpy_helper
+from typer.testing import CliRunner
+
+import convexport
+from convexport.cli import app
+from convexport.inputs import InputSpec
+from convexport.validate import Tolerances, compare_arrays, compare_models
+from helpers import make_model, tensor
+from resnet import build as build_resnet
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    module, inputs = build_resnet()
+    buffer = io.BytesIO()
+    torch.onnx.export(module, inputs, buffer, dynamo=False, opset_version=18, input_names=["x"])
+    return onnx.load_from_string(buffer.getvalue())
+
+
+INPUTS = [InputSpec("x", (1, 3, 64, 64))]
+
+
+def with_weights(model, change):
+    """A copy of the model with every float weight passed through change(name, array)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for init in copy.graph.initializer:
+        values = numpy_helper.to_array(init)
+        if values.dtype == np.float32 and values.ndim >= 1:
+            init.CopyFrom(numpy_helper.from_array(change(init.name, values).astype(np.float32), init.name))
+    return copy
+
+
+def conv_weights(model):
+    return [init.name for init in model.graph.initializer if len(init.dims) == 4]
+
+
+def test_fp32_level_noise_passes(resnet):
+    rng = np.random.default_rng(0)
+    noisy = with_weights(resnet, lambda name, w: w * (1 + rng.uniform(-2e-7, 2e-7, w.shape)))
+    assert compare_models(resnet, noisy, INPUTS).passed
+
+
+@pytest.mark.parametrize("which", [0, 9, -1])       # the stem, a middle block, the last block
+def test_one_percent_change_of_one_weight_tensor_fails(resnet, which):
+    target = conv_weights(resnet)[which]
+    nudged = with_weights(resnet, lambda name, w: w * 1.01 if name == target else w)
+    result = compare_models(resnet, nudged, INPUTS)
+    assert not result.passed, result.summary()
+
+
+def test_statistics_of_an_output():
+    ref = np.array([1.0, -2.0, 0.0, 4.0], np.float32)
+    error = compare_arrays(ref, ref + np.array([0, 0, 1e-7, 0], np.float32), 1e-4, 1e-5)
+    assert error.mismatches == 0 and error.max_abs == pytest.approx(1e-7, rel=1e-3)
+    assert error.cosine == pytest.approx(1.0)
+    assert error.max_rel == pytest.approx(1e-7 / np.sqrt(np.mean(ref.astype(np.float64) ** 2)), rel=1e-3)
+    assert compare_arrays(ref, -ref, 1e-4, 1e-5).cosine == pytest.approx(-1.0)
+
+
+@pytest.mark.parametrize("ref, cand, mismatches", [
+    ([np.nan, 1.0], [np.nan, 1.0], 0), ([np.nan, 1.0], [0.0, 1.0], 1), ([1.0, 2.0], [np.nan, 2.0], 1),
+    ([np.inf, -np.inf], [np.inf, -np.inf], 0), ([np.inf, 1.0], [-np.inf, 1.0], 1), ([np.inf, 1.0], [1e30, 1.0], 1),
+])
+def test_nan_and_inf_are_explicit(ref, cand, mismatches):
+    assert compare_arrays(np.array(ref), np.array(cand), 1e-4, 1e-5).mismatches == mismatches
+
+
+def two_output_model(scale_b):
+    nodes = [helper.make_node("Mul", ["x", "k"], ["a"]), helper.make_node("Mul", ["x", "kb"], ["b"])]
+    return make_model(nodes, [tensor("x", [4])], [tensor("a", [4]), tensor("b", [4])],
+                      {"k": np.float32(2.0), "kb": np.float32(scale_b)})
+
+
+def test_per_output_tolerance_overrides():
+    reference, candidate = two_output_model(1.0), two_output_model(1.001)
+    inputs = [InputSpec("x", (4,))]
+    assert not compare_models(reference, candidate, inputs).passed
+    loose = Tolerances.parse(None, ["b:1e-2"])
+    assert compare_models(reference, candidate, inputs, tolerances=loose).passed
+    assert not compare_models(reference, candidate, inputs, tolerances=Tolerances.parse(None, ["a:1e-2"])).passed
+
+
+def test_cli_validate_with_per_output_tolerance(tmp_path):
+    onnx.save(two_output_model(1.0), str(tmp_path / "ref.onnx"))
+    onnx.save(two_output_model(1.001), str(tmp_path / "cand.onnx"))
+    runner = CliRunner()
+    failed = runner.invoke(app, ["validate", str(tmp_path / "ref.onnx"), str(tmp_path / "cand.onnx")])
+    assert failed.exit_code == 3
+    passed = runner.invoke(app, ["validate", str(tmp_path / "ref.onnx"), str(tmp_path / "cand.onnx"),
+                                 "--rtol", "b:1e-2", "--atol", "1e-5", "--report", str(tmp_path / "v.json")])
+    assert passed.exit_code == 0, passed.output
+    report = json.loads((tmp_path / "v.json").read_text())
+    assert report["outputs"]["b"]["rtol"] == 1e-2 and report["outputs"]["a"]["rtol"] == 1e-4
+    bad = runner.invoke(app, ["validate", str(tmp_path / "ref.onnx"), str(tmp_path / "cand.onnx"), "--rtol", "b:x"])
+    assert bad.exit_code == 1 and "--rtol 'b:x'" in bad.stderr
+
+
+WRONG_RULE = """rules:
+  - name: relu-is-identity
+    doc: Deliberately wrong, for the localisation test.
+    match:
+      - y = Relu(x)
+    apply: forward_input
+"""
+
+
+def test_localisation_names_the_wrong_rule(small_net_path, tmp_path):
+    rules = tmp_path / "wrong.yaml"
+    rules.write_text(WRONG_RULE)
+    out = tmp_path / "o.onnx"
+    with pytest.raises(convexport.ValidationError) as caught:
+        convexport.optimize(f"{small_net_path}:build", output=out, rules=[rules], profile=False)
+    culprit = caught.value.report["validation"]["culprit"]
+    assert culprit["rule"] == "relu-is-identity" and culprit["file"] == str(rules) and culprit["nodes"]
+    assert "relu-is-identity" in str(caught.value) and str(rules) in str(caught.value)
+    assert not out.exists()
+
+
+def test_localisation_through_the_cli(small_net_path, tmp_path):
+    rules = tmp_path / "wrong.yaml"
+    rules.write_text(WRONG_RULE)
+    report = tmp_path / "r.json"
+    result = CliRunner().invoke(app, ["optimize", f"{small_net_path}:build", "-o", str(tmp_path / "o.onnx"),
+                                      "--rules", str(rules), "--no-profile", "--report", str(report)])
+    assert result.exit_code == 3
+    assert "relu-is-identity" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert json.loads(report.read_text())["validation"]["culprit"]["rule"] == "relu-is-identity"
+    assert not (tmp_path / "o.onnx").exists()
