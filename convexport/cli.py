@@ -24,7 +24,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 rules_app = typer.Typer(no_args_is_help=True, help="List, show, check and test rule files.")
 app.add_typer(rules_app, name="rules")
 
-stdout = Console()
+stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 _debug = False
 
@@ -64,9 +64,9 @@ def optimize(
     from . import pipeline
     from .report import print_optimize_summary, write_json
 
+    from .report_html import write_html
+
     def run():
-        if html is not None:
-            raise ConvexportError("--html: HTML reports are not implemented yet; use --report for JSON")
         try:
             with _progress() as progress:
                 result = pipeline.optimize(
@@ -75,11 +75,16 @@ def optimize(
                     dynamic_batch=dynamic_batch, trust_pickle=trust_pickle, progress=progress,
                 )
         except ValidationError as exc:
-            if report is not None and exc.report is not None:
-                write_json(exc.report, report)
+            if exc.report is not None:
+                if report is not None:
+                    write_json(exc.report, report)
+                if html is not None:
+                    write_html(exc.report, html)
             raise
         if report is not None:
             write_json(result.report, report)
+        if html is not None:
+            write_html(result.report, html)
         print_optimize_summary(result.report, stdout)
 
     _guarded(run)
@@ -132,7 +137,7 @@ def validate_command(
 def profile(
     model: Annotated[Path, typer.Argument(help="An ONNX model.")],
     device: Annotated[str, typer.Option("--device")] = "auto",
-    runs: Annotated[int, typer.Option("--runs")] = 20,
+    runs: Annotated[Optional[int], typer.Option("--runs", help="Timed runs (default: about 2 s worth, 10 to 200).")] = None,
     warmup: Annotated[int, typer.Option("--warmup")] = 3,
     report: Annotated[Optional[Path], typer.Option("--report")] = None,
 ):
@@ -146,16 +151,19 @@ def profile(
     def run():
         if model.suffix.lower() != ".onnx":
             raise ConvexportError(f"{model}: profile takes an ONNX model; `convexport export` makes one")
-        if runs < 1 or warmup < 0:
+        if (runs is not None and runs < 1) or warmup < 0:
             raise ConvexportError("--runs must be >= 1 and --warmup >= 0")
         onnx_model = load_model(str(model)).onnx_model
         measured = profile_models({"model": onnx_model}, graph_input_specs(onnx_model), resolve_device(device),
                                   runs, warmup)
         if report is not None:
             write_json(measured, report)
-        latency = measured["model"]["latency_ms"]
-        stdout.print(f"{model} on {measured['provider']}: median {latency['median']:.3f} ms, "
-                     f"p90 {latency['p90']:.3f} ms over {runs} runs", markup=False)
+        entry = measured["model"]
+        latency = entry["latency_ms"]
+        ops = ", ".join(f"{op} {ms:.3f}" for op, ms in list(entry["op_time_ms"].items())[:5])
+        stdout.print(f"{model} on {measured['provider']}: median {latency['median']:.3f} ms, p90 {latency['p90']:.3f} ms "
+                     f"over {measured['runs']} runs, {entry['throughput_per_s']:.1f} samples/s, peak memory "
+                     f"{entry['peak_memory_bytes'] / 2**20:.1f} MiB; ms per op type: {ops}", markup=False)
     _guarded(run)
 
 

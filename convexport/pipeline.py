@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +11,7 @@ import onnx
 from . import __version__
 from .errors import ConvexportError, ValidationError
 from .export import ExportResult, export_model
+from .files import write_atomically
 from .inputs import InputSpec, parse_input_spec
 from .loading import LoadedModel, load_model
 from .profile import profile_models
@@ -88,6 +87,9 @@ def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str
                                   _validation_inputs(exported, specs), device)
         before, after = measured["before"]["latency_ms"]["median"], measured["after"]["latency_ms"]["median"]
         report["profile"] = {**measured, "speedup": before / after if after > 0 else None}
+        peak_before, peak_after = measured["before"].get("peak_memory_bytes"), measured["after"].get("peak_memory_bytes")
+        if peak_before and peak_after:
+            report["profile"]["memory_ratio"] = peak_after / peak_before
     if destination is not None:
         say("writing")
         save_atomically(outcome.model, destination)
@@ -182,16 +184,4 @@ def _report(loaded: LoadedModel, destination: Path | None, exported: ExportResul
 
 
 def save_atomically(model: onnx.ModelProto, destination: Path) -> None:
-    """Write to a temporary file beside the destination, then rename it into place."""
-    destination = Path(destination)
-    handle, temporary = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
-    os.close(handle)
-    try:
-        onnx.save(model, temporary)
-        os.replace(temporary, destination)
-    except OSError as exc:
-        Path(temporary).unlink(missing_ok=True)
-        raise ConvexportError(f"{destination}: cannot write ({exc.strerror or exc})") from exc
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_atomically(destination, lambda path: onnx.save(model, path))

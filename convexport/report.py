@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from .errors import ConvexportError
+from .files import write_text_atomically
 
 
 def write_json(report: dict, destination: str | Path) -> None:
     """Atomically write the report as indented JSON."""
-    destination = Path(destination)
-    if not destination.parent.exists():
-        raise ConvexportError(f"{destination}: folder {destination.parent} does not exist")
-    handle, temporary = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            json.dump(report, stream, indent=2, default=_jsonable)
-            stream.write("\n")
-        os.replace(temporary, destination)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_text_atomically(json.dumps(report, indent=2, default=_jsonable) + "\n", destination)
 
 
 def _jsonable(value):
@@ -54,6 +41,9 @@ def print_optimize_summary(report: dict, console: Console) -> None:
         table.add_row(f"latency ms ({profile['device']}, median)",
                       f"{profile['before']['latency_ms']['median']:.3f}",
                       f"{profile['after']['latency_ms']['median']:.3f}")
+        if profile["before"].get("peak_memory_bytes") is not None:
+            table.add_row("peak memory MiB", f"{profile['before']['peak_memory_bytes'] / 2**20:.1f}",
+                          f"{profile['after']['peak_memory_bytes'] / 2**20:.1f}")
     console.print(table)
     rules: dict[str, int] = {}
     for entry in report["rewrites"]:

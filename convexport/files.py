@@ -1,0 +1,39 @@
+"""Atomic output files: written beside the destination, then renamed into place."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from .errors import ConvexportError
+
+
+def write_atomically(destination: str | Path, write: Callable[[str], None]) -> None:
+    """Call write(temporary_path), then rename it to `destination` with the usual permissions
+    (0666 less the umask); a reader never sees a half-written file, a failure leaves none."""
+    destination = Path(destination)
+    if not destination.parent.is_dir():
+        raise ConvexportError(f"{destination}: folder {destination.parent} does not exist")
+    handle, temporary = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
+    os.close(handle)
+    try:
+        write(temporary)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
+        os.replace(temporary, destination)
+    except OSError as exc:
+        Path(temporary).unlink(missing_ok=True)
+        raise ConvexportError(f"{destination}: cannot write ({exc.strerror or exc})") from exc
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomically(text: str, destination: str | Path) -> None:
+    def write(path: str) -> None:
+        with open(path, "w", encoding="utf-8") as stream:
+            stream.write(text)
+    write_atomically(destination, write)

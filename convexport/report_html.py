@@ -1,0 +1,155 @@
+"""A self-contained HTML page (no scripts, no network) of an optimize report, charts as inline SVG."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from .files import write_text_atomically
+
+BEFORE, AFTER = "#9aa5b1", "#2f7de1"
+STYLE = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:980px;color:#1f2933;padding:0 1rem}
+h1{font-size:1.4rem;margin:0 0 .2rem}h2{font-size:1.1rem;margin:2rem 0 .6rem;border-bottom:1px solid #e4e7eb;padding-bottom:.3rem}
+.sub{color:#616e7c;margin:0 0 1rem}.badges span{display:inline-block;border-radius:4px;padding:.15rem .55rem;margin-right:.4rem;font-weight:600}
+.ok{background:#e3f9e5;color:#05400a}.bad{background:#ffe3e3;color:#610404}.info{background:#e6f0ff;color:#0b3b8c}
+table{border-collapse:collapse;width:100%;margin:.3rem 0}th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid #eef0f2;vertical-align:top}
+th{color:#52606d;font-weight:600}td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+.legend span{display:inline-block;width:.8rem;height:.8rem;border-radius:2px;margin:0 .3rem 0 1rem;vertical-align:-1px}
+svg text{font:12px system-ui,sans-serif;fill:#323f4b}code{font-size:12px}
+"""
+
+
+def write_html(report: dict, destination: str | Path) -> None:
+    write_text_atomically(render(report), destination)
+
+
+def render(report: dict) -> str:
+    before, after = report["before"], report["after"]
+    profile, validation = report.get("profile"), report.get("validation")
+    parts = [f"<h1>convexport: {_e(report['model'])}</h1>",
+             f"<p class=sub>written to <code>{_e(report.get('output') or '(not written)')}</code> · convexport "
+             f"{_e(report['convexport_version'])} · exporter {_e(report.get('exporter'))} · opset {_e(report.get('opset'))}</p>",
+             _badges(report), "<h2>Graph</h2>", _summary_table(report)]
+    parts += ["<h2>Operators</h2>", _legend(), _grouped_bars(_op_rows(before["ops"], after["ops"]), unit="")]
+    if profile:
+        parts += [f"<h2>Latency on {_e(profile['provider'])}</h2>", _legend(), _latency_chart(profile),
+                  "<h2>Time per op type (ms per run)</h2>", _legend(),
+                  _grouped_bars(_op_rows(profile["before"].get("op_time_ms", {}), profile["after"].get("op_time_ms", {})),
+                                unit=" ms")]
+    parts += ["<h2>Rewrites</h2>", _rewrites(report["rewrites"]), "<h2>Skipped</h2>", _skipped(report["skipped"])]
+    if validation:
+        parts += ["<h2>Validation</h2>", _validation(validation)]
+    return ("<!doctype html><html lang=en><head><meta charset=utf-8><title>convexport report</title>"
+            f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>\n")
+
+
+def _e(value) -> str:
+    return html.escape(str(value))
+
+
+def _badges(report) -> str:
+    validation, profile = report.get("validation"), report.get("profile")
+    badges = []
+    if validation:
+        badges.append('<span class=ok>validation passed</span>' if validation["passed"]
+                      else '<span class=bad>validation FAILED</span>')
+    if profile and profile.get("speedup"):
+        badges.append(f"<span class=info>{profile['speedup']:.2f}x faster</span>")
+    if profile and profile.get("memory_ratio"):
+        badges.append(f"<span class=info>{profile['memory_ratio']:.2f}x peak memory</span>")
+    badges.append(f"<span class=info>{report['before']['nodes']} → {report['after']['nodes']} nodes</span>")
+    return f"<p class=badges>{''.join(badges)}</p>"
+
+
+def _summary_table(report) -> str:
+    before, after, profile = report["before"], report["after"], report.get("profile")
+    rows = [("nodes", before["nodes"], after["nodes"]), ("FLOPs", _si(before["flops"]), _si(after["flops"])),
+            ("parameters", _si(before["params"]), _si(after["params"]))]
+    if profile:
+        for key, label in (("median", "latency median (ms)"), ("p90", "latency p90 (ms)")):
+            rows.append((label, f"{profile['before']['latency_ms'][key]:.3f}", f"{profile['after']['latency_ms'][key]:.3f}"))
+        if profile["before"].get("peak_memory_bytes") is not None:
+            rows.append(("peak memory", _bytes(profile["before"]["peak_memory_bytes"]),
+                         _bytes(profile["after"]["peak_memory_bytes"])))
+    body = "".join(f"<tr><td>{_e(a)}</td><td class=num>{_e(b)}</td><td class=num>{_e(c)}</td></tr>" for a, b, c in rows)
+    return f"<table><tr><th></th><th class=num>before</th><th class=num>after</th></tr>{body}</table>"
+
+
+def _legend() -> str:
+    return f'<p class=legend><span style="background:{BEFORE}"></span>before<span style="background:{AFTER}"></span>after</p>'
+
+
+def _op_rows(before: dict, after: dict) -> list[tuple[str, float, float]]:
+    names = sorted({*before, *after}, key=lambda op: -max(before.get(op, 0), after.get(op, 0)))
+    return [(op, float(before.get(op, 0)), float(after.get(op, 0))) for op in names[:16]]
+
+
+def _grouped_bars(rows, unit: str) -> str:
+    """Horizontal bars, one pair (before, after) per row, scaled to the largest value."""
+    if not rows:
+        return "<p>none</p>"
+    label_width, bar_width, row_height = 140, 700, 30
+    largest = max(max(b, a) for _, b, a in rows) or 1.0
+    height = row_height * len(rows) + 10
+    items = []
+    for index, (label, before, after) in enumerate(rows):
+        y = 5 + index * row_height
+        items.append(f'<text x="{label_width - 8}" y="{y + 15}" text-anchor="end">{_e(label)}</text>')
+        for offset, value, colour in ((0, before, BEFORE), (12, after, AFTER)):
+            width = bar_width * value / largest
+            items.append(f'<rect x="{label_width}" y="{y + offset}" width="{width:.1f}" height="11" fill="{colour}" rx="2"/>')
+            items.append(f'<text x="{label_width + width + 5:.1f}" y="{y + offset + 10}">{_number(value)}{unit}</text>')
+    return (f'<svg role="img" width="{label_width + bar_width + 90}" height="{height}" '
+            f'viewBox="0 0 {label_width + bar_width + 90} {height}">{"".join(items)}</svg>')
+
+
+def _latency_chart(profile) -> str:
+    rows = [(f"{key} ({label})", profile["before"]["latency_ms"][key], profile["after"]["latency_ms"][key])
+            for key, label in (("median", "ms"), ("p90", "ms"), ("min", "ms"))]
+    return _grouped_bars(rows, unit=" ms")
+
+
+def _rewrites(entries) -> str:
+    if not entries:
+        return "<p>none</p>"
+    body = "".join(f"<tr><td>{index}</td><td><code>{_e(e['rule'])}</code></td><td>{_e(', '.join(e['nodes'][:4]))}"
+                   f"{' …' if len(e['nodes']) > 4 else ''}</td><td>{_e(e['reason'])}</td></tr>"
+                   for index, e in enumerate(entries, 1))
+    return f"<table><tr><th>#</th><th>rule</th><th>nodes</th><th>what was done</th></tr>{body}</table>"
+
+
+def _skipped(entries) -> str:
+    if not entries:
+        return "<p>none</p>"
+    body = "".join(f"<tr><td><code>{_e(e['rule'])}</code></td><td>{_e(', '.join(e['nodes'][:4]))}</td>"
+                   f"<td>{_e(e['reason'])}</td></tr>" for e in entries)
+    return f"<table><tr><th>rule</th><th>nodes</th><th>why not</th></tr>{body}</table>"
+
+
+def _validation(validation) -> str:
+    rows = "".join(
+        f"<tr><td><code>{_e(name)}</code></td><td class=num>{o['max_abs']:.3g}</td><td class=num>{o['max_rel']:.3g}</td>"
+        f"<td class=num>{o['cosine']:.9f}</td><td class=num>{o['mismatches']} / {o['elements']}</td>"
+        f"<td class=num>{o['rtol']:g} / {o['atol']:g}</td></tr>" for name, o in validation["outputs"].items())
+    culprit = validation.get("culprit")
+    blame = "" if not culprit else (f"<p class=badges><span class=bad>first bad rewrite: #{culprit['index']} "
+                                    f"{_e(culprit['rule'])} ({_e(culprit['file'])})</span></p>")
+    return (f"{blame}<p>{validation['runs']} runs.</p><table><tr><th>output</th><th class=num>max abs</th>"
+            f"<th class=num>max rel</th><th class=num>cosine</th><th class=num>failing</th>"
+            f"<th class=num>rtol / atol</th></tr>{rows}</table>")
+
+
+def _si(value: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return f"{value:.3g}"
+
+
+def _bytes(value) -> str:
+    return f"{value / 2**20:.1f} MiB" if value is not None else "n/a"
+
+
+def _number(value: float) -> str:
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.3g}"
