@@ -109,11 +109,12 @@ class ValidationResult:
     tolerances: Tolerances
     outputs: dict[str, OutputError] = field(default_factory=dict)
     problem: str | None = None      # a structural mismatch (missing output, shape) if any
+    inputs: list[str] = field(default_factory=list)
 
     def to_report(self) -> dict:
         report = {
             "passed": self.passed, "runs": self.runs, "rtol": self.tolerances.rtol, "atol": self.tolerances.atol,
-            "outputs": {name: vars(error) for name, error in self.outputs.items()},
+            "inputs": self.inputs, "outputs": {name: vars(error) for name, error in self.outputs.items()},
         }
         if self.problem:
             report["problem"] = self.problem
@@ -139,7 +140,7 @@ def compare_models(reference: onnx.ModelProto, candidate: onnx.ModelProto, input
     ref_session = create_session(reference, optimize=False)
     cand_session = create_session(candidate, optimize=False)
     names = [out.name for out in ref_session.get_outputs()]
-    result = ValidationResult(True, runs + len(extra_feeds), tolerances)
+    result = ValidationResult(True, runs + len(extra_feeds), tolerances, inputs=[str(spec) for spec in inputs])
     missing = [name for name in names if name not in {o.name for o in cand_session.get_outputs()}]
     if missing:
         result.passed, result.problem = False, f"candidate lacks output(s) {', '.join(missing)}"

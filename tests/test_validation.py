@@ -139,3 +139,17 @@ def test_localisation_through_the_cli(small_net_path, tmp_path):
     assert "relu-is-identity" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert json.loads(report.read_text())["validation"]["culprit"]["rule"] == "relu-is-identity"
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_validate_takes_dynamic_dims_from_input(small_net_path, tmp_path):
+    runner = CliRunner()
+    for name, extra in (("ref", []), ("cand", [])):
+        assert runner.invoke(app, ["export", f"{small_net_path}:build", "-o", str(tmp_path / f"{name}.onnx"),
+                                   "--dynamic-batch", *extra]).exit_code == 0
+    result = runner.invoke(app, ["validate", str(tmp_path / "ref.onnx"), str(tmp_path / "cand.onnx"),
+                                 "--input", "input:5x3x16x16", "--runs", "1", "--report", str(tmp_path / "v.json")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "v.json").read_text())["inputs"] == ["input:5x3x16x16:float32"]
+    unknown = runner.invoke(app, ["validate", str(tmp_path / "ref.onnx"), str(tmp_path / "cand.onnx"),
+                                  "--input", "nope:1x3x16x16"])
+    assert unknown.exit_code == 1 and "no such input" in unknown.stderr
