@@ -3,8 +3,9 @@ RepVGG-style network (its automatic fold against the hand re-parameterised expor
 
     .venv/bin/python bench/linear_folds.py [--device cpu|cuda] [--runs N]
 
-Each row is measured in one process with the models' runs interleaved, so machine noise hits
-all of them alike; ratios are `before / after` medians.
+Each row is measured in one process, the models taking turns in blocks of runs (see
+convexport/profile.py), so machine noise hits all of them alike; ratios are `before / after`
+medians.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ CASES = [
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--runs", type=int, default=200)
     args = parser.parse_args()
     print(f"# {platform.processor() or platform.machine()}, ONNX Runtime on {args.device}, {args.runs} runs")
     print(f"{'model':40} {'strategy':8} {'Conv':>9} {'nodes':>9} {'before ms':>10} {'after ms':>9} {'speedup':>8}")
@@ -48,7 +49,7 @@ def main() -> None:
                                builtin_rules=False)
     row("repvgg (training form)", "cost", auto, args)
     measured = profile_models({"hand": hand.model, "auto": auto.model}, graph_input_specs(auto.model),
-                              args.device, args.runs)
+                              args.device, args.runs, memory=False, per_op=False)
     ratio = measured["hand"]["latency_ms"]["median"] / measured["auto"]["latency_ms"]["median"]
     print(f"repvgg: automatic fold {measured['auto']['latency_ms']['median']:.3f} ms vs hand re-parameterised "
           f"{measured['hand']['latency_ms']['median']:.3f} ms (hand/auto {ratio:.3f}); Conv "
@@ -58,7 +59,7 @@ def main() -> None:
 def row(model, strategy, result, args) -> None:
     report = result.report
     measured = profile_models({"before": result.original, "after": result.model},
-                              graph_input_specs(result.original), args.device, args.runs)
+                              graph_input_specs(result.original), args.device, args.runs, memory=False, per_op=False)
     before, after = (measured[key]["latency_ms"]["median"] for key in ("before", "after"))
     conv = f"{report['before']['ops'].get('Conv', 0)}->{report['after']['ops'].get('Conv', 0)}"
     nodes = f"{report['before']['nodes']}->{report['after']['nodes']}"
