@@ -15,7 +15,7 @@ EXPECTED = {
     ("seed001_bottleneck3d.py", "cost"): (5, 4, set()),
     ("seed002_group_attention.py", "cost"): (37, 4, {"Gemm", "Unsqueeze", "Concat", "Split"}),
     ("seed002_group_attention.py", "exact"): (37, 4, {"Gemm", "Unsqueeze", "Concat", "Split"}),
-    ("seed003_large_kernel.py:build_small", "cost"): (1, 1, set()),
+    ("seed003_large_kernel.py:build_small", "cost"): (1, 0, set()),         # an FFT convolution
     ("seed004_full_padding.py", "cost"): (2, 1, set()),
     ("seed004_full_padding.py:build_nobias", "cost"): (2, 1, {"Add"}),
 }
@@ -29,7 +29,7 @@ def test_sample_conv_counts(model, strategy, tmp_path):
     report = result.report
     assert report["validation"]["passed"]
     assert report["before"]["ops"]["Conv"] == before
-    assert report["after"]["ops"]["Conv"] == after
+    assert report["after"]["ops"].get("Conv", 0) == after
     assert not gone & set(report["after"]["ops"])
 
 

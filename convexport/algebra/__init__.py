@@ -12,6 +12,8 @@ exact result or a Refusal saying why not; callers cast weights back to the model
     parallel.py       sums and channel concats of convs reading one x
     linear_ops.py     identity, AveragePool, zero Pad, per-channel scale/shift, BatchNorm
     evaluate.py       a ConvSpec applied to a constant array (maps pushed through a conv)
+    fft_conv.py       large-kernel convs through the FFT: the plan and its cost
+    batching.py       weight packing for batched branches
 """
 
 from .evaluate import apply_conv

@@ -11,6 +11,7 @@
     batch_conv_heads         heads[] = Conv(x, ...): identical branches from sibling convs, batched
     batch_gathered_linears   heads[] = Gemm(Gather(x, i[]), ...): per-row linears as one Einsum
     batch_split_branches     *parts = Split(x): identical branches after a Split, batched
+    conv_as_fft              a large-kernel Conv as an FFT convolution (DFT nodes), cost-gated
 A branch is x itself or a linear node reading x (Conv, BatchNormalization, per-channel
 Mul/Div/Add/Sub, AveragePool, zero Pad): see linear_nodes.py.
 """
@@ -21,6 +22,7 @@ from .concat_ops import flatten_concats, repeat_as_tile
 from .conv_branches import concat_branches, sum_branches
 from .constant_maps import linear_of_constant_map, merge_constant_adds
 from .conv_chain import compose_linear
+from .fft_conv import conv_as_fft
 
 REGISTRY = {
     "forward_input": forward_input,
@@ -34,4 +36,5 @@ REGISTRY = {
     "batch_conv_heads": batch_conv_heads,
     "batch_gathered_linears": batch_gathered_linears,
     "batch_split_branches": batch_split_branches,
+    "conv_as_fft": conv_as_fft,
 }

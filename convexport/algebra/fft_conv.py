@@ -1,0 +1,68 @@
+"""A convolution with a large kernel computed through the FFT.
+
+An ONNX Conv is a correlation: y[o, j] = sum_{c, t} W[o, c, t] x_pad[c, s*j + d*t]. With the
+input zero-padded to N >= its padded length along every spatial axis, correlation equals the
+circular correlation for every output that does not wrap (j*s + d*(k-1) < L_pad), so
+
+    Y[o] = IFFT( sum_c FFT(x_pad[c]) * conj(FFT(W_d[o, c])) ),   y = Y[o, ::s][:out]
+
+where W_d is the (dilated) kernel placed at the origin of an N-sized grid. The kernel spectrum
+is computed once here, in float64, as the half spectrum of a real FFT along the last axis
+([O, I, N_1, ..., N_n/2 + 1], complex); sizes are powers of two, where ONNX Runtime's DFT is a
+fast radix-2 FFT (other sizes take several times longer there). Exact to fp32 rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .spec import ConvSpec, Refusal
+
+
+@dataclass(frozen=True)
+class FftPlan:
+    sizes: tuple[int, ...]            # FFT size per spatial axis (powers of two)
+    padded: tuple[int, ...]           # the input's length per axis after the conv's pads
+    spectrum: np.ndarray              # conj FFT of the kernel: [O, I, N_1, ..., N_n//2 + 1] complex128
+    output: tuple[int, ...]           # the conv's output spatial shape
+    strides: tuple[int, ...]
+
+    @property
+    def half(self) -> int:
+        return self.sizes[-1] // 2 + 1
+
+
+def next_power_of_two(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def plan_fft_conv(spec: ConvSpec, input_spatial: Sequence[int | None]) -> FftPlan | Refusal:
+    """The FFT plan of a conv on an input of static spatial shape."""
+    if input_spatial is None or any(length is None for length in input_spatial):
+        return Refusal("an FFT convolution needs a static spatial shape")
+    if spec.nd not in (1, 2):
+        return Refusal(f"FFT convolution is implemented for 1-D and 2-D convs, not {spec.nd}-D")
+    padded = tuple(int(n) + a + e for n, a, e in zip(input_spatial, spec.pads_begin, spec.pads_end))
+    sizes = tuple(next_power_of_two(n) for n in padded)
+    dilated = np.zeros((spec.out_channels, spec.in_channels, *sizes))
+    taps = tuple(slice(0, d * (k - 1) + 1, d) for k, d in zip(spec.kernel_shape, spec.dilations))
+    dilated[(slice(None), slice(None), *taps)] = spec.weight
+    spectrum = np.conj(np.fft.rfftn(dilated, axes=tuple(range(2, 2 + spec.nd))))
+    return FftPlan(sizes, padded, spectrum, spec.output_shape(input_spatial), spec.strides)
+
+
+def direct_flops(spec: ConvSpec, output_spatial: Sequence[int]) -> float:
+    """2 * O * I * prod(k) * prod(out): the multiply-adds of the dense direct conv."""
+    return 2.0 * spec.out_channels * spec.in_channels * float(np.prod(spec.kernel_shape)) * float(np.prod(output_spatial))
+
+
+def fft_flops(plan: FftPlan, in_channels: int, out_channels: int) -> float:
+    """An estimate per sample: 2.5 N log2 N per real transform of N points (a complex FFT is
+    5 N log2 N) for I forward and O inverse transforms, plus 8 per complex product over I*O."""
+    points = float(np.prod(plan.sizes))
+    transforms = (in_channels + out_channels) * 2.5 * points * np.log2(points)
+    products = 8.0 * in_channels * out_channels * points / plan.sizes[-1] * plan.half
+    return float(transforms + products)

@@ -1,0 +1,126 @@
+"""A large-kernel Conv as an FFT convolution in ONNX (DFT nodes): see algebra/fft_conv.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..algebra import Refusal
+from ..algebra.fft_conv import direct_flops, fft_flops, plan_fft_conv
+from ..rewrite.primitives import Rewrite
+from .convnodes import conv_spec, spatial_shape
+
+MIN_KERNEL_AREA = 121            # 11x11: below this cuDNN/MLAS direct convs win everywhere
+MIN_ADVANTAGE = 2.0              # the FFT estimate must be this many times cheaper
+
+
+def conv_as_fft(match, context) -> Rewrite | Refusal | None:
+    """Conv(x) -> Pad, DFT, complex product with the kernel's spectrum, inverse DFT, Slice.
+
+    Always gated by cost, whatever the strategy: it is exact only to fp32 rounding and pays
+    only for large kernels. None (no match) for small kernels.
+    """
+    conv = match.root
+    spec = conv_spec(conv)
+    if isinstance(spec, Refusal):
+        return spec
+    area = int(np.prod(spec.kernel_shape))
+    if area < int(context.params.get("min_kernel_area", MIN_KERNEL_AREA)):
+        return None
+    x, output = conv.inputs[0], conv.outputs[0]
+    if np.dtype(output.dtype or np.float32) != np.float32:
+        return Refusal("FFT convolution is done in float32 models only")
+    plan = plan_fft_conv(spec, spatial_shape(x))
+    if isinstance(plan, Refusal):
+        return plan
+    direct = direct_flops(spec, plan.output)
+    estimate = fft_flops(plan, spec.in_channels, spec.out_channels)
+    if estimate * float(context.params.get("min_advantage", MIN_ADVANTAGE)) > direct:
+        return Refusal(f"the FFT would cost about {estimate:.3g} FLOPs against {direct:.3g} for the direct conv")
+    build = _Graph(context, context.opset)
+    result = build.fft_conv(x, plan, spec)
+    return Rewrite(build.nodes, [(output, result)],
+                   f"{'x'.join(map(str, spec.kernel_shape))} conv as an FFT convolution of size "
+                   f"{'x'.join(map(str, plan.sizes))}", direct, estimate)
+
+
+class _Graph:
+    """Builds the FFT convolution's nodes."""
+
+    def __init__(self, context, opset: int):
+        self.context, self.opset, self.nodes = context, opset, []
+
+    def node(self, op, inputs, attrs=None, outputs=1, base="fft"):
+        made = [gs.Variable(self.context.fresh(base), dtype=np.float32) for _ in range(outputs)]
+        self.nodes.append(gs.Node(op, self.context.fresh(base + "_" + op.lower()), dict(attrs or {}), list(inputs), made))
+        return made[0] if outputs == 1 else made
+
+    def const(self, value, base="fft_const"):
+        return gs.Constant(self.context.fresh(base), np.asarray(value))
+
+    def ints(self, values, base="fft_ints"):
+        return self.const(np.asarray(values, np.int64), base)
+
+    def dft(self, x, axis, inverse=False, onesided=False, length=None):
+        """DFT along `axis` (DFT-17 below opset 20, DFT-20 from it)."""
+        attrs = {"inverse": int(inverse), "onesided": int(onesided)}
+        length_input = self.const(np.array(length, np.int64), "fft_length") if length else gs.Variable.empty()
+        if self.opset >= 20:
+            return self.node("DFT", [x, length_input, self.const(np.array(axis, np.int64), "fft_axis")], attrs)
+        inputs = [x, length_input] if length else [x]
+        return self.node("DFT", inputs, {**attrs, "axis": axis})
+
+    def pad(self, x, rank, begin: dict, end: dict):
+        pads = [begin.get(axis, 0) for axis in range(rank)] + [end.get(axis, 0) for axis in range(rank)]
+        return x if not any(pads) else self.node("Pad", [x, self.ints(pads, "fft_pads")])
+
+    def slice(self, x, axis, count, step):
+        return self.node("Slice", [x, self.ints([0]), self.ints([(count - 1) * step + 1]), self.ints([axis]),
+                                   self.ints([step])])
+
+    def fft_conv(self, x, plan, spec):
+        nd, last = spec.nd, 1 + spec.nd           # spatial axes are 2 .. 1+nd of [B, C, *L]
+        rank = nd + 2
+        begin = {2 + i: a for i, a in enumerate(spec.pads_begin)}
+        end = {2 + i: e for i, e in enumerate(spec.pads_end)}
+        end[last] = end.get(last, 0) + plan.sizes[-1] - plan.padded[-1]
+        padded = self.pad(x, rank, begin if nd == 1 else {last: begin[last]}, end if nd == 1 else {last: end[last]})
+        signal = self.node("Unsqueeze", [padded, self.ints([rank])])               # [B, I, *L, 1]
+        spectrum = self.dft(signal, last, onesided=True)                            # half spectrum on the last axis
+        if nd == 2:
+            spectrum = self.pad(spectrum, rank + 1, {2: begin[2]}, {2: end[2] + plan.sizes[0] - plan.padded[0]})
+            spectrum = self.dft(spectrum, 2)
+        product = self._times_kernel(spectrum, plan, spec)                          # [B, O, *N', 2]
+        if nd == 2:
+            product = self.slice(self.dft(product, 2, inverse=True), 2, plan.output[0], plan.strides[0])
+        signal = self.dft(product, last, inverse=True, onesided=True, length=plan.sizes[-1])   # [B, O, ..., N, 1]
+        signal = self.slice(signal, last, plan.output[-1], plan.strides[-1])
+        result = self.node("Squeeze", [signal, self.ints([rank])])
+        if spec.has_bias and np.any(spec.bias):
+            bias = self.const(spec.bias.reshape(1, -1, *[1] * nd).astype(np.float32), "fft_bias")
+            result = self.node("Add", [result, bias])
+        return result
+
+    def _times_kernel(self, spectrum, plan, spec):
+        """sum_c X[b, c] * K[o, c] in complex arithmetic, K = conj FFT(W) (the plan's):
+        real part xr*kr - xi*ki, imaginary part xr*ki + xi*kr, on [..., 1] planes."""
+        kernel = plan.spectrum                                                      # [O, I, *N'] complex
+        real, imaginary = self.node("Split", [spectrum, self.ints([1, 1])], {"axis": -1}, outputs=2)
+        if spec.in_channels == 1:
+            shape = (1, spec.out_channels, *kernel.shape[2:], 1)
+            k_real = self.const(kernel.real.reshape(shape).astype(np.float32), "fft_kernel_real")
+            k_imag = self.const(kernel.imag.reshape(shape).astype(np.float32), "fft_kernel_imag")
+
+            def times(a, b):
+                return self.node("Mul", [a, b])
+        else:
+            letters = "xyz"[: spec.nd]
+            equation = f"bc{letters}t,oc{letters}t->bo{letters}t"
+            k_real = self.const(kernel.real[..., None].astype(np.float32), "fft_kernel_real")
+            k_imag = self.const(kernel.imag[..., None].astype(np.float32), "fft_kernel_imag")
+
+            def times(a, b):
+                return self.node("Einsum", [a, b], {"equation": equation})
+        out_real = self.node("Sub", [times(real, k_real), times(imaginary, k_imag)])
+        out_imag = self.node("Add", [times(real, k_imag), times(imaginary, k_real)])
+        return self.node("Concat", [out_real, out_imag], {"axis": -1})

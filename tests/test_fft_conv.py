@@ -1,0 +1,78 @@
+"""Large-kernel convs as FFT convolutions: equal to the direct conv to fp32 accuracy."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from graphs import RULES, GraphBuilder, rewrite
+from helpers import op_counts, run
+
+
+def fft_outcome(builder, y, **params):
+    rules = [replace(rule, params={**rule.params, **params}) if rule.name == "large-kernel-fft" else rule
+             for rule in RULES]
+    model = builder.model([y])
+    return model, rewrite(model, "exact", rules)   # the primitive gates itself by cost
+
+
+def assert_fp32_close(model, rewritten, shape, seed=0):
+    feeds = {"x": np.random.default_rng(seed).standard_normal(shape).astype(np.float32)}
+    (want,), (got,) = run(model, feeds), run(rewritten, feeds)
+    scale = float(np.sqrt(np.mean(want.astype(np.float64) ** 2)))
+    assert got.shape == want.shape
+    assert np.max(np.abs(got - want)) <= 1e-5 * scale, np.max(np.abs(got - want)) / scale
+
+
+@pytest.mark.parametrize("nd", [1, 2])
+@pytest.mark.parametrize("stride, dilation", [(1, 1), (2, 1), (1, 2), (3, 2)])
+@pytest.mark.parametrize("channels, pads, bias", [((1, 3), 0, False), ((2, 3), 5, True), ((3, 1), (3, 7), True)])
+def test_fft_conv_equals_the_direct_conv(nd, stride, dilation, channels, pads, bias):
+    cin, cout = channels
+    shape = [2, cin] + [70, 53][:nd]
+    builder = GraphBuilder(shape)
+    kernel = [21, 17][:nd] if nd == 2 else [31]
+    pad_list = [pads] * (2 * nd) if isinstance(pads, int) else [pads[0]] * nd + [pads[1]] * nd
+    y = builder.conv("x", cout, kernel, stride=stride, dilation=dilation, pads=pad_list, bias=bias)
+    model, outcome = fft_outcome(builder, y, min_kernel_area=16, min_advantage=0.0)
+    counts = op_counts(outcome.model)
+    assert "Conv" not in counts and counts["DFT"] == 2 * nd, counts
+    assert_fp32_close(model, outcome.model, shape)
+
+
+def test_seed003_sized_bank_is_rewritten_by_default():
+    shape = [1, 1, 160, 200]
+    builder = GraphBuilder(shape)
+    y = builder.conv("x", 3, 135, bias=False)
+    model, outcome = fft_outcome(builder, y)
+    assert op_counts(outcome.model).get("Conv") is None
+    assert outcome.applied[0]["flops_after"] * 2 < outcome.applied[0]["flops_before"]
+    assert_fp32_close(model, outcome.model, shape)
+
+
+def test_small_kernels_are_left_alone():
+    builder = GraphBuilder([1, 4, 32, 32])
+    y = builder.conv("x", 4, 7, pads=3)
+    model, outcome = fft_outcome(builder, y)
+    assert op_counts(outcome.model) == {"Conv": 1} and not outcome.skipped
+
+
+def test_fft_that_would_not_pay_is_refused_with_its_numbers():
+    builder = GraphBuilder([1, 1, 200, 200])
+    y = builder.conv("x", 1, 11)                          # 121 taps, but one channel each way
+    model, outcome = fft_outcome(builder, y, min_advantage=50.0)
+    assert op_counts(outcome.model) == {"Conv": 1}
+    assert "FLOPs against" in outcome.skipped[0]["reason"]
+
+
+def test_dynamic_spatial_shape_is_refused():
+    builder = GraphBuilder([1, 1, 64, 64])
+    y = builder.conv("x", 2, 15)
+    model = builder.model([y])
+    for dim in model.graph.input[0].type.tensor_type.shape.dim[2:]:
+        dim.dim_param = "S"
+    outcome = rewrite(model, "cost")
+    assert op_counts(outcome.model) == {"Conv": 1}
+    assert "static spatial shape" in outcome.skipped[0]["reason"]
