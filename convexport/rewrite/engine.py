@@ -73,15 +73,15 @@ def _run_pass(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primitiv
               opset: int, applied: list[dict], skipped: dict[tuple, dict], limit: int | None) -> bool:
     changed = False
     fresh = NameGenerator(graph)
+    dead: set[int] = set()          # nodes a rewrite left without readers, dropped as it goes
     for rule in rules:
         if limit is not None and len(applied) >= limit:
             break
         matcher = PatternMatcher(rule, opset, set(map(id, graph.outputs)))
-        live = {id(node) for node in graph.nodes}
-        for anchor in _anchors(graph, rule):
+        for anchor in _anchors(graph, rule, dead):
             if limit is not None and len(applied) >= limit:
                 break
-            if not all(id(node) in live for node in _anchor_nodes(anchor)):
+            if any(id(node) in dead for node in _anchor_nodes(anchor)):
                 continue
             match = matcher.match_group(anchor) if rule.is_group else matcher.match(anchor)
             if match is None or first_failure(rule.where, match.values, graph):
@@ -94,22 +94,22 @@ def _run_pass(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primitiv
             if isinstance(verdict, str):
                 skipped[(rule.name, tuple(entry["nodes"]))] = {**entry, "reason": verdict}
                 continue
-            _apply(graph, verdict, fresh)
+            dead |= _apply(graph, verdict, fresh)
             applied.append({**entry, "reason": verdict.note, **_cost_fields(verdict), **verdict.extra})
             changed = True
-            graph.cleanup(remove_unused_graph_inputs=False)
             matcher.graph_outputs = set(map(id, graph.outputs))
-            live = {id(n) for n in graph.nodes}
+    graph.nodes = [node for node in graph.nodes if id(node) not in dead]
     return changed
 
 
-def _anchors(graph: gs.Graph, rule: Rule) -> list:
-    """Where matching starts: every node (for a root pattern), or every tensor read by a node
-    (for a group pattern, whose members all read one shared tensor), in topological order."""
+def _anchors(graph: gs.Graph, rule: Rule, dead: set[int]) -> list:
+    """Where matching starts: every live node (for a root pattern), or every tensor read by a
+    node (for a group pattern, whose members all read one shared tensor), in topological order."""
     if not rule.is_group:
-        return list(graph.nodes)
+        return [node for node in graph.nodes if node.op == rule.root.op_type and id(node) not in dead]
+    nodes = [node for node in graph.nodes if id(node) not in dead]
     seen, tensors = set(), []
-    for tensor in [*graph.inputs, *(out for node in graph.nodes for out in node.outputs)]:
+    for tensor in [*graph.inputs, *(out for node in nodes for out in node.outputs)]:
         if id(tensor) not in seen and tensor.outputs:
             seen.add(id(tensor))
             tensors.append(tensor)
@@ -152,16 +152,19 @@ def _cost_fields(rewrite: Rewrite) -> dict:
     return {"flops_before": rewrite.flops_before, "flops_after": rewrite.flops_after}
 
 
-def _apply(graph: gs.Graph, rewrite: Rewrite, fresh: NameGenerator) -> None:
-    """Insert the new nodes and make each replaced tensor come from its replacement.
+def _apply(graph: gs.Graph, rewrite: Rewrite, fresh: NameGenerator) -> set[int]:
+    """Insert the new nodes and make each replaced tensor come from its replacement; return the
+    ids of the nodes this left dead (disconnected, to be dropped from the graph).
 
     A replacement made by a new node takes over the old tensor object itself (its name, its
     consumers, its place among the graph outputs); one that already exists (an input of the
     match) is wired into the old tensor's consumers instead.
     """
     graph.nodes.extend(rewrite.nodes)
+    orphans = []
     for old, new in rewrite.replace:
         takes_over = _takes_over(new, graph)
+        orphans.extend(old.inputs)
         _detach(old, fresh)
         if takes_over:
             producer = new.inputs[0]
@@ -171,6 +174,32 @@ def _apply(graph: gs.Graph, rewrite: Rewrite, fresh: NameGenerator) -> None:
         else:
             for consumer in list(old.outputs):
                 _rewire(consumer, old, new)
+    return _remove_dead(orphans, {id(t) for t in graph.outputs})
+
+
+def _remove_dead(candidates: list[gs.Node], outputs: set[int]) -> set[int]:
+    """Disconnect every node whose outputs nobody reads, then the producers that this leaves
+    unread in turn; the work is proportional to what is removed, not to the graph."""
+    dead: set[int] = set()
+    stack = list(candidates)
+    while stack:
+        node = stack.pop()
+        if id(node) in dead or any(t.outputs or id(t) in outputs for t in node.outputs):
+            continue
+        dead.add(id(node))
+        stack.extend(p for tensor in node.inputs for p in tensor.inputs)
+        _disconnect_inputs(node)
+    return dead
+
+
+def _disconnect_inputs(node: gs.Node) -> None:
+    """node.inputs.clear() by identity: gs's own removal compares nodes with a deep __eq__,
+    which is quadratic on tensors read by many nodes."""
+    for tensor in node.inputs:
+        readers = tensor.outputs
+        index = next(i for i, reader in enumerate(readers) if reader is node)
+        list.pop(readers, index)
+    list.clear(node.inputs)
 
 
 def _rewire(consumer: gs.Node, old, new) -> None:

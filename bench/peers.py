@@ -1,0 +1,182 @@
+"""convexport against onnxsim, onnxslim, onnxoptimizer and ONNX Runtime's offline optimizer.
+
+    make bench                      (installs the peers, writes bench/RESULTS.md)
+    .venv/bin/python bench/peers.py [--device cpu|cuda] [--write FILE] [--only NAME]
+
+For every sample model and a RepVGG-style network: nodes, Conv count, latency (all variants of
+one model measured in one process, taking turns in blocks of runs) as a ratio to the original
+(> 1 is faster), the optimizer's wall time, and the largest validation error against the
+original (relative to the output's RMS). Then each optimizer's wall time on a synthetic graph
+of more than 2,000 nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
+
+import convexport  # noqa: E402
+from convexport.export import graph_input_specs  # noqa: E402
+from convexport.profile import profile_models  # noqa: E402
+from convexport.validate import compare_models  # noqa: E402
+
+MODELS = [
+    ("seed000 subtracted conv", ROOT / "sample_models/seed000_subtracted_conv.py"),
+    ("seed001 3-D bottleneck", ROOT / "sample_models/seed001_bottleneck3d.py"),
+    ("seed002 group attention", ROOT / "sample_models/seed002_group_attention.py"),
+    ("seed003 135x135 filters", ROOT / "sample_models/seed003_large_kernel.py"),
+    ("seed004 full padding", ROOT / "sample_models/seed004_full_padding.py"),
+    ("RepVGG-style (training form)", ROOT / "tests/fixtures/repvgg.py:build"),
+]
+
+
+def run_convexport(model):
+    return convexport.optimize(model, write=False, validate=False, profile=False).model
+
+
+def run_onnxsim(model):
+    import onnxsim
+
+    simplified, ok = onnxsim.simplify(model)
+    if not ok:
+        raise RuntimeError("onnxsim could not check its result")
+    return simplified
+
+
+def run_onnxslim(model):
+    import onnxslim
+
+    return onnxslim.slim(model)
+
+
+def run_onnxoptimizer(model):
+    import onnxoptimizer
+
+    return onnxoptimizer.optimize(model)
+
+
+def run_ort_offline(model):
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as folder:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        options.optimized_model_filepath = os.path.join(folder, "opt.onnx")
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return onnx.load(options.optimized_model_filepath)
+
+
+TOOLS = {"convexport": run_convexport, "onnxsim": run_onnxsim, "onnxslim": run_onnxslim,
+         "onnxoptimizer": run_onnxoptimizer, "ort-offline": run_ort_offline}
+
+
+def optimize_all(original):
+    variants, walls = {"original": original}, {"original": 0.0}
+    for name, tool in TOOLS.items():
+        copy = onnx.ModelProto()
+        copy.CopyFrom(original)
+        start = time.perf_counter()
+        try:
+            variants[name] = tool(copy)
+        except Exception as exc:          # a peer that fails on a model is reported, not fatal
+            print(f"  {name} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", file=sys.stderr)
+            continue
+        walls[name] = time.perf_counter() - start
+    return variants, walls
+
+
+def relative_error(original, candidate, inputs) -> float:
+    result = compare_models(original, candidate, inputs, runs=2)
+    return max((error.max_rel for error in result.outputs.values()), default=float("nan"))
+
+
+def conv_count(model) -> int:
+    return sum(node.op_type == "Conv" for node in model.graph.node)
+
+
+def bench_model(label, source, device, lines):
+    original = convexport.optimize(str(source), write=False, validate=False, profile=False).original
+    inputs = graph_input_specs(original)
+    variants, walls = optimize_all(original)
+    measured = profile_models(variants, inputs, device, memory=False, per_op=False)
+    base = measured["original"]["latency_ms"]["median"]
+    lines.append(f"\n### {label}\n")
+    lines.append("| tool | nodes | Conv | latency ms | speedup vs original | optimizer s | max rel error |")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|")
+    for name, model in variants.items():
+        latency = measured[name]["latency_ms"]["median"]
+        error = 0.0 if name == "original" else relative_error(original, model, inputs)
+        lines.append(f"| {name} | {len(model.graph.node)} | {conv_count(model)} | {latency:.3f} | "
+                     f"{base / latency:.2f}x | {walls[name]:.2f} | {error:.1e} |")
+    print("\n".join(lines[-len(variants) - 3:]), flush=True)
+
+
+def synthetic_graph(blocks: int = 520) -> onnx.ModelProto:
+    """Conv-BN-Relu-Conv(1x1)-Add blocks: a deep graph with folds everywhere (> 2,000 nodes)."""
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(8, 8, 3, padding=1)
+            self.bn = nn.BatchNorm2d(8)
+            self.point = nn.Conv2d(8, 8, 1)
+
+        def forward(self, x):
+            return x + self.point(torch.relu(self.bn(self.conv(x))))
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*(Block() for _ in range(blocks))).eval()
+    buffer = io.BytesIO()
+    torch.onnx.export(model, (torch.randn(1, 8, 8, 8),), buffer, dynamo=False, opset_version=18,
+                      training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False)
+    return onnx.shape_inference.infer_shapes(onnx.load_from_string(buffer.getvalue()))
+
+
+def bench_synthetic(lines):
+    model = synthetic_graph()
+    lines.append(f"\n### Optimizer wall time on a synthetic graph of {len(model.graph.node)} nodes\n")
+    lines.append("| tool | nodes after | wall s |")
+    lines.append("|---|---:|---:|")
+    variants, walls = optimize_all(model)
+    for name, seconds in walls.items():
+        if name != "original":
+            lines.append(f"| {name} | {len(variants[name].graph.node)} | {seconds:.2f} |")
+    print("\n".join(lines[-len(walls) - 2:]), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--write", type=Path, help="Also write the tables to this Markdown file.")
+    parser.add_argument("--only", help="Only the models whose label contains this.")
+    args = parser.parse_args()
+    lines = [f"# convexport benchmark\n",
+             f"{datetime.date.today()}, {platform.machine()} with {os.cpu_count()} cores, ONNX Runtime "
+             f"{__import__('onnxruntime').__version__} on {args.device}; latency is the median of block-"
+             "interleaved runs (convexport/profile.py); errors are max |cand - ref| / max(|ref|, rms(ref))."]
+    for label, source in MODELS:
+        if args.only is None or args.only in label:
+            bench_model(label, source, args.device, lines)
+    if args.only is None or args.only == "synthetic":
+        bench_synthetic(lines)
+    if args.write:
+        args.write.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
