@@ -87,10 +87,6 @@ def default_opset(model: onnx.ModelProto) -> int:
     return next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 18)
 
 
-def consumers(tensor) -> list[gs.Node]:
-    return list(tensor.outputs)
-
-
 class NameGenerator:
     """Fresh tensor and node names that collide with nothing in the graph."""
 
