@@ -87,9 +87,9 @@ def assert_same_outputs(original, rewritten, input_shape, seed=0, rtol=1e-4, ato
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol * scale)
 
 
-def fold(builder, outputs, strategy="exact", dynamic_batch=False):
+def fold(builder, outputs, strategy="exact", dynamic_batch=False, rules=RULES):
     """Rewrite the builder's graph, check it against the original, return (outcome, op counts)."""
     model = builder.model(outputs, dynamic_batch)
-    outcome = rewrite(model, strategy)
+    outcome = rewrite(model, strategy, rules)
     assert_same_outputs(model, outcome.model, builder.input_shape)
     return outcome, op_counts(outcome.model)

@@ -30,7 +30,8 @@ def gathered_linears(builder, x, groups_of_classes, out_features, bias=True, tra
 @pytest.mark.parametrize("classes", [[1, 1], [1, 2, 1], [1, 2, 1, 3, 1, 1, 2, 1, 1, 2, 1, 1]])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("transposed", [True, False])
-def test_per_class_linears_become_one_einsum(classes, bias, transposed):
+@pytest.mark.parametrize("form", ["matmul", "einsum"])
+def test_per_class_linears_become_one_contraction(classes, bias, transposed, form):
     builder = GraphBuilder([2, len(classes), 8])
     hidden = gathered_linears(builder, "x", classes, 5, bias, transposed)
     # the second per-class layer: Linear(5, 1) on hidden[:, i, :], concatenated to [B, classes]
@@ -39,9 +40,17 @@ def test_per_class_linears_become_one_einsum(classes, bias, transposed):
                                      builder.const(builder.rng.standard_normal(1), "b2")], transB=1)
                for i in range(sum(classes))]
     y = builder.node("Concat", outputs, axis=1)
-    outcome, counts = fold(builder, [y], strategy="cost")
-    assert counts.get("Einsum") == 2 and "Gemm" not in counts, counts
+    outcome, counts = fold(builder, [y], strategy="cost", rules=with_form(form))
+    assert counts.get("Einsum" if form == "einsum" else "MatMul") == 2 and "Gemm" not in counts, counts
     assert counts.get("Gather", 0) <= 1
+
+
+def with_form(form):
+    from dataclasses import replace
+
+    from graphs import RULES
+    return [replace(r, params={**r.params, "form": form}) if r.name == "gathered-linear-branches" else r
+            for r in RULES]
 
 
 def test_parallel_convs_become_one_conv_and_a_split_carrying_relu():

@@ -130,8 +130,9 @@ def _conv_key(conv):
 
 
 def batch_gathered_linears(match, context) -> Rewrite | Refusal | None:
-    """heads[] = Gemm(Gather[axis=1](x, i[]), w[], b[]?) -> Gather(x, [i...]) and one Einsum
-    "bni,nio->bno" (W [N, I, O] packed) + b [N, O]; x [B, K, I]."""
+    """heads[] = Gemm(Gather[axis=1](x, i[]), w[], b[]?) -> Gather(x, [i...]) and one batched
+    contraction "bni,nio->bno" (W [N, I, O] packed) + b [N, O]; x [B, K, I]. `with: {form:
+    matmul | einsum}` picks how the contraction is written (see _contract)."""
     gemms = _largest_compatible(match.nodes["heads"], _gemm_key)
     if len(gemms) < 2:
         return None
@@ -153,14 +154,29 @@ def batch_gathered_linears(match, context) -> Rewrite | Refusal | None:
     if indices != list(range(x.shape[1])):
         gathered = build.node("Gather", [x, build.const(np.array(indices, np.int64), "indices", np.int64)],
                               {"axis": 1}, (batch, n, x.shape[2]), base="gathered")
-    value = build.node("Einsum", [gathered, build.const(weight, "packed_weight")], {"equation": "bni,nio->bno"},
-                       (batch, n, weight.shape[2]), base="einsum")
+    value = _contract(build, gathered, build.const(weight, "packed_weight"), (batch, n, weight.shape[2]),
+                      context.params.get("form", "matmul"))
     if bias is not None:
         value = build.node("Add", [value, build.const(bias, "packed_bias")], shape=(batch, n, weight.shape[2]),
-                           base="einsum_bias")
+                           base="packed_bias_add")
     shape = (batch, weight.shape[2])
     return _finish(build, Stacked(value, shape, _drop_units(shape[:1]), n), [g.outputs[0] for g in gemms],
-                   f"{n} Gemms on gathered rows as one Einsum")
+                   f"{n} Gemms on gathered rows as one batched {context.params.get('form', 'matmul')}")
+
+
+def _contract(build, rows, weight, shape, form: str):
+    """[B, N, I] x [N, I, O] -> [B, N, O], as `einsum` ("bni,nio->bno") or as `matmul`
+    (Transpose to [N, B, I], a batched MatMul, Transpose back). The default is matmul: ONNX
+    Runtime's CPU Einsum is a generic contraction, 1.2x to 6x slower than its batched GEMM
+    here (17x64x16 at B=2: 15.7 vs 11.3 us; 100x256x256 at B=32: 10.5 vs 3.9 ms)."""
+    if form == "einsum":
+        return build.node("Einsum", [rows, weight], {"equation": "bni,nio->bno"}, shape, base="einsum")
+    if form != "matmul":
+        raise ValueError(f"form must be matmul or einsum, not {form!r}")
+    batch, n, _ = shape
+    by_class = build.node("Transpose", [rows], {"perm": [1, 0, 2]}, base="by_class")
+    product = build.node("MatMul", [by_class, weight], shape=(n, batch, shape[2]), base="batched_matmul")
+    return build.node("Transpose", [product], {"perm": [1, 0, 2]}, shape, base="by_row")
 
 
 def _gemm_key(gemm):
