@@ -11,7 +11,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench fuzz install clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+fuzz: $(STAMP)
+	CONVEXPORT_FUZZ_EXAMPLES=10000 $(PY) -m pytest tests/test_random_graphs.py -k stay_exact -p no:cacheprovider
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'

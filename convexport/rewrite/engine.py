@@ -14,6 +14,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ..algebra import Refusal
+from ..errors import ConvexportError, first_line
 from ..export import infer_shapes
 from ..graph import NameGenerator, default_opset, export_graph, import_graph
 from .conditions import first_failure
@@ -87,7 +88,7 @@ def _run_pass(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primitiv
             if match is None or first_failure(rule.where, match.values, graph):
                 continue
             context = RewriteContext(graph, opset, fresh, rule.params, strategy)
-            verdict = _decide(match, primitives[rule.apply], context)
+            verdict = _decide(match, rule.plugin or primitives[rule.apply], context)
             if verdict is None:
                 continue
             entry = {"rule": rule.name, "file": rule.file, "nodes": match.node_names()}
@@ -125,10 +126,19 @@ def _decide(match: Match, primitive: Primitive, context: RewriteContext) -> Rewr
     reason = first_failure(match.rule.require, match.values, context.graph)
     if reason:
         return reason
+    rule = match.rule
     try:
         result = primitive(match, context)
-    except ValueError as exc:   # the algebra's word for shapes it cannot work with
-        return f"{match.rule.apply} cannot handle these shapes: {exc}"
+    except Exception as exc:
+        if rule.plugin is not None:     # the user's code: a clear error naming the rule
+            raise ConvexportError(f"{rule.file}:{rule.line}: rule {rule.name!r}: primitive {rule.apply} raised "
+                                  f"{type(exc).__name__}: {first_line(exc)}") from exc
+        if isinstance(exc, ValueError):  # the algebra's word for shapes it cannot work with
+            return f"{rule.apply} cannot handle these shapes: {exc}"
+        raise
+    if result is not None and not isinstance(result, (Rewrite, Refusal)):
+        raise ConvexportError(f"{rule.file}:{rule.line}: rule {rule.name!r}: primitive {rule.apply} returned a "
+                              f"{type(result).__name__}, not a Rewrite, a Refusal or None")
     if result is None or isinstance(result, Refusal):
         return None if result is None else result.reason
     for old, new in result.replace:

@@ -29,6 +29,7 @@ import yaml
 from ..errors import ConvexportError
 from .conditions import CONDITIONS
 from .pattern import PatternNode, PatternSyntaxError, parse_pattern_line
+from .plugins import is_plugin_name, load_plugin
 
 RULE_KEYS = {"name", "doc", "match", "where", "require", "apply", "with"}
 
@@ -44,6 +45,7 @@ class Rule:
     params: dict = field(default_factory=dict, hash=False, compare=False)
     file: str = ""
     line: int = 0
+    plugin: object = field(default=None, hash=False, compare=False)   # a user primitive (apply: module:function)
 
     @property
     def root(self) -> PatternNode:
@@ -135,9 +137,17 @@ def _parse_rule(file: str, node, primitives: set[str]) -> Rule:
             raise RuleFileError(file, _line(node), _column(node), f"rule lacks {key!r}")
     name = _scalar(file, fields["name"][1], "name")
     apply = _scalar(file, fields["apply"][1], "apply")
-    if apply not in primitives:
+    plugin = None
+    if is_plugin_name(apply):
+        try:
+            plugin = load_plugin(apply, Path(file))
+        except ValueError as exc:
+            raise RuleFileError(file, _line(fields["apply"][1]), _column(fields["apply"][1]),
+                                f"rule {name!r}: primitive {apply!r}: {exc}") from None
+    elif apply not in primitives:
         raise RuleFileError(file, _line(fields["apply"][1]), _column(fields["apply"][1]),
-                            f"rule {name!r}: unknown primitive {apply!r} (known: {', '.join(sorted(primitives))})")
+                            f"rule {name!r}: unknown primitive {apply!r} (known: {', '.join(sorted(primitives))}, "
+                            "or module:function)")
     pattern = _parse_match(file, name, fields["match"][1])
     where, require = (_parse_conditions(file, name, key, fields[key][1], pattern) if key in fields else ()
                       for key in ("where", "require"))
@@ -145,7 +155,7 @@ def _parse_rule(file: str, node, primitives: set[str]) -> Rule:
     if not isinstance(params, dict):
         raise RuleFileError(file, _line(fields["with"][1]), _column(fields["with"][1]), "'with' must be a mapping")
     return Rule(name, _scalar(file, fields["doc"][1], "doc"), pattern, tuple(where), tuple(require), apply, params,
-                file, _line(node))
+                file, _line(node), plugin)
 
 
 def _parse_match(file: str, rule: str, node) -> tuple[PatternNode, ...]:

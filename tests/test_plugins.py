@@ -1,0 +1,91 @@
+"""User primitives named in a rule file as file.py:function or module:function."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import convexport
+from convexport.errors import ConvexportError
+from convexport.rewrite.engine import rewrite_model
+from convexport.rewrite.primitives import builtin_primitives
+from convexport.rewrite.rulefile import parse_rule_file
+from helpers import make_model, op_counts, run, tensor
+
+PLUGIN = '''
+from convexport.rewrite.primitives import Rewrite
+
+
+def drop_double_negation(match, context):
+    """Neg(Neg(x)) is x."""
+    return Rewrite([], [(match.root.outputs[0], match.values["x"])], "double negation dropped")
+
+
+def explode(match, context):
+    raise RuntimeError("plugin bug")
+
+
+def wrong_type(match, context):
+    return 42
+'''
+
+RULE = """rules:
+  - name: no-double-negation
+    doc: Neg(Neg(x)) is x.
+    match:
+      - h = Neg(x)
+      - y = Neg(h)
+    require: {{private: [h]}}
+    apply: {apply}
+"""
+
+
+def double_negation_model():
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["h"]),
+             helper.make_node("Neg", ["h"], ["y"])]
+    return make_model(nodes, [tensor("x", [3])], [tensor("y", [3])])
+
+
+def rule_file(tmp_path, apply):
+    (tmp_path / "my_primitives.py").write_text(PLUGIN)
+    path = tmp_path / "rules.yaml"
+    path.write_text(RULE.format(apply=apply))
+    return path
+
+
+def test_file_plugin_applies(tmp_path):
+    rules = parse_rule_file(rule_file(tmp_path, "my_primitives.py:drop_double_negation"), set(builtin_primitives()))
+    model = double_negation_model()
+    outcome = rewrite_model(model, rules, builtin_primitives(), "exact")
+    assert op_counts(outcome.model) == {"Relu": 1}
+    feeds = {"x": np.array([-1, 0, 2], np.float32)}
+    np.testing.assert_array_equal(run(outcome.model, feeds)[0], run(model, feeds)[0])
+
+
+def test_module_plugin_applies(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rules = parse_rule_file(rule_file(tmp_path, "my_primitives:drop_double_negation"), set(builtin_primitives()))
+    assert rules[0].plugin is not None
+
+
+@pytest.mark.parametrize("apply, fragment", [
+    ("my_primitives.py:nothing_here", "has no function 'nothing_here'"),
+    ("missing.py:f", "no such file"),
+    ("no_such_module_anywhere:f", "cannot import"),
+])
+def test_bad_plugin_names_are_rule_file_errors(tmp_path, apply, fragment):
+    path = rule_file(tmp_path, apply)
+    with pytest.raises(ConvexportError) as caught:
+        parse_rule_file(path, set(builtin_primitives()))
+    assert str(caught.value).startswith(f"{path}:8:") and fragment in str(caught.value)
+
+
+@pytest.mark.parametrize("function, fragment", [("explode", "raised RuntimeError: plugin bug"),
+                                                ("wrong_type", "returned a int")])
+def test_errors_inside_a_plugin_name_the_rule(tmp_path, function, fragment):
+    path = rule_file(tmp_path, f"my_primitives.py:{function}")
+    with pytest.raises(ConvexportError) as caught:
+        convexport.optimize(double_negation_model(), rules=[path], write=False, profile=False)
+    message = str(caught.value)
+    assert "no-double-negation" in message and fragment in message and str(path) in message
