@@ -35,29 +35,41 @@ from .runtime import create_session
 DEFAULT_RTOL = 1e-4
 DEFAULT_ATOL = 1e-5
 DEFAULT_RUNS = 3
+# Default (rtol, atol) by output dtype when none is given: about 100x the unit roundoff for
+# the fp32 ones above, and for halves, whose folded weights are rounded to 11 (fp16) or 8
+# (bf16) bits, a few units of their roundoff.
+DTYPE_DEFAULTS = {
+    "float64": (1e-9, 1e-12), "float32": (DEFAULT_RTOL, DEFAULT_ATOL),
+    "float16": (5e-3, 1e-3), "bfloat16": (4e-2, 1e-2),
+}
 
 
 @dataclass(frozen=True)
 class Tolerances:
-    """Default rtol/atol and per-output overrides (Polygraphy style: `--atol y:1e-4 1e-5`)."""
+    """Default rtol/atol (None: by the output's dtype, DTYPE_DEFAULTS) and per-output
+    overrides (Polygraphy style: `--atol y:1e-4 --atol 1e-5`)."""
 
-    rtol: float = DEFAULT_RTOL
-    atol: float = DEFAULT_ATOL
+    rtol: float | None = None
+    atol: float | None = None
     rtol_by_output: tuple[tuple[str, float], ...] = ()
     atol_by_output: tuple[tuple[str, float], ...] = ()
 
-    def for_output(self, name: str) -> tuple[float, float]:
-        return dict(self.rtol_by_output).get(name, self.rtol), dict(self.atol_by_output).get(name, self.atol)
+    def for_output(self, name: str, dtype: str = "float32") -> tuple[float, float]:
+        rtol, atol = DTYPE_DEFAULTS.get(dtype, DTYPE_DEFAULTS["float32"])
+        rtol = dict(self.rtol_by_output).get(name, rtol if self.rtol is None else self.rtol)
+        atol = dict(self.atol_by_output).get(name, atol if self.atol is None else self.atol)
+        return rtol, atol
 
     @classmethod
     def parse(cls, rtol: list[str] | float | None, atol: list[str] | float | None) -> "Tolerances":
         """From CLI values: each a number (the default) or NAME:number (one output)."""
-        rtol_default, rtol_by = _parse_tolerance("--rtol", rtol, DEFAULT_RTOL)
-        atol_default, atol_by = _parse_tolerance("--atol", atol, DEFAULT_ATOL)
+        rtol_default, rtol_by = _parse_tolerance("--rtol", rtol)
+        atol_default, atol_by = _parse_tolerance("--atol", atol)
         return cls(rtol_default, atol_default, rtol_by, atol_by)
 
 
-def _parse_tolerance(option: str, values, default: float) -> tuple[float, tuple[tuple[str, float], ...]]:
+def _parse_tolerance(option: str, values) -> tuple[float | None, tuple[tuple[str, float], ...]]:
+    default = None
     if values is None:
         return default, ()
     if isinstance(values, (int, float)):
@@ -113,7 +125,8 @@ class ValidationResult:
 
     def to_report(self) -> dict:
         report = {
-            "passed": self.passed, "runs": self.runs, "rtol": self.tolerances.rtol, "atol": self.tolerances.atol,
+            "passed": self.passed, "runs": self.runs,    # rtol/atol null: by each output's dtype
+            "rtol": self.tolerances.rtol, "atol": self.tolerances.atol,
             "inputs": self.inputs, "outputs": {name: vars(error) for name, error in self.outputs.items()},
         }
         if self.problem:
@@ -155,10 +168,14 @@ def compare_models(reference: onnx.ModelProto, candidate: onnx.ModelProto, input
                 result.passed = False
                 result.problem = f"output {name!r}: shape {cand.shape} instead of {ref.shape}"
                 return result
-            error = compare_arrays(ref, cand, *tolerances.for_output(name))
+            error = compare_arrays(ref, cand, *tolerances.for_output(name, _dtype_name(ref)))
             result.outputs[name] = result.outputs[name].merge(error) if name in result.outputs else error
     result.passed = all(error.mismatches == 0 for error in result.outputs.values())
     return result
+
+
+def _dtype_name(array: np.ndarray) -> str:
+    return "bfloat16" if array.dtype.name == "bfloat16" else str(array.dtype)
 
 
 def compare_arrays(ref: np.ndarray, cand: np.ndarray, rtol: float, atol: float) -> OutputError:

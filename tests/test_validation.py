@@ -153,3 +153,23 @@ def test_validate_takes_dynamic_dims_from_input(small_net_path, tmp_path):
     unknown = runner.invoke(app, ["validate", str(tmp_path / "ref.onnx"), str(tmp_path / "cand.onnx"),
                                   "--input", "nope:1x3x16x16"])
     assert unknown.exit_code == 1 and "no such input" in unknown.stderr
+
+
+def test_tolerances_follow_the_output_dtype():
+    tolerances = Tolerances.parse(None, None)
+    assert tolerances.for_output("y", "float32") == (1e-4, 1e-5)
+    assert tolerances.for_output("y", "float16") == (5e-3, 1e-3)
+    assert Tolerances.parse(["1e-6"], None).for_output("y", "float16") == (1e-6, 1e-3)
+
+
+def test_fp16_model_folds_in_float64_and_validates_at_fp16_tolerance(tmp_path):
+    from torch import nn
+
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv2d(3, 8, 1), nn.Conv2d(8, 8, 3, padding=1, bias=False)).eval().half()
+    result = convexport.optimize(module, inputs=["x:1x3x16x16:float16"], output=tmp_path / "h.onnx", profile=False)
+    assert result.report["after"]["ops"]["Conv"] == 1 and result.report["validation"]["passed"]
+    output = next(iter(result.report["validation"]["outputs"].values()))
+    assert output["rtol"] == 5e-3 and output["max_rel"] < 5e-3
+    weights = [init for init in onnx.load(str(result.output)).graph.initializer if len(init.dims) == 4]
+    assert all(init.data_type == onnx.TensorProto.FLOAT16 for init in weights)
