@@ -192,3 +192,30 @@ def test_bad_user_rule_file_exits_1_with_its_line(small_net_path, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("rules:\n  - name: a\n    doc: d\n    match: [y = Conv(x, w)]\n    apply: nothing_like_it\n")
     assert_user_error(invoke("optimize", f"{small_net_path}:build", "--rules", bad), f"{bad}:5:", "unknown primitive")
+
+
+def test_cuda_without_a_gpu_is_a_user_error(small_net_path, monkeypatch):
+    monkeypatch.setattr("convexport.runtime.cuda_usable", lambda: False)
+    assert_user_error(invoke("optimize", f"{small_net_path}:build", "--device", "cuda"), "--device cuda")
+
+
+def test_missing_output_folder_and_overwriting_the_input(small_net_path, tmp_path):
+    assert_user_error(invoke("optimize", f"{small_net_path}:build", "-o", tmp_path / "no" / "o.onnx"), "does not exist")
+    model = tmp_path / "m.onnx"
+    assert invoke("export", f"{small_net_path}:build", "-o", model).exit_code == 0
+    before = model.read_bytes()
+    assert_user_error(invoke("optimize", model, "-o", model), "is the input model")
+    assert model.read_bytes() == before
+
+
+def test_measure_strategy_says_it_is_not_implemented(small_net_path):
+    assert_user_error(invoke("optimize", f"{small_net_path}:build", "--strategy", "measure"), "not implemented yet")
+
+
+def test_internal_error_is_one_line_with_exit_70(small_net_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("something convexport did not expect")
+    monkeypatch.setattr("convexport.pipeline.optimize", broken)
+    result = invoke("optimize", f"{small_net_path}:build")
+    assert result.exit_code == 70 and "internal error" in result.stderr and "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1
