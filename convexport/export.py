@@ -43,6 +43,10 @@ def export_model(loaded: LoadedModel, input_specs: list[InputSpec] | None = None
     if opset is not None and opset < MIN_OPSET:
         raise ConvexportError(f"--opset {opset}: convexport needs opset >= {MIN_OPSET}")
     if loaded.kind == "onnx":
+        model_opset = next((o.version for o in loaded.onnx_model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        if model_opset < MIN_OPSET:
+            raise ConvexportError(f"{loaded.source}: opset {model_opset} is below the supported {MIN_OPSET}; "
+                                  "convert it first (onnx.version_converter.convert_version(model, 18))")
         model = onnx.ModelProto()
         model.CopyFrom(loaded.onnx_model)
         _apply_input_specs(model, input_specs, dynamic_batch, loaded.source)

@@ -20,9 +20,7 @@ def write_atomically(destination: str | Path, write: Callable[[str], None]) -> N
     os.close(handle)
     try:
         write(temporary)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)
+        give_default_permissions(temporary)
         os.replace(temporary, destination)
     except OSError as exc:
         Path(temporary).unlink(missing_ok=True)
@@ -30,6 +28,13 @@ def write_atomically(destination: str | Path, write: Callable[[str], None]) -> N
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def give_default_permissions(path: str | Path) -> None:
+    """0666 less the umask, as a plain open() would have made it (mkstemp makes 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def write_text_atomically(text: str, destination: str | Path) -> None:

@@ -11,7 +11,7 @@ import onnx
 from . import __version__
 from .errors import ConvexportError, ValidationError
 from .export import ExportResult, export_model
-from .files import write_atomically
+from .files import give_default_permissions, write_atomically
 from .inputs import InputSpec, parse_input_spec
 from .loading import LoadedModel, load_model
 from .profile import profile_models
@@ -183,5 +183,24 @@ def _report(loaded: LoadedModel, destination: Path | None, exported: ExportResul
     }
 
 
+# Protobuf cannot serialise a model of 2 GiB or more: weights beyond this go to one external
+# data file, <OUT>.data beside OUT (written first; the model file is then renamed into place).
+EXTERNAL_DATA_THRESHOLD = 1 << 30
+EXTERNAL_TENSOR_MIN_BYTES = 1024      # smaller tensors stay inside the model file
+
+
 def save_atomically(model: onnx.ModelProto, destination: Path) -> None:
-    write_atomically(destination, lambda path: onnx.save(model, path))
+    weight_bytes = sum(len(init.raw_data) or 4 * max(len(init.float_data), len(init.int64_data))
+                       for init in model.graph.initializer)
+    if weight_bytes < EXTERNAL_DATA_THRESHOLD:
+        write_atomically(destination, lambda path: onnx.save(model, path))
+        return
+    location = Path(destination).name + ".data"
+    data = Path(destination).parent / location
+    data.unlink(missing_ok=True)
+
+    def save(path: str) -> None:
+        onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location=location,
+                  size_threshold=EXTERNAL_TENSOR_MIN_BYTES)
+        give_default_permissions(data)
+    write_atomically(destination, save)

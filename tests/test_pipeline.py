@@ -147,3 +147,29 @@ def test_report_fields(small_net_path, tmp_path):
     assert profile["device"] == "cpu" and profile["provider"] == "CPUExecutionProvider"
     assert profile["before"]["latency_ms"]["median"] > 0 and profile["after"]["latency_ms"]["p90"] > 0
     assert profile["speedup"] > 0
+
+
+def test_large_weights_go_to_external_data(model_files, tmp_path, monkeypatch):
+    monkeypatch.setattr("convexport.pipeline.EXTERNAL_DATA_THRESHOLD", 1000)
+    monkeypatch.setattr("convexport.pipeline.EXTERNAL_TENSOR_MIN_BYTES", 100)
+    result = optimize_quietly(str(model_files / "with_bn.onnx"), tmp_path)
+    data = tmp_path / "out.onnx.data"
+    assert data.exists() and data.stat().st_size >= 864          # the folded 8x3x3x3 float weight
+    assert data.stat().st_mode & 0o044 == 0o044                    # readable like any output
+    check_against_torch(result.output)            # onnx.load reads the data file back
+    (tmp_path / "again").mkdir()
+    again = convexport.optimize(str(result.output), output=tmp_path / "again" / "o.onnx", profile=False)
+    assert again.report["validation"]["passed"]
+
+
+def test_opset_below_13_is_refused(tmp_path):
+    from onnx import helper
+
+    from helpers import tensor
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [tensor("x", [2])],
+                                                [tensor("y", [2])]), opset_imports=[helper.make_opsetid("", 11)],
+                              ir_version=7)
+    path = tmp_path / "old.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(convexport.ConvexportError, match="opset 11 is below the supported 13"):
+        convexport.optimize(str(path), profile=False, write=False)
