@@ -34,8 +34,8 @@ def print_optimize_summary(report: dict, console: Console) -> None:
     table.add_row("nodes", str(before["nodes"]), str(after["nodes"]))
     for op in _interesting_ops(before["ops"], after["ops"]):
         table.add_row(op, str(before["ops"].get(op, 0)), str(after["ops"].get(op, 0)))
-    table.add_row("FLOPs", _si(before["flops"]), _si(after["flops"]))
-    table.add_row("params", _si(before["params"]), _si(after["params"]))
+    table.add_row("FLOPs", si(before["flops"]), si(after["flops"]))
+    table.add_row("params", si(before["params"]), si(after["params"]))
     profile = report.get("profile")
     if profile:
         table.add_row(f"latency ms ({profile['device']}, median)",
@@ -69,7 +69,8 @@ def _interesting_ops(before: dict, after: dict) -> list[str]:
     return sorted(changed, key=lambda op: -max(before.get(op, 0), after.get(op, 0)))[:8]
 
 
-def _si(value: float) -> str:
+def si(value: float) -> str:
+    """A count with an SI suffix: 16.5M, 2.99k."""
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(value) >= scale:
             return f"{value / scale:.3g}{unit}"

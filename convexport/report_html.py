@@ -6,6 +6,7 @@ import html
 from pathlib import Path
 
 from .files import write_text_atomically
+from .report import si
 
 BEFORE, AFTER = "#9aa5b1", "#2f7de1"
 STYLE = """
@@ -64,8 +65,8 @@ def _badges(report) -> str:
 
 def _summary_table(report) -> str:
     before, after, profile = report["before"], report["after"], report.get("profile")
-    rows = [("nodes", before["nodes"], after["nodes"]), ("FLOPs", _si(before["flops"]), _si(after["flops"])),
-            ("parameters", _si(before["params"]), _si(after["params"]))]
+    rows = [("nodes", before["nodes"], after["nodes"]), ("FLOPs", si(before["flops"]), si(after["flops"])),
+            ("parameters", si(before["params"]), si(after["params"]))]
     if profile:
         for key, label in (("median", "latency median (ms)"), ("p90", "latency p90 (ms)")):
             rows.append((label, f"{profile['before']['latency_ms'][key]:.3f}", f"{profile['after']['latency_ms'][key]:.3f}"))
@@ -138,13 +139,6 @@ def _validation(validation) -> str:
     return (f"{blame}<p>{validation['runs']} runs.</p><table><tr><th>output</th><th class=num>max abs</th>"
             f"<th class=num>max rel</th><th class=num>cosine</th><th class=num>failing</th>"
             f"<th class=num>rtol / atol</th></tr>{rows}</table>")
-
-
-def _si(value: float) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g}{unit}"
-    return f"{value:.3g}"
 
 
 def _bytes(value) -> str:

@@ -52,7 +52,7 @@ class Stacked:
         return [a for a in range(len(self.shape) + 1) if _drop_units(self.shape[:a]) == self.prefix]
 
     def view_shape(self, axis: int) -> tuple:
-        return (*self.shape[:axis], _times(self.shape[axis], self.count), *self.shape[axis + 1:])
+        return _view_of(self.shape, axis, self.count)
 
 
 def _drop_units(dims) -> tuple:
