@@ -208,6 +208,59 @@ def rules_check(files: Annotated[list[Path], typer.Argument(help="Rule files to 
     _guarded(run)
 
 
+@rules_app.command("test")
+def rules_test(
+    files: Annotated[Optional[list[Path]], typer.Argument(help="Rule files or folders to test.")] = None,
+    builtin: Annotated[bool, typer.Option("--builtin", help="Also test the built-in rules.")] = False,
+    only: Annotated[Optional[list[str]], typer.Option("--rule", help="Only this rule (repeatable).")] = None,
+    examples: Annotated[int, typer.Option("--examples", min=1, help="Random instances per rule.")] = 100,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random instances.")] = 0,
+    out: Annotated[Path, typer.Option("--out", help="Folder for counterexamples.")] = Path("counterexamples"),
+):
+    """Rewrite random instances of each rule's pattern and check them with ONNX Runtime; a
+    failing instance is shrunk and saved as a small ONNX model (exit 3)."""
+    from .rewrite.primitives import builtin_primitives
+    from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
+    from .ruletest.verify import verify_rule
+
+    if not files and not builtin:
+        raise typer.BadParameter("give rule files or folders, or --builtin", param_hint="FILES")
+
+    def run():
+        primitives = builtin_primitives()
+        paths = (builtin_rule_files() if builtin else []) + rule_files(list(files or []))
+        rules = [rule for rule in load_rules(paths, set(primitives)) if not only or rule.name in only]
+        if only and len(rules) < len(set(only)):
+            missing = sorted(set(only) - {rule.name for rule in rules})
+            raise ConvexportError(f"no rule named {', '.join(missing)} in the files given")
+        failed, untested = [], []
+        with _progress() as step:
+            for rule in rules:
+                step(f"testing {rule.name}")
+                result = verify_rule(rule, primitives, examples, seed, out)
+                where = f"{_shown_path(rule.file)}:{rule.line}"
+                if result.failure:
+                    failed.append(result)
+                    stdout.print(f"FAIL     {rule.name:28} {where}\n         {result.failure}\n         counterexample: "
+                                 + ", ".join(str(path) for path in result.saved), markup=False, highlight=False)
+                elif result.untested:
+                    untested.append(result)
+                    stdout.print(f"UNTESTED {rule.name:28} {where}\n         {result.untested}", markup=False, highlight=False)
+                else:
+                    stdout.print(f"ok       {rule.name:28} {result.instances} instances, rewritten in {result.applied}",
+                                 markup=False, highlight=False)
+        stdout.print(f"{len(rules)} rule(s): {len(rules) - len(failed) - len(untested)} passed, {len(failed)} failed, "
+                     f"{len(untested)} untested", markup=False, highlight=False)
+        if failed:
+            first = failed[0]
+            raise ValidationError(f"rule {first.rule.name!r} is not exact: {first.failure}; counterexample "
+                                  f"{first.saved[0]}" + (f" (and {len(failed) - 1} more failing rule(s))" if len(failed) > 1 else ""))
+        if untested:
+            raise ConvexportError(f"{len(untested)} rule(s) could not be tested: "
+                                  + ", ".join(result.rule.name for result in untested))
+    _guarded(run)
+
+
 def _shown_path(path: str) -> str:
     """A rule file's path relative to the working directory when it lies below it."""
     try:

@@ -7,20 +7,47 @@ import itertools
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.logger import G_LOGGER
+
+# onnx-graphsurgeon warns (on stderr, several lines) whenever a bfloat16 constant is read as
+# float32, which is exact; convexport keeps stderr for its one-line messages.
+G_LOGGER.severity = G_LOGGER.ERROR
 
 
 def import_graph(model: onnx.ModelProto) -> gs.Graph:
-    """gs.Graph with every node named (reports name nodes) and ONNX's default opset noted."""
+    """gs.Graph with every node named (reports name nodes), subgraphs' nodes included."""
     graph = gs.import_onnx(model)
-    taken = {node.name for node in graph.nodes if node.name}
+    nodes = [node for scope in all_graphs(graph) for node in scope.nodes]
+    taken = {node.name for node in nodes if node.name}
     counter = itertools.count()
-    for node in graph.nodes:
+    for node in nodes:
         if not node.name:
             while (name := f"{node.op}_{next(counter)}") in taken:
                 pass
             node.name = name
             taken.add(name)
     return graph
+
+
+def all_graphs(graph: gs.Graph) -> list[gs.Graph]:
+    """The graph and every subgraph (If branches, Loop and Scan bodies), outermost first."""
+    found = [graph]
+    for node in graph.nodes:
+        for value in node.attrs.values():
+            for sub in value if isinstance(value, list) else [value]:
+                if isinstance(sub, gs.Graph):
+                    found.extend(all_graphs(sub))
+    return found
+
+
+def proto_scopes(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    """A GraphProto and its subgraphs, recursively, outermost first."""
+    found = [graph]
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                found.extend(proto_scopes(sub))
+    return found
 
 
 def export_graph(graph: gs.Graph, template: onnx.ModelProto) -> onnx.ModelProto:
@@ -42,15 +69,22 @@ def is_absent(tensor) -> bool:
 
 
 def constant_value(tensor) -> np.ndarray | None:
-    """The value of an initializer or a Constant node's output; None for run-time tensors."""
+    """The value of an initializer or a Constant node's output, read-only (a constant may be
+    shared by other nodes: a fold computes new arrays, it never edits one in place); None for
+    run-time tensors."""
+    value = None
     if isinstance(tensor, gs.Constant):
-        return np.asarray(tensor.values)
-    if isinstance(tensor, gs.Variable) and len(tensor.inputs) == 1:
+        value = tensor.values
+    elif isinstance(tensor, gs.Variable) and len(tensor.inputs) == 1:
         producer = tensor.inputs[0]
         if producer.op == "Constant" and "value" in producer.attrs:
-            value = producer.attrs["value"]
-            return np.asarray(value.values if isinstance(value, gs.Constant) else value)
-    return None
+            held = producer.attrs["value"]
+            value = held.values if isinstance(held, gs.Constant) else held
+    if value is None:
+        return None
+    view = np.asarray(value).view()
+    view.flags.writeable = False
+    return view
 
 
 NOT_IN_SCHEMA = object()   # the op has no such attribute at this opset
@@ -88,10 +122,11 @@ def default_opset(model: onnx.ModelProto) -> int:
 
 
 class NameGenerator:
-    """Fresh tensor and node names that collide with nothing in the graph."""
+    """Fresh tensor and node names that collide with nothing in the graph or its subgraphs."""
 
     def __init__(self, graph: gs.Graph):
-        self._taken = set(graph.tensors().keys()) | {node.name for node in graph.nodes}
+        self._taken = {name for scope in all_graphs(graph) for name in scope.tensors()} | {
+            node.name for scope in all_graphs(graph) for node in scope.nodes}
         self._counter = itertools.count()
 
     def __call__(self, base: str) -> str:

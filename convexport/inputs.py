@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
 from .errors import ConvexportError
@@ -12,7 +13,7 @@ from .errors import ConvexportError
 DTYPES = {
     "float32": np.float32, "float": np.float32, "fp32": np.float32,
     "float16": np.float16, "half": np.float16, "fp16": np.float16,
-    "float64": np.float64, "double": np.float64,
+    "float64": np.float64, "double": np.float64, "bfloat16": ml_dtypes.bfloat16, "bf16": ml_dtypes.bfloat16,
     "int64": np.int64, "long": np.int64, "int32": np.int32, "int": np.int32,
     "int8": np.int8, "uint8": np.uint8, "bool": np.bool_,
 }
@@ -79,7 +80,7 @@ def random_inputs(specs: list[InputSpec], seed: int, dynamic_size: int = DEFAULT
     for spec in specs:
         shape = spec.concrete_shape(dynamic_size)
         dtype = spec.numpy_dtype
-        if np.issubdtype(dtype, np.floating):
+        if np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16:
             feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
         elif dtype == np.bool_:
             feeds[spec.name] = rng.integers(0, 2, shape).astype(np.bool_)

@@ -18,7 +18,7 @@ from .profile import profile_models
 from .rewrite.engine import STRATEGIES, rewrite_model
 from .rewrite.primitives import builtin_primitives
 from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
-from .runtime import resolve_device
+from .runtime import MissingKernel, resolve_device
 from .stats import graph_stats
 from .validate import DEFAULT_RUNS, Tolerances, compare_models
 
@@ -81,9 +81,15 @@ def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str
             raise ValidationError(
                 f"{loaded.source}: the optimized graph does not match the original ({result.summary()}){blame}; "
                 "nothing was written", report)
+    measured = None
     if profile:
         say(f"profiling on {device}")
-        measured = profile_models({"before": exported.model, "after": outcome.model}, inputs_for_check, device)
+        try:
+            measured = profile_models({"before": exported.model, "after": outcome.model}, inputs_for_check, device)
+        except MissingKernel as exc:
+            report["profile_skipped"] = str(exc)
+            measured = None
+    if measured:
         before, after = measured["before"]["latency_ms"]["median"], measured["after"]["latency_ms"]["median"]
         report["profile"] = {**measured, "speedup": before / after if after > 0 else None}
         peak_before, peak_after = measured["before"].get("peak_memory_bytes"), measured["after"].get("peak_memory_bytes")

@@ -59,6 +59,8 @@ def print_optimize_summary(report: dict, console: Console) -> None:
         worst = max((e["max_abs"] for e in validation["outputs"].values()), default=0.0)
         verdict = "[green]passed[/green]" if validation["passed"] else "[red]FAILED[/red]"
         console.print(f"validation: {verdict} over {validation['runs']} runs, max abs error {worst:.3g}")
+    if report.get("profile_skipped"):
+        console.print(f"profile: skipped: {report['profile_skipped']}", markup=False)
     if profile and profile.get("speedup"):
         console.print(f"speedup: {profile['speedup']:.2f}x on {profile['provider']}")
 

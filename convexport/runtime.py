@@ -67,4 +67,11 @@ def create_session(model: onnx.ModelProto, device: str = "cpu", optimize: bool =
     try:
         return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
     except Exception as exc:
+        if "NOT_IMPLEMENTED" in str(exc):
+            raise MissingKernel(f"ONNX Runtime's {providers[0]} has no kernel for this model "
+                                f"({first_line(exc).split(' : ')[-1]})") from exc
         raise ConvexportError(f"ONNX Runtime cannot load the model: {first_line(exc)}") from exc
+
+
+class MissingKernel(ConvexportError):
+    """A valid model that ONNX Runtime's provider cannot run (bfloat16 on the CPU provider)."""

@@ -3,6 +3,8 @@
 FLOPs count multiply-adds as two operations for the ops whose cost depends on a weight
 (Conv, ConvTranspose, Gemm, MatMul, Einsum with two operands) and one operation per output
 element for every other op. Symbolic dims count as 1 (a dynamic batch is reported per sample).
+Node and op counts are the main graph's; FLOPs and parameters include subgraphs, each node
+once (both branches of an If, one iteration of a Loop or Scan body).
 """
 
 from __future__ import annotations
@@ -12,30 +14,33 @@ from collections import Counter
 import numpy as np
 import onnx
 
+from .graph import proto_scopes
+
 
 def graph_stats(model: onnx.ModelProto) -> dict:
     """The report contract's `before` / `after` block."""
     graph = model.graph
-    shapes = _known_shapes(model)
+    scopes = proto_scopes(graph)
+    shapes = _known_shapes(scopes)
     ops = Counter(node.op_type for node in graph.node)
     return {
         "nodes": len(graph.node),
         "ops": dict(sorted(ops.items(), key=lambda item: (-item[1], item[0]))),
-        "flops": float(sum(_node_flops(node, shapes) for node in graph.node)),
-        "params": int(_parameter_count(model)),
+        "flops": float(sum(_node_flops(node, shapes) for scope in scopes for node in scope.node)),
+        "params": int(sum(_parameter_count(scope) for scope in scopes)),
     }
 
 
-def _known_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+def _known_shapes(scopes: list[onnx.GraphProto]) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
-    values = list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
-    for value in values:
-        if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
-            shapes[value.name] = tuple(
-                d.dim_value if d.HasField("dim_value") else 1 for d in value.type.tensor_type.shape.dim
-            )
-    for init in model.graph.initializer:
-        shapes[init.name] = tuple(init.dims)
+    for graph in scopes:
+        for value in [*graph.value_info, *graph.input, *graph.output]:
+            if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
+                shapes[value.name] = tuple(
+                    d.dim_value if d.HasField("dim_value") else 1 for d in value.type.tensor_type.shape.dim
+                )
+        for init in graph.initializer:
+            shapes[init.name] = tuple(init.dims)
     return shapes
 
 
@@ -79,10 +84,9 @@ def _einsum_products(node: onnx.NodeProto, shapes) -> float:
     return float(np.prod(list(sizes.values())))
 
 
-def _parameter_count(model: onnx.ModelProto) -> int:
-    total = sum(int(np.prod(init.dims)) for init in model.graph.initializer
-                if init.data_type in _FLOAT_TYPES)
-    for node in model.graph.node:
+def _parameter_count(graph: onnx.GraphProto) -> int:
+    total = sum(int(np.prod(init.dims)) for init in graph.initializer if init.data_type in _FLOAT_TYPES)
+    for node in graph.node:
         if node.op_type == "Constant":
             for attribute in node.attribute:
                 if attribute.name == "value" and attribute.t.data_type in _FLOAT_TYPES:

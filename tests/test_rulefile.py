@@ -70,6 +70,16 @@ def test_valid_user_rule(tmp_path):
     ("rules:\n  - name: a\n    doc: d\n    match: [y = Identity(x)\n    apply: forward_input\n", 5, "not valid YAML"),
     ("rules:\n  - name: a\n    doc: d\n    match: [y = Identity(x]\n    apply: forward_input\n", 4, "inputs in parentheses"),
     ("rules:\n  - name: a\n    doc: d\n    match:\n      - y = Identity x\n    apply: forward_input\n", 5, "expected"),
+    ("rules:\n  - name: a\n    doc: d\n    match:\n      - y = Conv[colour=1](x, w)\n    apply: forward_input\n", 5,
+     "Conv has no attribute 'colour'"),
+    ("rules:\n  - name: a\n    doc: d\n    match:\n      - y = Conv[group=one](x, w)\n    apply: forward_input\n", 5,
+     "'group' is an integer, not 'one'"),
+    ("rules:\n  - name: a\n    doc: d\n    match:\n      - y = Conv[pads=1](x, w)\n    apply: forward_input\n", 5,
+     "'pads' is a list of integers"),
+    ("rules:\n  - name: a\n    doc: d\n    match:\n      - y = If[then_branch=1](c)\n    apply: forward_input\n", 5,
+     "a pattern cannot compare"),
+    ("rules:\n  - name: a\n    doc: d\n    match:\n      - h = Relu(y)\n      - y = Relu(h)\n    apply: forward_input\n", 5,
+     "form a cycle"),
 ])
 def test_rule_errors_name_file_and_line(tmp_path, body, line, fragment):
     path = tmp_path / "bad.yaml"

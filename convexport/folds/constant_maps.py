@@ -54,7 +54,7 @@ def linear_of_constant_map(match, context) -> Rewrite | Refusal:
     inputs = [t if tensor is add.outputs[0] else tensor for tensor in node.inputs]
     moved_node = gs.Node(node.op, context.fresh(node.name + "_moved"), dict(node.attrs), inputs, [inner])
     result = gs.Variable(context.fresh(node.outputs[0].name + "_plus_map"), dtype=dtype)
-    constant = gs.Constant(context.fresh(node.outputs[0].name + "_map"), moved.astype(dtype))
+    constant = gs.Constant(context.fresh(node.outputs[0].name + "_map"), np.asarray(moved, dtype))
     plus = gs.Node("Add", context.fresh(node.name + "_map_add"), inputs=[inner, constant], outputs=[result])
     # The cost of the move is the Add's: over t before, over the (maybe larger) output after.
     return Rewrite([moved_node, plus], [(node.outputs[0], result)],
@@ -70,6 +70,6 @@ def merge_constant_adds(match, context) -> Rewrite | Refusal:
     dtype = output_dtype(match.root)
     result = gs.Variable(context.fresh(output.name + "_sum"), dtype=dtype)
     node = gs.Node("Add", context.fresh(match.root.name + "_merged"),
-                   inputs=[match.values["t"], gs.Constant(context.fresh(output.name + "_summed_map"), total.astype(dtype))],
+                   inputs=[match.values["t"], gs.Constant(context.fresh(output.name + "_summed_map"), np.asarray(total, dtype))],
                    outputs=[result])
     return Rewrite([node], [(output, result)], "two constant Adds merged into one")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from ..algebra import Refusal, compose
@@ -17,8 +18,12 @@ BORDER_LIMIT_BYTES = 4 << 20
 
 
 def output_dtype(node: gs.Node):
+    """The numpy dtype of the node's output (onnx-graphsurgeon keeps types numpy lacks, such
+    as bfloat16, as ONNX type numbers: ml_dtypes supplies those)."""
     dtype = node.outputs[0].dtype
-    return np.dtype(dtype) if dtype is not None else np.dtype(np.float32)
+    if dtype is None:
+        return np.dtype(np.float32)
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dtype) if isinstance(dtype, int) else dtype)
 
 
 def compose_linear(match, context) -> Rewrite | Refusal:

@@ -16,7 +16,7 @@ import onnx_graphsurgeon as gs
 from ..algebra import Refusal
 from ..errors import ConvexportError, first_line
 from ..export import infer_shapes
-from ..graph import NameGenerator, default_opset, export_graph, import_graph
+from ..graph import NameGenerator, all_graphs, default_opset, export_graph, import_graph, proto_scopes
 from .conditions import first_failure
 from .matcher import Match, PatternMatcher
 from .primitives import Primitive, Rewrite
@@ -65,20 +65,31 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule], primitives: dict[st
         current = infer_shapes(export_graph(graph, model), source)
         if not changed:
             break
-    final_nodes = {node.name for node in current.graph.node}
+    final_nodes = {node.name for scope in proto_scopes(current.graph) for node in scope.node}
     still_there = [entry for entry in skipped.values() if set(entry["nodes"]) <= final_nodes]
     return RewriteOutcome(current, applied, still_there, passes)
 
 
 def _run_pass(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primitive], strategy: str,
               opset: int, applied: list[dict], skipped: dict[tuple, dict], limit: int | None) -> bool:
-    changed = False
+    """One pass over the graph and, each on its own, its subgraphs (If branches, Loop and Scan
+    bodies): a match never spans two scopes, so nothing moves in or out of a subgraph, and a
+    tensor that a subgraph reads from outside counts as read there (not private)."""
     fresh = NameGenerator(graph)
+    changed = False
+    for scope in all_graphs(graph):
+        changed |= _run_scope(scope, rules, primitives, strategy, opset, applied, skipped, limit, fresh)
+    return changed
+
+
+def _run_scope(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primitive], strategy: str, opset: int,
+               applied: list[dict], skipped: dict[tuple, dict], limit: int | None, fresh: NameGenerator) -> bool:
+    changed = False
     dead: set[int] = set()          # nodes a rewrite left without readers, dropped as it goes
     for rule in rules:
         if limit is not None and len(applied) >= limit:
             break
-        matcher = PatternMatcher(rule, opset, set(map(id, graph.outputs)))
+        matcher = PatternMatcher(rule, opset, set(map(id, graph.outputs)), set(map(id, graph.nodes)))
         for anchor in _anchors(graph, rule, dead):
             if limit is not None and len(applied) >= limit:
                 break
@@ -99,6 +110,7 @@ def _run_pass(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primitiv
             applied.append({**entry, "reason": verdict.note, **_cost_fields(verdict), **verdict.extra})
             changed = True
             matcher.graph_outputs = set(map(id, graph.outputs))
+            matcher.members |= set(map(id, verdict.nodes))
     graph.nodes = [node for node in graph.nodes if id(node) not in dead]
     return changed
 
@@ -109,8 +121,8 @@ def _anchors(graph: gs.Graph, rule: Rule, dead: set[int]) -> list:
     if not rule.is_group:
         return [node for node in graph.nodes if node.op == rule.root.op_type and id(node) not in dead]
     nodes = [node for node in graph.nodes if id(node) not in dead]
-    seen, tensors = set(), []
-    for tensor in [*graph.inputs, *(out for node in nodes for out in node.outputs)]:
+    seen, tensors = set(), []      # a subgraph's nodes may share a tensor from the outer scope
+    for tensor in [*graph.inputs, *(t for node in nodes for t in (*node.inputs, *node.outputs))]:
         if id(tensor) not in seen and tensor.outputs:
             seen.add(id(tensor))
             tensors.append(tensor)

@@ -49,10 +49,11 @@ class _State:
 
 
 class PatternMatcher:
-    def __init__(self, rule: Rule, opset: int, graph_outputs: set[int]):
+    def __init__(self, rule: Rule, opset: int, graph_outputs: set[int], members: set[int]):
         self.rule = rule
         self.opset = opset
         self.graph_outputs = graph_outputs
+        self.members = members          # ids of the nodes of the graph being matched (one scope)
         self.producers = {ref.name: line for line in rule.pattern for ref in line.outputs}
 
     def match(self, root: gs.Node) -> Match | None:
@@ -81,7 +82,7 @@ class PatternMatcher:
         return Match(self.rule, values, nodes, nodes[root.outputs[0].name][0])
 
     def _node(self, line: PatternNode, node: gs.Node, state: _State, element: int | None) -> bool:
-        if node.op != line.op_type or (node.domain or "") not in ("", "ai.onnx"):
+        if node.op != line.op_type or (node.domain or "") not in ("", "ai.onnx") or id(node) not in self.members:
             return False
         key = _key(line.outputs[0], element)
         if key in state.nodes:

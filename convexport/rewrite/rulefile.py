@@ -170,9 +170,61 @@ def _parse_match(file: str, rule: str, node) -> tuple[PatternNode, ...]:
             raise RuleFileError(file, _line(item), _column(item) + exc.column - 1, f"rule {rule!r}: {exc}") from None
         if not onnx.defs.has(parsed.op_type):
             raise RuleFileError(file, _line(item), _column(item), f"rule {rule!r}: unknown ONNX op {parsed.op_type!r}")
+        for name, value in parsed.attributes:
+            problem = _attribute_problem(parsed.op_type, name, value)
+            if problem:
+                raise RuleFileError(file, _line(item), _column(item) + max(text.find(name), 0), f"rule {rule!r}: {problem}")
         lines.append(parsed)
     _check_connected(file, rule, lines, node)
     return tuple(lines)
+
+
+_ATTRIBUTE_VALUES = {
+    onnx.defs.OpSchema.AttrType.INT: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    onnx.defs.OpSchema.AttrType.FLOAT: ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+    onnx.defs.OpSchema.AttrType.STRING: ("a string", lambda v: isinstance(v, str)),
+    onnx.defs.OpSchema.AttrType.INTS: ("a list of integers", lambda v: isinstance(v, tuple) and all(
+        isinstance(x, int) and not isinstance(x, bool) for x in v)),
+    onnx.defs.OpSchema.AttrType.FLOATS: ("a list of numbers", lambda v: isinstance(v, tuple) and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)),
+    onnx.defs.OpSchema.AttrType.STRINGS: ("a list of strings", lambda v: isinstance(v, tuple) and all(
+        isinstance(x, str) for x in v)),
+}
+
+
+def _attribute_problem(op: str, name: str, value) -> str | None:
+    """Why `op[name=value]` can never match (an attribute the op lacks, a value of the wrong kind)."""
+    attributes = onnx.defs.get_schema(op).attributes
+    if name not in attributes:
+        return f"{op} has no attribute {name!r} (it has {', '.join(sorted(attributes)) or 'none'})"
+    kind = attributes[name].type
+    if kind not in _ATTRIBUTE_VALUES:
+        return f"{op}'s attribute {name!r} holds a {kind.name.lower()}, which a pattern cannot compare"
+    words, accepts = _ATTRIBUTE_VALUES[kind]
+    return None if accepts(value) else f"{op}'s attribute {name!r} is {words}, not {value!r}"
+
+
+def _check_acyclic(file: str, rule: str, lines: list[PatternNode], produced: dict[str, PatternNode]) -> None:
+    """Producer edges (a line reads a name another line produces) must not loop."""
+    state: dict[int, str] = {}         # line index -> "open" while on the path, "done" after
+
+    def visit(index: int) -> None:
+        state[index] = "open"
+        for ref in lines[index].inputs:
+            producer = produced.get(ref.name)
+            if producer is None:
+                continue
+            other = lines.index(producer)
+            if state.get(other) == "open":
+                raise RuleFileError(file, producer.line, 1, f"rule {rule!r}: the pattern's lines form a cycle "
+                                    f"through {ref.name!r}")
+            if other not in state:
+                visit(other)
+        state[index] = "done"
+
+    for index in range(len(lines)):
+        if index not in state:
+            visit(index)
 
 
 def _check_connected(file: str, rule: str, lines: list[PatternNode], node) -> None:
@@ -183,6 +235,7 @@ def _check_connected(file: str, rule: str, lines: list[PatternNode], node) -> No
             if ref.name in produced:
                 raise RuleFileError(file, line.line, 1, f"rule {rule!r}: {ref.name!r} is produced twice")
             produced[ref.name] = line
+    _check_acyclic(file, rule, lines, produced)
     used = {ref.name for line in lines for ref in line.inputs}
     variadic = {ref.name for line in lines for ref in line.inputs if ref.variadic}
     if lines[-1].is_element:

@@ -1,0 +1,346 @@
+"""Random nodes of one op type, for `convexport rules test`.
+
+A sampler gets the node's input slots, some with a shape already fixed by the nodes before
+it and some still open, and the attribute values the rule's pattern fixes. It draws the
+remaining attributes and a value for every open slot (a weight, a bias, pads, indices, or the
+data itself), honouring the pattern's attributes; the instance builder turns each value into
+an initializer or a graph input according to the pattern. A sampler raises Reject when the
+fixed shapes leave it nothing valid to draw; ONNX shape inference rejects the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .draws import Draws
+
+
+class Reject(Exception):
+    """These choices make no valid instance; hypothesis draws another."""
+
+
+@dataclass
+class Slot:
+    shape: tuple[int, ...] | None     # fixed by an earlier node, or None: the sampler draws it
+    present: bool = True              # False: an optional input left out
+
+
+@dataclass
+class Draft:
+    attrs: dict
+    values: list                      # per slot: an array for an open, present slot; else None
+    outputs: int = 1
+
+
+Sampler = Callable[[Draws, list[Slot], dict, "int | None"], Draft]
+
+
+def _pick(draws: Draws, fixed: dict, name: str, choose: Callable[[], object]):
+    return list(fixed[name]) if isinstance(fixed.get(name), tuple) else fixed[name] if name in fixed else choose()
+
+
+def _open(slots: list[Slot], index: int) -> bool:
+    return index < len(slots) and slots[index].present and slots[index].shape is None
+
+
+def _values(slots: list[Slot], produced: dict[int, np.ndarray]) -> list:
+    return [produced.get(index) if _open(slots, index) else None for index in range(len(slots))]
+
+
+def _data(draws: Draws, slots: list[Slot], ranks) -> tuple[tuple[int, ...], dict[int, np.ndarray]]:
+    """The first input's shape: fixed, or drawn (and its value made)."""
+    if slots[0].shape is not None:
+        if len(slots[0].shape) not in ranks:
+            raise Reject
+        return slots[0].shape, {}
+    shape = draws.data_shape(ranks)
+    return shape, {0: draws.normal(shape)}
+
+
+def conv(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
+    """Conv(X [N, C, *S], W [M, C/group, *K], B [M]?) over 1-3 spatial dims; one in four
+    drawn inputs is large with a large kernel (what the FFT rule wants)."""
+    large = slots[0].shape is None and "kernel_shape" not in fixed and draws.integer(0, 3) == 3
+    if large:
+        spatial = [draws.integer(28, 40)] * 2 if draws.flag() else [draws.integer(300, 400)]
+        shape = (draws.integer(1, 2), draws.integer(1, 4), *spatial)
+        produced = {0: draws.normal(shape)}
+    else:
+        shape, produced = _data(draws, slots, (3, 4, 5))
+    channels, nd = shape[1], len(shape) - 2
+    if slots[1].shape is not None:
+        out_channels, per_group, *kernel = slots[1].shape
+        if len(kernel) != nd or channels % per_group:
+            raise Reject
+        group = channels // per_group
+    else:
+        group = _pick(draws, fixed, "group", lambda: draws.choice(
+            sorted({1, channels} | {g for g in range(2, channels) if channels % g == 0})))
+        if channels % group:
+            raise Reject
+        kernel_choices = [13, 15, 17] if large and nd == 2 else [121, 125] if large else [1, 3, 2, 5]
+        kernel = _pick(draws, fixed, "kernel_shape", lambda: [draws.choice(kernel_choices) for _ in range(nd)])
+        out_channels = draws.choice(sorted({channels} | {group * m for m in (1, 2, 3)}, key=lambda m: m != channels))
+        if out_channels % group:
+            raise Reject
+        produced[1] = draws.normal((out_channels, channels // group, *kernel), 1 / np.sqrt(channels // group * np.prod(kernel)))
+    if len(kernel) != nd:
+        raise Reject
+    attrs = {"group": group} if group != 1 or "group" in fixed or draws.flag() else {}
+    if not draws.flag():
+        attrs["kernel_shape"] = list(kernel)
+    attrs["strides"] = _pick(draws, fixed, "strides", lambda: [1 if large else draws.choice([1, 2, 3]) for _ in range(nd)])
+    attrs["dilations"] = _pick(draws, fixed, "dilations", lambda: [1 if large else draws.choice([1, 2]) for _ in range(nd)])
+    attrs.update(_padding(draws, fixed, kernel, attrs["dilations"]))
+    if _open(slots, 2):
+        produced[2] = draws.normal((out_channels,))
+    return Draft(attrs, _values(slots, produced))
+
+
+def _padding(draws: Draws, fixed: dict, kernel, dilations) -> dict:
+    """No pads, 'same' pads, any explicit pads within the window, or an auto_pad mode."""
+    if "pads" in fixed or "auto_pad" in fixed:
+        return {key: _pick(draws, fixed, key, lambda: None) for key in ("pads", "auto_pad") if key in fixed}
+    extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    auto = ["SAME_UPPER", "SAME_LOWER"] if all(d == 1 for d in dilations) else []   # ONNX Runtime: no SAME with dilation
+    mode = draws.choice(["none", "same", "explicit", *auto, "VALID"])
+    if mode == "none":
+        return {}
+    if mode == "same":
+        begins = [(e - 1) // 2 for e in extent]
+        return {"pads": begins + [e - 1 - b for e, b in zip(extent, begins)]}
+    if mode == "explicit":
+        return {"pads": [draws.integer(0, e - 1) for e in extent * 2]}
+    return {"auto_pad": mode}
+
+
+def batch_normalization(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
+    """BatchNormalization(X [N, C, ...], scale, bias, mean, var [C]) in inference mode."""
+    shape, produced = _data(draws, slots, (2, 3, 4, 5))
+    channels = (shape[1],)
+    for index, make in zip(range(1, 5), (draws.positive, draws.normal, draws.normal, draws.positive)):
+        if _open(slots, index):
+            produced[index] = make(channels)
+    attrs = {"epsilon": _pick(draws, fixed, "epsilon", lambda: draws.choice([1e-5, 1e-3]))}
+    return Draft(attrs, _values(slots, produced))
+
+
+def _broadcast_shape(draws: Draws, like: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape that broadcasts against `like` without changing it."""
+    rank = len(like)
+    options = ["same", "scalar", "one"]
+    if rank >= 2:
+        options += ["per-channel", "per-channel-full-rank"]
+    if rank >= 1:
+        options += ["last", "some-ones"]
+    kind = draws.choice(options)
+    if kind == "same":
+        return like
+    if kind == "scalar":
+        return ()
+    if kind == "one":
+        return (1,)
+    if kind == "per-channel":
+        return (like[1],) + (1,) * (rank - 2)
+    if kind == "per-channel-full-rank":
+        return (1, like[1]) + (1,) * (rank - 2)
+    if kind == "last":
+        return (like[-1],)
+    return tuple(1 if draws.flag() else dim for dim in like)
+
+
+def elementwise(draws: Draws, slots: list[Slot], fixed: dict, outputs, denominator: int | None = None) -> Draft:
+    """Add/Sub/Mul/Div/Sum/Max/Min: the first open slot without a fixed partner is the data;
+    the others broadcast against it (a scalar, per channel, per last dim, ...)."""
+    known = next((slot.shape for slot in slots if slot.present and slot.shape is not None), None)
+    produced = {}
+    for index, slot in enumerate(slots):
+        if not _open(slots, index):
+            continue
+        shape = draws.data_shape() if known is None else _broadcast_shape(draws, known)
+        known = known or shape
+        produced[index] = draws.away_from_zero(shape) if index == denominator else draws.normal(shape)
+    return Draft({}, _values(slots, produced))
+
+
+def average_pool(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
+    shape, produced = _data(draws, slots, (3, 4, 5))
+    nd = len(shape) - 2
+    kernel = _pick(draws, fixed, "kernel_shape", lambda: [draws.choice([1, 2, 3]) for _ in range(nd)])
+    attrs = {"kernel_shape": list(kernel),
+             "strides": _pick(draws, fixed, "strides", lambda: [draws.choice([1, 2]) for _ in range(nd)])}
+    attrs.update(_padding(draws, fixed, kernel, [1] * nd))
+    if "pads" in attrs and any(p >= k for p, k in zip(attrs["pads"], list(kernel) * 2)):
+        raise Reject        # ONNX Runtime wants each pad smaller than the window
+    attrs["ceil_mode"] = _pick(draws, fixed, "ceil_mode", lambda: draws.choice([0, 1]))
+    attrs["count_include_pad"] = _pick(draws, fixed, "count_include_pad", lambda: draws.choice([0, 1]))
+    return Draft(attrs, _values(slots, produced))
+
+
+def pad(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
+    """Pad(X, pads, constant_value?, axes?): pads in [-1, 2] (negative crops)."""
+    shape, produced = _data(draws, slots, (1, 2, 3, 4, 5))
+    mode = _pick(draws, fixed, "mode", lambda: draws.choice(["constant", "reflect", "edge"]))
+    axes = list(range(len(shape)))
+    if _open(slots, 3):
+        axes = sorted({draws.choice(range(len(shape))) for _ in range(draws.integer(1, len(shape)))})
+        produced[3] = np.array([axis - len(shape) if draws.flag() else axis for axis in axes], np.int64)
+    if _open(slots, 1):
+        lowest = {"constant": -1, "edge": -1, "reflect": 0}.get(mode, 0)
+        spatial_only = len(shape) >= 3 and not draws.flag()       # how convs are padded
+        widths = [0 if spatial_only and axes[i % len(axes)] in (0, 1) else draws.integer(lowest, 2)
+                  for i in range(2 * len(axes))]
+        if mode == "reflect" and any(w >= shape[axes[i % len(axes)]] for i, w in enumerate(widths)):
+            raise Reject
+        produced[1] = np.array(widths, np.int64)
+    if _open(slots, 2):
+        produced[2] = np.float32(0.0) if not draws.flag() else draws.normal(())
+    return Draft({"mode": mode} if mode != "constant" or draws.flag() else {}, _values(slots, produced))
+
+
+def concat(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
+    """Concat(*parts): open parts copy the first fixed part's shape but for the axis dim."""
+    like = next((slot.shape for slot in slots if slot.shape is not None), None) or draws.data_shape((1, 2, 3, 4))
+    axis = _pick(draws, fixed, "axis", lambda: draws.choice([*range(len(like)), *range(-len(like), 0)]))
+    if not -len(like) <= axis < len(like):
+        raise Reject
+    produced = {}
+    for index in range(len(slots)):
+        if _open(slots, index):
+            shape = list(like)
+            shape[axis] = draws.integer(1, 4)
+            produced[index] = draws.normal(tuple(shape))
+    return Draft({"axis": axis}, _values(slots, produced))
+
+
+def split(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
+    """Split(X, split?) into `outputs` parts (drawn, 2-4, for `*parts = Split(...)`): equal
+    parts from num_outputs, or sizes from the `split` input."""
+    count = outputs or draws.integer(2, 4)
+    if slots[0].shape is None:
+        shape = list(draws.data_shape((1, 2, 3, 4)))
+        axis = _pick(draws, fixed, "axis", lambda: draws.choice(range(len(shape))))
+        if not -len(shape) <= axis < len(shape):
+            raise Reject
+        shape[axis] = count * draws.integer(1, 3) + (draws.integer(1, 2) if draws.flag() else 0)
+        produced = {0: draws.normal(tuple(shape))}
+    else:
+        shape, produced = list(slots[0].shape), {}
+        axis = _pick(draws, fixed, "axis", lambda: draws.choice(range(len(shape))))
+        if not -len(shape) <= axis < len(shape):
+            raise Reject
+    size = shape[axis]
+    if size < count:
+        raise Reject
+    attrs = {"axis": axis} if axis != 0 or draws.flag() else {}
+    if _open(slots, 1):
+        equal = size % count == 0 and not draws.flag()
+        cuts = np.sort(draws.rng.choice(np.arange(1, size), count - 1, replace=False)) if not equal else None
+        sizes = [size // count] * count if equal else np.diff([0, *cuts, size]).tolist()
+        produced[1] = np.array(sizes, np.int64)
+    elif len(slots) < 2 or not slots[1].present:
+        attrs["num_outputs"] = count
+    return Draft(attrs, _values(slots, produced), outputs=count)
+
+
+def gather(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
+    shape, produced = _data(draws, slots, (1, 2, 3))
+    axis = _pick(draws, fixed, "axis", lambda: draws.choice(range(len(shape))))
+    if not -len(shape) <= axis < len(shape):
+        raise Reject
+    size = shape[axis]
+    if _open(slots, 1):
+        count = () if draws.choice(["scalar", "vector"]) == "scalar" else (draws.integer(1, 3),)
+        produced[1] = draws.rng.integers(-size, size, count).astype(np.int64)
+    return Draft({"axis": axis} if axis or draws.flag() else {}, _values(slots, produced))
+
+
+def gemm(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
+    """Gemm(A [M, K] (or [K, M]), B [K, N] (or [N, K]), C?) * alpha / beta."""
+    trans_a = _pick(draws, fixed, "transA", lambda: draws.choice([0, 1]))
+    trans_b = _pick(draws, fixed, "transB", lambda: draws.choice([0, 1]))
+    produced = {}
+    if slots[0].shape is None:
+        a = (draws.integer(1, 3), draws.integer(1, 5))
+        produced[0] = draws.normal(a)
+    elif len(slots[0].shape) == 2:
+        a = slots[0].shape
+    else:
+        raise Reject
+    rows, inner = a[::-1] if trans_a else a
+    if slots[1].shape is None:
+        cols = draws.integer(1, 5)
+        produced[1] = draws.normal((cols, inner) if trans_b else (inner, cols), 1 / np.sqrt(inner))
+    else:
+        b = slots[1].shape
+        cols = b[0] if trans_b else b[-1]
+    if _open(slots, 2):
+        produced[2] = draws.normal(draws.choice([(cols,), (1, cols), (rows, cols), (), (rows, 1)]))
+    attrs = {"transA": trans_a, "transB": trans_b,
+             "alpha": _pick(draws, fixed, "alpha", lambda: draws.choice([1.0, 0.5, 2.0])),
+             "beta": _pick(draws, fixed, "beta", lambda: draws.choice([1.0, 0.5, 2.0]))}
+    return Draft(attrs, _values(slots, produced))
+
+
+def matmul(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
+    shape, produced = _data(draws, slots, (2, 3))
+    if _open(slots, 1):
+        produced[1] = draws.normal((shape[-1], draws.integer(1, 5)), 1 / np.sqrt(shape[-1]))
+    return Draft({}, _values(slots, produced))
+
+
+def unary(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
+    shape, produced = _data(draws, slots, (1, 2, 3, 4, 5))
+    return Draft({}, _values(slots, produced))
+
+
+def dropout(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
+    """Dropout(X, ratio?, training_mode?) as exported for inference: training_mode false."""
+    shape, produced = _data(draws, slots, (1, 2, 3, 4, 5))
+    if _open(slots, 1):
+        produced[1] = np.float32(draws.choice([0.5, 0.1, 0.0]))
+    if _open(slots, 2):
+        produced[2] = np.array(False)
+    return Draft({}, _values(slots, produced), outputs=outputs or 1)
+
+
+def transpose(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
+    shape, produced = _data(draws, slots, (1, 2, 3, 4, 5))
+    perm = _pick(draws, fixed, "perm", lambda: draws.rng.permutation(len(shape)).tolist())
+    return Draft({"perm": perm}, _values(slots, produced))
+
+
+def reshape(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
+    """Reshape(X, shape): flatten from an axis, or keep the dims (with 0 = copy, -1 = infer)."""
+    shape, produced = _data(draws, slots, (1, 2, 3, 4, 5))
+    if _open(slots, 1):
+        axis = draws.integer(0, len(shape))
+        if draws.flag():
+            target = [int(np.prod(shape[:axis])), -1]
+        else:
+            target = [0 if draws.flag() else dim for dim in shape]
+            target[draws.integer(0, len(shape) - 1)] = -1
+        produced[1] = np.array(target, np.int64)
+    return Draft({}, _values(slots, produced))
+
+
+def flatten(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
+    shape, produced = _data(draws, slots, (1, 2, 3, 4, 5))
+    return Draft({"axis": _pick(draws, fixed, "axis", lambda: draws.integer(0, len(shape)))}, _values(slots, produced))
+
+
+def _binary(denominator=None) -> Sampler:
+    return lambda draws, slots, fixed, outputs: elementwise(draws, slots, fixed, outputs, denominator)
+
+
+SAMPLERS: dict[str, Sampler] = {
+    "Conv": conv, "BatchNormalization": batch_normalization, "AveragePool": average_pool, "Pad": pad,
+    "Add": _binary(), "Sub": _binary(), "Mul": _binary(), "Div": _binary(denominator=1),
+    "Sum": _binary(), "Max": _binary(), "Min": _binary(),
+    "Concat": concat, "Split": split, "Gather": gather, "Gemm": gemm, "MatMul": matmul,
+    "Dropout": dropout, "Transpose": transpose, "Reshape": reshape, "Flatten": flatten,
+    **{op: unary for op in ("Identity", "Relu", "Neg", "Abs", "Sigmoid", "Tanh", "LeakyRelu", "Softplus")},
+}

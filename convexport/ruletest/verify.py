@@ -1,0 +1,148 @@
+"""`convexport rules test`: apply each rule to random instances of its pattern and check the
+rewritten model against the original with ONNX Runtime.
+
+An instance counts when ONNX Runtime runs the original to finite outputs. The rule, alone,
+rewrites it (strategy exact, so no cost decision hides a wrong fold); where it applied, the
+rewrite must leave its input model untouched, load in ONNX Runtime, keep every output's name
+and shape, and match within the fp32 tolerances of `convexport validate`. The first instance
+that fails is shrunk by hypothesis to a small one and saved as the counterexample.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from hypothesis import HealthCheck, find, settings
+from hypothesis.errors import NoSuchExample
+
+from ..errors import ConvexportError, first_line
+from ..files import write_atomically
+from ..rewrite.engine import rewrite_model
+from ..rewrite.primitives import Primitive
+from ..rewrite.rulefile import Rule
+from ..runtime import create_session
+from ..validate import Tolerances, compare_arrays
+from .instances import Instance, instances, unsupported_ops
+from .samplers import SAMPLERS
+
+NOT_APPLIED, INVALID = "not applied", "invalid"
+
+
+@dataclass
+class RuleTestResult:
+    rule: Rule
+    instances: int = 0          # valid instances tried before any failure
+    applied: int = 0            # of those, where the rule rewrote something
+    failure: str | None = None  # what the (shrunk) counterexample shows
+    saved: list[Path] = field(default_factory=list)
+    untested: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None and self.untested is None
+
+
+def verify_rule(rule: Rule, primitives: dict[str, Primitive], examples: int, seed: int, out_dir: Path) -> RuleTestResult:
+    result = RuleTestResult(rule)
+    missing = unsupported_ops(rule)
+    if missing:
+        result.untested = f"no random instances of {', '.join(missing)} (rules test knows {_known_ops()})"
+        return result
+    searching = [True]           # until the first counterexample; hypothesis then shrinks it
+
+    def is_counterexample(instance: Instance) -> bool:
+        verdict = check_instance(instance, rule, primitives)
+        if searching[0] and verdict != INVALID:
+            result.instances += 1
+            result.applied += verdict != NOT_APPLIED
+        failed = verdict not in (None, NOT_APPLIED, INVALID)
+        searching[0] = searching[0] and not failed
+        return failed
+
+    budget = settings(max_examples=examples, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    try:
+        found = find(instances(rule), is_counterexample, settings=budget, random=random.Random(seed))
+    except NoSuchExample:
+        if result.applied == 0:
+            result.untested = (f"none of {result.instances} valid random instances was rewritten: the rule's "
+                               "conditions or its primitive refused them all")
+        return result
+    result.failure = check_instance(found, rule, primitives)
+    result.saved = _save_counterexample(found, rule, primitives, out_dir)
+    return result
+
+
+def check_instance(instance: Instance, rule: Rule, primitives: dict[str, Primitive]) -> str | None:
+    """None when the rule applied and the result is exact; NOT_APPLIED, INVALID (the
+    original does not run to finite outputs), or what is wrong."""
+    try:
+        expected = _run(instance.model, instance.feeds)
+    except Exception:
+        return INVALID
+    if not all(np.all(np.isfinite(value)) for value in expected.values() if value.dtype.kind == "f"):
+        return INVALID
+    before = instance.model.SerializeToString()
+    try:
+        outcome = rewrite_model(instance.model, [rule], primitives, strategy="exact", source="rule instance")
+    except ConvexportError as exc:
+        return f"the rewrite failed: {exc}"
+    except Exception as exc:
+        return f"the rewrite raised {type(exc).__name__}: {first_line(exc)}"
+    if instance.model.SerializeToString() != before:
+        return "the rewrite modified its input model in place"
+    if not outcome.applied:
+        return NOT_APPLIED
+    try:
+        actual = _run(outcome.model, instance.feeds)
+    except Exception as exc:
+        return f"the rewritten model does not run in ONNX Runtime: {first_line(exc)}"
+    for name, reference in expected.items():
+        if name not in actual:
+            return f"the rewritten model lacks output {name!r}"
+        if actual[name].shape != reference.shape:
+            return f"output {name!r} has shape {actual[name].shape} instead of {reference.shape}"
+        error = compare_arrays(reference, actual[name], *Tolerances().for_output(name, str(reference.dtype)))
+        if error.mismatches:
+            return (f"output {name!r} differs: max abs error {error.max_abs:.3g}, max rel error {error.max_rel:.3g}, "
+                    f"{error.mismatches} of {error.elements} elements outside rtol={error.rtol:g} atol={error.atol:g}")
+    return None
+
+
+def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    session = create_session(model, optimize=False)
+    names = [output.name for output in session.get_outputs()]
+    quiet = ort.RunOptions()
+    quiet.log_severity_level = 4           # invalid instances fail in ONNX Runtime by design
+    return dict(zip(names, session.run(names, feeds, quiet)))
+
+
+def _save_counterexample(instance: Instance, rule: Rule, primitives, out_dir: Path) -> list[Path]:
+    """The instance as <rule>.counterexample.onnx, its inputs as .npz (for `convexport
+    validate --inputs`), and the rule's rewrite of it as <rule>.rewritten.onnx when it has one."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model_path = out_dir / f"{rule.name}.counterexample.onnx"
+    inputs_path = out_dir / f"{rule.name}.counterexample.npz"
+    write_atomically(model_path, lambda path: onnx.save(instance.model, path))
+    write_atomically(inputs_path, lambda path: _save_npz(path, instance.feeds))
+    saved = [model_path, inputs_path]
+    try:
+        rewritten = rewrite_model(instance.model, [rule], primitives, strategy="exact").model
+    except Exception:
+        return saved
+    rewritten_path = out_dir / f"{rule.name}.rewritten.onnx"
+    write_atomically(rewritten_path, lambda path: onnx.save(rewritten, path))
+    return saved + [rewritten_path]
+
+
+def _save_npz(path: str, feeds: dict[str, np.ndarray]) -> None:
+    with open(path, "wb") as handle:
+        np.savez(handle, **feeds)
+
+
+def _known_ops() -> str:
+    return ", ".join(sorted(SAMPLERS))
