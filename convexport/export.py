@@ -22,6 +22,7 @@ import onnx
 
 from .errors import ConvexportError, first_line
 from .inputs import InputSpec
+from .largemodels import infer_shapes_of_large, needs_external_data
 from .loading import LoadedModel
 
 DEFAULT_OPSET = 18
@@ -61,8 +62,10 @@ def export_model(loaded: LoadedModel, input_specs: list[InputSpec] | None = None
 
 
 def infer_shapes(model: onnx.ModelProto, source: str) -> onnx.ModelProto:
+    def infer(light: onnx.ModelProto) -> onnx.ModelProto:
+        return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
     try:
-        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        return infer_shapes_of_large(model, infer) if needs_external_data(model) else infer(model)
     except Exception as exc:
         raise ConvexportError(f"{source}: ONNX shape inference failed: {str(exc).splitlines()[0]}") from exc
 

@@ -80,7 +80,7 @@ def _load_onnx(path: Path):
     if not model.graph.node and not model.graph.output:
         raise ConvexportError(f"{path}: the file parses as ONNX but holds no graph")
     try:
-        onnx.checker.check_model(model, full_check=False)
+        onnx.checker.check_model(str(path), full_check=False)    # by path: a model may be over 2 GiB
     except onnx.checker.ValidationError as exc:
         raise ConvexportError(f"{path}: invalid ONNX model: {first_line(exc)}") from exc
     return model

@@ -13,6 +13,7 @@ from .errors import ConvexportError, ValidationError
 from .export import ExportResult, export_model
 from .files import give_default_permissions, write_atomically
 from .inputs import InputSpec, parse_input_spec
+from .largemodels import needs_external_data, save_with_external_data
 from .loading import LoadedModel, load_model
 from .profile import profile_models
 from .rewrite.engine import STRATEGIES, rewrite_model
@@ -49,9 +50,7 @@ def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str
     tolerances = Tolerances.parse(rtol, atol)
     if strategy not in STRATEGIES:
         raise ConvexportError(f"--strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
-    if strategy == "measure":
-        raise ConvexportError("--strategy measure: timing candidates is not implemented yet; use exact or cost")
-    device = resolve_device(device) if profile else device
+    device = resolve_device(device)       # where the model will run: what cost and measure decide for
     specs = [spec if isinstance(spec, InputSpec) else parse_input_spec(spec) for spec in inputs or ()]
     loaded = _load(model, trust_pickle)
     rule_list = _rules(rules, builtin_rules)
@@ -61,7 +60,9 @@ def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str
     exported = export_model(loaded, specs, opset, dynamic_batch)
     say("rewriting")
     primitives = builtin_primitives()
-    outcome = rewrite_model(exported.model, rule_list, primitives, strategy, loaded.source)
+    decided: dict = {}         # cost/measure decisions, replayed by the bisection below
+    outcome = rewrite_model(exported.model, rule_list, primitives, strategy, loaded.source, device=device,
+                            decided=decided)
     report = _report(loaded, destination, exported, outcome)
 
     inputs_for_check = _validation_inputs(exported, specs)
@@ -73,7 +74,7 @@ def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str
             say("finding the rewrite that broke it")
             culprit = find_bad_rewrite(exported.model, outcome.applied, inputs_for_check, tolerances,
                                        lambda limit: rewrite_model(exported.model, rule_list, primitives, strategy,
-                                                                   loaded.source, limit).model)
+                                                                   loaded.source, limit, device, decided).model)
             report["validation"]["culprit"] = culprit
             blame = "" if culprit is None else (
                 f"; rewrite #{culprit['index']} {culprit['rule']!r} ({culprit['file']}) at "
@@ -188,16 +189,10 @@ def _report(loaded: LoadedModel, destination: Path | None, exported: ExportResul
     }
 
 
-# Protobuf cannot serialise a model of 2 GiB or more: weights beyond this go to one external
-# data file, <OUT>.data beside OUT (written first; the model file is then renamed into place).
-EXTERNAL_DATA_THRESHOLD = 1 << 30
-EXTERNAL_TENSOR_MIN_BYTES = 1024      # smaller tensors stay inside the model file
-
-
 def save_atomically(model: onnx.ModelProto, destination: Path) -> None:
-    weight_bytes = sum(len(init.raw_data) or 4 * max(len(init.float_data), len(init.int64_data))
-                       for init in model.graph.initializer)
-    if weight_bytes < EXTERNAL_DATA_THRESHOLD:
+    """Weights of 1 GiB or more go to one external data file, <OUT>.data beside OUT (written
+    first; the model file is then renamed into place)."""
+    if not needs_external_data(model):
         write_atomically(destination, lambda path: onnx.save(model, path))
         return
     location = Path(destination).name + ".data"
@@ -205,7 +200,6 @@ def save_atomically(model: onnx.ModelProto, destination: Path) -> None:
     data.unlink(missing_ok=True)
 
     def save(path: str) -> None:
-        onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location=location,
-                  size_threshold=EXTERNAL_TENSOR_MIN_BYTES)
+        save_with_external_data(model, path, location)
         give_default_permissions(data)
     write_atomically(destination, save)

@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 
 from .inputs import InputSpec, random_inputs
+from .largemodels import needs_external_data, save_with_external_data
 from .runtime import CPU, CUDA, create_session
 
 DEFAULT_RUNS = None         # chosen so that each model is timed for about TIME_BUDGET_S
@@ -55,7 +56,14 @@ def profile_models(models: dict[str, onnx.ModelProto], inputs: list[InputSpec], 
     return result
 
 
-def _block_latency(models, feeds, device, runs, warmup) -> tuple[dict[str, list[float]], int]:
+def time_models(models: dict[str, onnx.ModelProto], feeds: dict, device: str, budget_s: float) -> dict:
+    """Median milliseconds per model label, timed side by side (block-interleaved) for about
+    `budget_s` each, and the number of runs."""
+    latencies, runs = _block_latency(models, feeds, device, None, DEFAULT_WARMUP, budget_s)
+    return {"runs": runs, **{label: float(np.median(samples)) for label, samples in latencies.items()}}
+
+
+def _block_latency(models, feeds, device, runs, warmup, budget_s=TIME_BUDGET_S) -> tuple[dict[str, list[float]], int]:
     runners = {label: _runner(create_session(model, device), feeds, device) for label, model in models.items()}
     slowest = 0.0
     for run in runners.values():
@@ -64,7 +72,7 @@ def _block_latency(models, feeds, device, runs, warmup) -> tuple[dict[str, list[
             run()
             slowest = max(slowest, time.perf_counter() - start)
     if runs is None:
-        runs = int(min(MAX_RUNS, max(MIN_RUNS, TIME_BUDGET_S / max(slowest, 1e-6))))
+        runs = int(min(MAX_RUNS, max(MIN_RUNS, budget_s / max(slowest, 1e-6))))
     times: dict[str, list[float]] = {label: [] for label in runners}
     while any(len(samples) < runs for samples in times.values()):
         for label, run in runners.items():
@@ -123,7 +131,10 @@ def _peak_memory(model: onnx.ModelProto, feeds, device, runs: int) -> dict:
     """Measured in a child process (spawned, so nothing of this one is counted)."""
     with tempfile.TemporaryDirectory() as folder:
         model_path, feeds_path = os.path.join(folder, "model.onnx"), os.path.join(folder, "feeds.npz")
-        onnx.save(model, model_path)
+        if needs_external_data(model):
+            save_with_external_data(model, model_path, "model.onnx.data")
+        else:
+            onnx.save(model, model_path)
         np.savez(feeds_path, **feeds)
         context = multiprocessing.get_context("spawn")
         queue = context.Queue()
@@ -139,13 +150,12 @@ def _peak_memory(model: onnx.ModelProto, feeds, device, runs: int) -> dict:
 def _measure_in_child(model_path: str, feeds_path: str, device: str, runs: int, queue) -> None:
     from .runtime import create_session as make_session
 
-    model = onnx.load(model_path)
     with np.load(feeds_path) as data:
         feeds = {name: data[name] for name in data.files}
     _reset_peak_rss()
     before_rss = _status_bytes("VmRSS")
     before_device = _device_memory_used() if device == "cuda" else None
-    run = _runner(make_session(model, device), feeds, device)
+    run = _runner(make_session(model_path, device), feeds, device)
     for _ in range(runs):
         run()
     peak_rss = _status_bytes("VmHWM")

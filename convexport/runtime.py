@@ -1,14 +1,18 @@
-"""ONNX Runtime sessions: provider choice and session creation from in-memory models."""
+"""ONNX Runtime sessions: provider choice and session creation from in-memory models (or
+from a file, for a model too large to serialise)."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import os
+import tempfile
 
 import onnx
 import onnxruntime as ort
 
 from .errors import ConvexportError, first_line
+from .largemodels import needs_external_data, save_with_external_data
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -53,7 +57,7 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def create_session(model: onnx.ModelProto, device: str = "cpu", optimize: bool = True,
+def create_session(model: onnx.ModelProto | str, device: str = "cpu", optimize: bool = True,
                    profile_path: str | None = None) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 3
@@ -65,6 +69,10 @@ def create_session(model: onnx.ModelProto, device: str = "cpu", optimize: bool =
         options.profile_file_prefix = profile_path
     providers = [CUDA, CPU] if device == "cuda" else [CPU]
     try:
+        if isinstance(model, str):
+            return ort.InferenceSession(model, options, providers=providers)
+        if needs_external_data(model):
+            return _session_from_files(model, options, providers)
         return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
     except Exception as exc:
         if "NOT_IMPLEMENTED" in str(exc):
@@ -75,3 +83,14 @@ def create_session(model: onnx.ModelProto, device: str = "cpu", optimize: bool =
 
 class MissingKernel(ConvexportError):
     """A valid model that ONNX Runtime's provider cannot run (bfloat16 on the CPU provider)."""
+
+
+def _session_from_files(model: onnx.ModelProto, options, providers) -> ort.InferenceSession:
+    """A model too large to serialise, saved with external data to a temporary folder that
+    lives as long as the session (ONNX Runtime may map the data file)."""
+    folder = tempfile.TemporaryDirectory(prefix="convexport-")
+    path = os.path.join(folder.name, "model.onnx")
+    save_with_external_data(model, path, "model.onnx.data")
+    session = ort.InferenceSession(path, options, providers=providers)
+    session.convexport_files = folder
+    return session

@@ -40,7 +40,8 @@ def test_per_class_linears_become_one_contraction(classes, bias, transposed, for
                                      builder.const(builder.rng.standard_normal(1), "b2")], transB=1)
                for i in range(sum(classes))]
     y = builder.node("Concat", outputs, axis=1)
-    outcome, counts = fold(builder, [y], strategy="cost", rules=with_form(form))
+    # exact: at two classes of 8 features the cost model keeps the two Gemms (5 nodes would replace 2)
+    outcome, counts = fold(builder, [y], strategy="exact" if len(classes) == 2 else "cost", rules=with_form(form))
     assert counts.get("Einsum" if form == "einsum" else "MatMul") == 2 and "Gemm" not in counts, counts
     assert counts.get("Gather", 0) <= 1
 

@@ -208,10 +208,6 @@ def test_missing_output_folder_and_overwriting_the_input(small_net_path, tmp_pat
     assert model.read_bytes() == before
 
 
-def test_measure_strategy_says_it_is_not_implemented(small_net_path):
-    assert_user_error(invoke("optimize", f"{small_net_path}:build", "--strategy", "measure"), "not implemented yet")
-
-
 def test_internal_error_is_one_line_with_exit_70(small_net_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("something convexport did not expect")

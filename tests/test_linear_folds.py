@@ -11,7 +11,9 @@ import itertools
 import numpy as np
 import pytest
 
-from graphs import GraphBuilder, fold, rewrite
+from convexport.rewrite.engine import rewrite_model
+from convexport.rewrite.primitives import builtin_primitives
+from graphs import RULES, GraphBuilder, fold, rewrite
 from helpers import op_counts
 
 SHAPES = {1: [2, 4, 11], 2: [2, 4, 9, 8], 3: [1, 4, 9, 8, 7]}
@@ -277,20 +279,53 @@ def test_cost_strategy_keeps_a_quarter_width_bottleneck():
     model = builder.model([y])
     assert op_counts(rewrite(model, "cost").model)["Conv"] == 3
     costly = rewrite(model, "cost").skipped
-    assert costly and all("FLOPs" in s["reason"] for s in costly)
+    assert costly and all("FLOPs" in s["reason"] and s["decision"]["after_us"] > s["decision"]["before_us"]
+                          for s in costly)
     assert op_counts(rewrite(model, "exact").model)["Conv"] == 1
 
 
 def test_cost_strategy_folds_what_pays():
-    builder = GraphBuilder([1, 8, 12, 12])
-    y = builder.conv(builder.conv("x", 8, 3, pads=1, group=8), 8, 1)     # a separable block
-    model = builder.model([y])
-    cost = rewrite(model, "cost")
-    # depthwise 3x3 + pointwise = 8*9 + 64 MACs/pixel; dense 3x3 = 576: more than 1.25x, kept
+    builder = GraphBuilder([1, 32, 56, 56])
+    y = builder.conv(builder.conv("x", 32, 3, pads=1, group=32), 32, 1)     # a separable block
+    cost = rewrite(builder.model([y]), "cost")
+    # depthwise 3x3 + pointwise = 32*9 + 32*32 MACs/pixel; dense 3x3 = 9216: estimated slower, kept
     assert op_counts(cost.model)["Conv"] == 2
+    (declined,) = cost.skipped
+    numbers = declined["decision"]
+    assert numbers["method"] == "estimate" and numbers["device"] == "cpu"
+    assert numbers["after_us"] > numbers["before_us"] and numbers["flops_after"] > 5 * numbers["flops_before"]
+    assert numbers["nodes_before"] == 2 and numbers["nodes_after"] == 1 and "us on cpu" in declined["reason"]
     chain = GraphBuilder([1, 8, 12, 12])
     y = chain.conv(chain.conv("x", 8, 1), 8, 1)                            # 1x1 -> 1x1 always pays
-    assert op_counts(rewrite(chain.model([y]), "cost").model)["Conv"] == 1
+    folded = rewrite(chain.model([y]), "cost")
+    assert op_counts(folded.model)["Conv"] == 1
+    decision = folded.applied[0]["decision"]
+    assert decision["after_us"] <= decision["before_us"] and decision["bytes_after"] < decision["bytes_before"]
+
+
+def test_cuda_cost_model_keeps_the_fft_off_the_gpu():
+    """ONNX Runtime has no CUDA DFT: on cuda the FFT conv pays a trip to the CPU and the cost
+    model keeps cuDNN's direct conv; on cpu it takes the FFT."""
+    builder = GraphBuilder([2, 3, 96, 96])
+    y = builder.conv("x", 3, 31, pads=15)
+    model = builder.model([y])
+    on_cpu = rewrite_model(model, RULES, builtin_primitives(), "cost", device="cpu")
+    on_cuda = rewrite_model(model, RULES, builtin_primitives(), "cost", device="cuda")
+    assert "DFT" in op_counts(on_cpu.model)
+    assert "DFT" not in op_counts(on_cuda.model)
+    (declined,) = [s for s in on_cuda.skipped if s["rule"] == "large-kernel-fft"]
+    assert declined["decision"]["device"] == "cuda" and "us on cuda" in declined["reason"]
+
+
+def test_measure_strategy_times_both_sides_and_records_it():
+    chain = GraphBuilder([1, 8, 12, 12])
+    y = chain.conv(chain.conv("x", 8, 1), 8, 1)
+    measured = rewrite(chain.model([y]), "measure")
+    entries = measured.applied or measured.skipped
+    decision = entries[0]["decision"]
+    assert decision["method"] == "measured" and decision["device"] == "cpu" and decision["runs"] >= 10
+    assert decision["before_ms"] > 0 and decision["after_ms"] > 0
+    assert (decision["after_ms"] <= decision["before_ms"]) == bool(measured.applied)
 
 
 # --- constant maps left by border corrections --------------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import convexport
+from convexport.largemodels import needs_external_data
 from helpers import op_counts, run
 from small_net import example_inputs, make_module
 
@@ -150,9 +151,21 @@ def test_report_fields(small_net_path, tmp_path):
 
 
 def test_large_weights_go_to_external_data(model_files, tmp_path, monkeypatch):
-    monkeypatch.setattr("convexport.pipeline.EXTERNAL_DATA_THRESHOLD", 1000)
-    monkeypatch.setattr("convexport.pipeline.EXTERNAL_TENSOR_MIN_BYTES", 100)
-    result = optimize_quietly(str(model_files / "with_bn.onnx"), tmp_path)
+    """With the thresholds lowered, a small model takes the path of one over 2 GiB: sessions
+    from external-data files, shape inference on a skeleton, no SerializeToString."""
+    monkeypatch.setattr("convexport.largemodels.EXTERNAL_DATA_THRESHOLD", 1000)
+    monkeypatch.setattr("convexport.largemodels.EXTERNAL_TENSOR_MIN_BYTES", 100)
+    serialize = onnx.ModelProto.SerializeToString
+
+    def only_small(model, *args, **kwargs):
+        assert not needs_external_data(model), "a model over the threshold was serialised"
+        return serialize(model, *args, **kwargs)
+    monkeypatch.setattr(onnx.ModelProto, "SerializeToString", only_small)
+    result = convexport.optimize(str(model_files / "with_bn.onnx"), output=tmp_path / "out.onnx")
+    monkeypatch.undo()
+    assert result.report["validation"]["passed"] and result.report["profile"]["speedup"] > 0
+    weights = [init for init in result.model.graph.initializer if init.dims and init.dims[0] == 8]
+    assert weights and all(init.raw_data for init in weights)     # saving did not move them out
     data = tmp_path / "out.onnx.data"
     assert data.exists() and data.stat().st_size >= 864          # the folded 8x3x3x3 float weight
     assert data.stat().st_mode & 0o044 == 0o044                    # readable like any output

@@ -89,3 +89,17 @@ def test_errors_inside_a_plugin_name_the_rule(tmp_path, function, fragment):
         convexport.optimize(double_negation_model(), rules=[path], write=False, profile=False)
     message = str(caught.value)
     assert "no-double-negation" in message and fragment in message and str(path) in message
+
+
+def test_a_builtin_primitive_on_a_pattern_it_cannot_read_names_the_rule(tmp_path):
+    path = tmp_path / "misfit.yaml"
+    path.write_text("rules:\n  - name: misfit\n    doc: d\n    match:\n      - h = Conv(x, w:const)\n"
+                    "      - y = Sub(k:const, h)\n    apply: sum_branches\n")
+    rules = parse_rule_file(path, set(builtin_primitives()))
+    nodes = [helper.make_node("Conv", ["x", "w"], ["h"]), helper.make_node("Sub", ["k", "h"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    model = make_model(nodes, [tensor("x", [1, 2, 3, 3])], [tensor("y", [1, 2, 3, 3])],
+                       {"w": np.ones((2, 2, 1, 1), np.float32), "k": np.ones((2, 1, 1), np.float32)})
+    with pytest.raises(ConvexportError, match=r"misfit.yaml:2: rule 'misfit': primitive sum_branches raised "
+                                              r"IndexError.*does the pattern bind the names sum_branches reads"):
+        rewrite_model(model, rules, builtin_primitives(), "exact")

@@ -61,13 +61,30 @@ def _compose_kernel(first: ConvSpec, second: ConvSpec, axes: Sequence[_ComposedA
     """K[o, c, r] = sum over (u, t) with r = u*step_second + t*step_first of
     W2[o, :, u] @ W1[:, c, t]; W1 [M, I, *k1], W2 [O, M, *k2] -> K [O, I, *K]."""
     kernel = np.zeros((second.out_channels, first.in_channels, *(axis.geometry.kernel for axis in axes)))
+    first_diagonal, second_diagonal = _channel_diagonal(first.weight), _channel_diagonal(second.weight)
     for u in np.ndindex(*second.kernel_shape):
-        block = np.tensordot(second.weight[(slice(None), slice(None), *u)], first.weight, axes=(1, 0))
+        taps = second.weight[(slice(None), slice(None), *u)]                     # [O, M]
+        if second_diagonal is not None:       # a per-channel scale: O(C) per tap, not O(C^3)
+            block = second_diagonal[(slice(None), *u)].reshape(-1, *[1] * (first.weight.ndim - 1)) * first.weight
+        elif first_diagonal is not None:
+            block = taps.reshape(*taps.shape, *[1] * first.nd) * first_diagonal[None]
+        else:
+            block = np.tensordot(taps, first.weight, axes=(1, 0))
         window = tuple(slice(tap * axis.step_second, tap * axis.step_second + (k1 - 1) * axis.step_first + 1,
                              axis.step_first)
                        for tap, axis, k1 in zip(u, axes, first.kernel_shape))
         kernel[(slice(None), slice(None), *window)] += block
     return kernel
+
+
+def _channel_diagonal(weight: np.ndarray) -> np.ndarray | None:
+    """W [C, C, *k] that is zero off the channel diagonal (a depthwise kernel, a per-channel
+    scale in dense form) -> its diagonal [C, *k]; None for any other W."""
+    if weight.shape[0] != weight.shape[1]:
+        return None
+    index = np.arange(weight.shape[0])
+    diagonal = weight[index, index]
+    return diagonal if np.count_nonzero(weight) == np.count_nonzero(diagonal) else None
 
 
 def _active_pairs(first: ConvSpec, second: ConvSpec) -> np.ndarray:

@@ -24,21 +24,22 @@ def expand_groups(weight: np.ndarray, group: int) -> np.ndarray:
     return dense
 
 
-def is_block_diagonal(weight: np.ndarray, group: int) -> bool:
-    """Whether dense weight [O, I, *k] is zero outside `group` diagonal blocks of [O/g, I/g]."""
-    out_channels, in_channels = weight.shape[:2]
-    if out_channels % group or in_channels % group:
-        return False
-    blocks = np.abs(weight).reshape(group, out_channels // group, group, in_channels // group, -1).sum(axis=(1, 3, 4))
-    return not np.any(blocks[~np.eye(group, dtype=bool)])
-
-
 def largest_group_count(weight: np.ndarray) -> int:
-    """The largest g for which dense weight [O, I, *k] is block-diagonal with g groups."""
+    """The largest g for which dense weight [O, I, *k] is zero outside g diagonal blocks of
+    [O/g, I/g]: every row o's nonzero input channels lie in block o // (O/g). One pass over
+    the weight finds each row's first and last nonzero column; each g is then checked in O(O)."""
     weight = np.asarray(weight)
-    common = math.gcd(weight.shape[0], weight.shape[1])
-    divisors = sorted((d for d in range(1, common + 1) if common % d == 0), reverse=True)
-    return next(g for g in divisors if is_block_diagonal(weight, g))
+    out_channels, in_channels = weight.shape[:2]
+    nonzero = np.any(weight.reshape(out_channels, in_channels, -1) != 0, axis=2)        # [O, I]
+    used = nonzero.any(axis=1)
+    first = nonzero.argmax(axis=1)
+    last = in_channels - 1 - nonzero[:, ::-1].argmax(axis=1)
+    common = math.gcd(out_channels, in_channels)
+    for group in sorted((d for d in range(1, common + 1) if common % d == 0), reverse=True):
+        begin = np.arange(out_channels) // (out_channels // group) * (in_channels // group)
+        if np.all(~used | ((first >= begin) & (last < begin + in_channels // group))):
+            return group
+    return 1
 
 
 def grouped_weight(dense: np.ndarray, group: int) -> np.ndarray:

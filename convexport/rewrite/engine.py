@@ -8,7 +8,7 @@ report lists those whose nodes are still in the final graph).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import onnx
 import onnx_graphsurgeon as gs
@@ -18,16 +18,13 @@ from ..errors import ConvexportError, first_line
 from ..export import infer_shapes
 from ..graph import NameGenerator, all_graphs, default_opset, export_graph, import_graph, proto_scopes
 from .conditions import first_failure
+from .decisions import by_estimate, by_measurement
 from .matcher import Match, PatternMatcher
 from .primitives import Primitive, Rewrite
 from .rulefile import Rule
 
 MAX_PASSES = 32
 STRATEGIES = ("exact", "cost", "measure")
-# --strategy cost: a rewrite may cost up to this factor of the FLOPs it replaces (fewer nodes
-# and intermediates pay for a little more arithmetic); a quarter-width bottleneck folded into
-# one dense 3x3 costs ~8x and stays unfolded.
-COST_ALLOWANCE = 1.25
 
 
 @dataclass
@@ -39,6 +36,16 @@ class RewriteContext:
     fresh: NameGenerator
     params: dict
     strategy: str
+    device: str = "cpu"          # the target of --strategy cost and measure
+    decided: dict = field(default_factory=dict)     # (rule, nodes) -> Decision, see rewrite_model
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A match left alone: why, and the numbers of a cost or measure decision."""
+
+    reason: str
+    decision: dict | None = None
 
 
 @dataclass
@@ -50,9 +57,12 @@ class RewriteOutcome:
 
 
 def rewrite_model(model: onnx.ModelProto, rules: list[Rule], primitives: dict[str, Primitive],
-                  strategy: str = "cost", source: str = "model", limit: int | None = None) -> RewriteOutcome:
+                  strategy: str = "cost", source: str = "model", limit: int | None = None,
+                  device: str = "cpu", decided: dict | None = None) -> RewriteOutcome:
     """Rewrite to a fixed point; with `limit`, stop after that many rewrites (the same first
-    ones as an unlimited run, since the order is deterministic: used to find a bad one)."""
+    ones as an unlimited run, since the order is deterministic: used to find a bad one).
+    `decided` keeps each cost or measure decision by rule and nodes; a later run given the
+    same dict replays them (a measurement need not come out the same twice)."""
     opset = default_opset(model)
     applied: list[dict] = []
     skipped: dict[tuple, dict] = {}
@@ -60,7 +70,9 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule], primitives: dict[st
     passes = 0
     for passes in range(1, MAX_PASSES + 1):
         graph = import_graph(current)
-        changed = _run_pass(graph, rules, primitives, strategy, opset, applied, skipped, limit)
+        context = RewriteContext(graph, opset, NameGenerator(graph), {}, strategy, device,
+                                 {} if decided is None else decided)
+        changed = _run_pass(graph, rules, primitives, context, applied, skipped, limit)
         graph.cleanup(remove_unused_graph_inputs=False).toposort()
         current = infer_shapes(export_graph(graph, model), source)
         if not changed:
@@ -70,26 +82,25 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule], primitives: dict[st
     return RewriteOutcome(current, applied, still_there, passes)
 
 
-def _run_pass(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primitive], strategy: str,
-              opset: int, applied: list[dict], skipped: dict[tuple, dict], limit: int | None) -> bool:
+def _run_pass(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primitive], base: RewriteContext,
+              applied: list[dict], skipped: dict[tuple, dict], limit: int | None) -> bool:
     """One pass over the graph and, each on its own, its subgraphs (If branches, Loop and Scan
     bodies): a match never spans two scopes, so nothing moves in or out of a subgraph, and a
     tensor that a subgraph reads from outside counts as read there (not private)."""
-    fresh = NameGenerator(graph)
     changed = False
     for scope in all_graphs(graph):
-        changed |= _run_scope(scope, rules, primitives, strategy, opset, applied, skipped, limit, fresh)
+        changed |= _run_scope(scope, rules, primitives, replace(base, graph=scope), applied, skipped, limit)
     return changed
 
 
-def _run_scope(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primitive], strategy: str, opset: int,
-               applied: list[dict], skipped: dict[tuple, dict], limit: int | None, fresh: NameGenerator) -> bool:
+def _run_scope(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primitive], base: RewriteContext,
+               applied: list[dict], skipped: dict[tuple, dict], limit: int | None) -> bool:
     changed = False
     dead: set[int] = set()          # nodes a rewrite left without readers, dropped as it goes
     for rule in rules:
         if limit is not None and len(applied) >= limit:
             break
-        matcher = PatternMatcher(rule, opset, set(map(id, graph.outputs)), set(map(id, graph.nodes)))
+        matcher = PatternMatcher(rule, base.opset, set(map(id, graph.outputs)), set(map(id, graph.nodes)))
         for anchor in _anchors(graph, rule, dead):
             if limit is not None and len(applied) >= limit:
                 break
@@ -98,15 +109,16 @@ def _run_scope(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primiti
             match = matcher.match_group(anchor) if rule.is_group else matcher.match(anchor)
             if match is None or first_failure(rule.where, match.values, graph):
                 continue
-            context = RewriteContext(graph, opset, fresh, rule.params, strategy)
+            context = replace(base, params=rule.params)
             verdict = _decide(match, rule.plugin or primitives[rule.apply], context)
             if verdict is None:
                 continue
             entry = {"rule": rule.name, "file": rule.file, "nodes": match.node_names()}
-            if isinstance(verdict, str):
-                skipped[(rule.name, tuple(entry["nodes"]))] = {**entry, "reason": verdict}
+            if isinstance(verdict, Skip):
+                decision = {"decision": verdict.decision} if verdict.decision else {}
+                skipped[(rule.name, tuple(entry["nodes"]))] = {**entry, "reason": verdict.reason, **decision}
                 continue
-            dead |= _apply(graph, verdict, fresh)
+            dead |= _apply(graph, verdict, base.fresh)
             applied.append({**entry, "reason": verdict.note, **_cost_fields(verdict), **verdict.extra})
             changed = True
             matcher.graph_outputs = set(map(id, graph.outputs))
@@ -133,11 +145,11 @@ def _anchor_nodes(anchor) -> list:
     return [anchor] if isinstance(anchor, gs.Node) else list(anchor.inputs)
 
 
-def _decide(match: Match, primitive: Primitive, context: RewriteContext) -> Rewrite | str | None:
+def _decide(match: Match, primitive: Primitive, context: RewriteContext) -> Rewrite | Skip | None:
     """The Rewrite to apply, the reason not to, or None when the primitive finds nothing to do."""
     reason = first_failure(match.rule.require, match.values, context.graph)
     if reason:
-        return reason
+        return Skip(reason)
     rule = match.rule
     try:
         result = primitive(match, context)
@@ -146,26 +158,31 @@ def _decide(match: Match, primitive: Primitive, context: RewriteContext) -> Rewr
             raise ConvexportError(f"{rule.file}:{rule.line}: rule {rule.name!r}: primitive {rule.apply} raised "
                                   f"{type(exc).__name__}: {first_line(exc)}") from exc
         if isinstance(exc, ValueError):  # the algebra's word for shapes it cannot work with
-            return f"{rule.apply} cannot handle these shapes: {exc}"
+            return Skip(f"{rule.apply} cannot handle these shapes: {exc}")
+        if not rule.builtin:            # a user's pattern that does not bind what the primitive reads
+            raise ConvexportError(f"{rule.file}:{rule.line}: rule {rule.name!r}: primitive {rule.apply} raised "
+                                  f"{type(exc).__name__}: {first_line(exc)} (does the pattern bind the names "
+                                  f"{rule.apply} reads? see docs/rules.md)") from exc
         raise
     if result is not None and not isinstance(result, (Rewrite, Refusal)):
         raise ConvexportError(f"{rule.file}:{rule.line}: rule {rule.name!r}: primitive {rule.apply} returned a "
                               f"{type(result).__name__}, not a Rewrite, a Refusal or None")
     if result is None or isinstance(result, Refusal):
-        return None if result is None else result.reason
+        return None if result is None else Skip(result.reason)
     for old, new in result.replace:
         if not _takes_over(new, context.graph) and _is_graph_output(old, context.graph):
-            return f"would rename graph output {old.name!r} to {new.name!r}"
-    if context.strategy == "cost" and not _pays_off(result):
-        return (f"costs {result.flops_after:.3g} FLOPs instead of {result.flops_before:.3g} "
-                f"(more than {COST_ALLOWANCE}x; --strategy exact applies it)")
+            return Skip(f"would rename graph output {old.name!r} to {new.name!r}")
+    if context.strategy == "exact":
+        return result
+    key = (match.rule.name, tuple(match.node_names()))
+    if key not in context.decided:
+        judge = by_measurement if context.strategy == "measure" else by_estimate
+        context.decided[key] = judge(match, result, context.opset, context.device, set(map(id, context.graph.outputs)))
+    decision = context.decided[key]
+    if not decision.apply:
+        return Skip(decision.reason, decision.numbers)
+    result.extra["decision"] = decision.numbers
     return result
-
-
-def _pays_off(rewrite: Rewrite) -> bool:
-    if rewrite.flops_before is None or rewrite.flops_after is None:
-        return True
-    return rewrite.flops_after <= COST_ALLOWANCE * rewrite.flops_before
 
 
 def _cost_fields(rewrite: Rewrite) -> dict:

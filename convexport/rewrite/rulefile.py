@@ -48,6 +48,11 @@ class Rule:
     plugin: object = field(default=None, hash=False, compare=False)   # a user primitive (apply: module:function)
 
     @property
+    def builtin(self) -> bool:
+        """One of convexport's own rules (an exception in its primitive is convexport's bug)."""
+        return Path(self.file).resolve().parent == Path(str(resources.files("convexport.builtin_rules"))).resolve()
+
+    @property
     def root(self) -> PatternNode:
         return self.pattern[-1]
 

@@ -1,0 +1,121 @@
+"""The cost model behind `--strategy cost`: whether a candidate rewrite should run faster on
+the target device, estimated from the nodes it removes and the nodes it adds.
+
+    time(nodes) = FLOPs / device.flops_per_s + bytes moved / device.bytes_per_s
+                  + len(nodes) * device.seconds_per_node
+
+FLOPs are the primitive's own count where it gives one (a Conv's 2*O*prod(out)*(I/g)*prod(k),
+an FFT's transform and product counts), else each node's: Conv, Gemm and MatMul from shapes,
+one per output element for anything else. Bytes moved are every input and output a node
+touches (weights included), each tensor once. A new tensor whose shape is not known yet is
+taken as large as the old tensor it replaces, or as its node's largest input. Ops that the
+device runs elsewhere (DFT has no CUDA kernel in ONNX Runtime: it runs on the CPU) cost the
+CPU's time plus a round trip over PCIe. The rates are round figures for what ONNX Runtime
+reaches, not peaks; a rewrite is applied when its estimate is no larger than the original's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    flops_per_s: float
+    bytes_per_s: float
+    seconds_per_node: float
+    host_ops: frozenset = frozenset()       # ops this device leaves to the CPU
+    host_link_bytes_per_s: float = 0.0
+
+
+# CPU: fitted to ONNX Runtime 1.31 on 2 cores (AVX2) timing a depthwise 3x3 + pointwise 1x1 pair
+# against the dense 3x3 it folds to, at 56x56x32 and 112x112x64 (--strategy measure's numbers):
+# dense convs ran at 75-110 GFLOP/s, the depthwise pair at 2-3 GB/s of traffic.
+CPU = Device("cpu", flops_per_s=80e9, bytes_per_s=4e9, seconds_per_node=5e-6)
+# CUDA: round figures for an H100 under ONNX Runtime (cuDNN fp32 convs, HBM3), not measured here.
+CUDA = Device("cuda", flops_per_s=25e12, bytes_per_s=1.5e12, seconds_per_node=8e-6,
+              host_ops=frozenset({"DFT"}), host_link_bytes_per_s=20e9)
+DEVICES = {"cpu": CPU, "cuda": CUDA}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    seconds: float
+    flops: float
+    bytes: float
+    nodes: int
+
+
+def estimate(nodes: list[gs.Node], device: Device, flops: float | None = None,
+             replaced: dict[int, gs.Tensor] | None = None) -> Estimate:
+    """The time of `nodes` on `device` (see the module doc). `flops`, the primitive's count,
+    is shared out over the nodes in proportion to their own counts. `replaced` maps the id of
+    a new tensor to the old tensor it stands for, whose shape it has."""
+    replaced = replaced or {}
+    seen: set[int] = set()
+    per_node = []
+    for node in nodes:
+        fresh = [t for t in (*node.inputs, *node.outputs) if id(t) not in seen]
+        seen.update(map(id, fresh))
+        per_node.append((node, _node_flops(node, replaced), sum(_bytes(t, node, replaced) for t in fresh)))
+    counted = sum(f for _, f, _ in per_node)
+    factor = flops / counted if flops is not None and counted > 0 else 1.0
+    seconds = flops / device.flops_per_s if flops is not None and counted == 0 else 0.0
+    for node, node_flops, node_bytes in per_node:
+        if node.op in device.host_ops:
+            seconds += _seconds(CPU, node_flops * factor, node_bytes) + 2 * node_bytes / device.host_link_bytes_per_s
+        else:
+            seconds += _seconds(device, node_flops * factor, node_bytes)
+    return Estimate(seconds, counted if flops is None else flops, sum(b for _, _, b in per_node), len(nodes))
+
+
+def _seconds(device: Device, flops: float, moved: float) -> float:
+    return flops / device.flops_per_s + moved / device.bytes_per_s + device.seconds_per_node
+
+
+def _shape(tensor, node: gs.Node, replaced: dict[int, gs.Tensor]) -> tuple[int, ...] | None:
+    stand_in = replaced.get(id(tensor), tensor)
+    shape = stand_in.shape
+    if shape is None and tensor in node.outputs:
+        inputs = [_shape(t, node, {}) for t in node.inputs if not isinstance(t, gs.Constant)]
+        inputs = [s for s in inputs if s is not None]
+        return max(inputs, key=lambda s: int(np.prod(s)), default=None)
+    if shape is None:
+        return None
+    return tuple(d if isinstance(d, int) and d >= 0 else 1 for d in shape)
+
+
+def _bytes(tensor, node: gs.Node, replaced) -> float:
+    if isinstance(tensor, gs.Constant):
+        return float(tensor.values.nbytes) if hasattr(tensor.values, "nbytes") else 0.0
+    shape = _shape(tensor, node, replaced)
+    if shape is None or not getattr(tensor, "name", ""):
+        return 0.0
+    return float(np.prod(shape)) * _itemsize(tensor.dtype)
+
+
+def _itemsize(dtype) -> int:
+    if dtype is None:
+        return 4
+    if isinstance(dtype, int):
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dtype)).itemsize
+    return np.dtype(dtype).itemsize
+
+
+def _node_flops(node: gs.Node, replaced) -> float:
+    out = _shape(node.outputs[0], node, replaced) if node.outputs else None
+    if out is None:
+        return 0.0
+    elements = float(np.prod(out))
+    if node.op == "Conv" and len(node.inputs) > 1 and node.inputs[1].shape is not None:
+        return 2.0 * elements * float(np.prod(node.inputs[1].shape[1:]))
+    if node.op in ("Gemm", "MatMul") and node.inputs[0].shape is not None:
+        a = _shape(node.inputs[0], node, replaced)
+        transposed = node.op == "Gemm" and node.attrs.get("transA", 0)
+        return 2.0 * elements * (a[0] if transposed and len(a) == 2 else a[-1])
+    return elements

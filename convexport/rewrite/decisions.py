@@ -1,0 +1,74 @@
+"""Whether an exact candidate rewrite is worth applying: `--strategy cost` estimates both sides
+on the target device (cost.py), `--strategy measure` times them there (measure.py); `exact`
+applies every exact rewrite. Each decision keeps its numbers for the report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx_graphsurgeon as gs
+
+from .cost import DEVICES, estimate
+from .matcher import Match
+from .measure import Unmeasurable, measure
+from .primitives import Rewrite
+
+
+@dataclass(frozen=True)
+class Decision:
+    apply: bool
+    numbers: dict           # for the report: how it was decided and with what
+    reason: str = ""        # why not, when it is not applied
+
+
+def replaced_nodes(rewrite: Rewrite, graph_outputs: set[int]) -> list[gs.Node]:
+    """The old nodes the rewrite leaves without readers: the producers of the tensors it
+    replaces, and theirs in turn, while all they feed is replaced or going too (a batching
+    primitive replaces more than its match: the branches it followed)."""
+    replaced = {id(old) for old, _ in rewrite.replace}
+    doomed: dict[int, gs.Node] = {}
+    stack = [old.inputs[0] for old, _ in rewrite.replace if old.inputs]
+    while stack:
+        node = stack.pop()
+        if id(node) in doomed:
+            continue
+        if all(id(out) in replaced or (id(out) not in graph_outputs and all(id(c) in doomed for c in out.outputs))
+               for out in node.outputs):
+            doomed[id(node)] = node
+            stack.extend(t.inputs[0] for t in node.inputs if isinstance(t, gs.Variable) and t.inputs)
+    return list(doomed.values())
+
+
+def by_estimate(match: Match, rewrite: Rewrite, opset: int, device: str, graph_outputs: set[int]) -> Decision:
+    target = DEVICES[device]
+    before = estimate(replaced_nodes(rewrite, graph_outputs), target, rewrite.flops_before)
+    after = estimate(rewrite.nodes, target, rewrite.flops_after, {id(new): old for old, new in rewrite.replace})
+    numbers = {"method": "estimate", "device": device, "before_us": before.seconds * 1e6,
+               "after_us": after.seconds * 1e6, "flops_before": before.flops, "flops_after": after.flops,
+               "bytes_before": before.bytes, "bytes_after": after.bytes, "nodes_before": before.nodes,
+               "nodes_after": after.nodes}
+    apply = after.seconds <= before.seconds
+    reason = "" if apply else (
+        f"estimated {after.seconds * 1e6:.3g} us on {device} instead of {before.seconds * 1e6:.3g} us "
+        f"(FLOPs {before.flops:.3g} -> {after.flops:.3g}, bytes {before.bytes:.3g} -> {after.bytes:.3g}, "
+        f"nodes {before.nodes} -> {after.nodes}); --strategy exact applies it")
+    return Decision(apply, numbers, reason)
+
+
+def by_measurement(match: Match, rewrite: Rewrite, opset: int, device: str, graph_outputs: set[int]) -> Decision:
+    """Time both sides; where they cannot be cut out and run alone, fall back to the estimate."""
+    old_outputs = [old for old, _ in rewrite.replace]
+    new_outputs = [new for _, new in rewrite.replace]
+    if not rewrite.nodes:
+        return Decision(True, {"method": "measured", "device": device, "after_ms": 0.0, "note": "no nodes left"})
+    try:
+        timed = measure(replaced_nodes(rewrite, graph_outputs), old_outputs, rewrite.nodes, new_outputs, opset, device)
+    except Unmeasurable as exc:
+        estimated = by_estimate(match, rewrite, opset, device, graph_outputs)
+        return Decision(estimated.apply, {**estimated.numbers, "note": f"not measurable ({exc}): estimated"},
+                        estimated.reason)
+    numbers = {"method": "measured", "device": device, **timed}
+    apply = timed["after_ms"] <= timed["before_ms"]
+    reason = "" if apply else (f"measured {timed['after_ms'] * 1e3:.3g} us on {device} instead of "
+                               f"{timed['before_ms'] * 1e3:.3g} us (median of {timed['runs']} runs each)")
+    return Decision(apply, numbers, reason)

@@ -1,0 +1,71 @@
+"""`--strategy measure`: a candidate rewrite's old nodes and its new nodes, each cut out as a
+small ONNX model (the tensors they read from the rest of the graph become inputs, static
+shapes with symbolic dims as 1), timed side by side on the target device with ONNX Runtime,
+block-interleaved as `profile` does, for about MEASURE_BUDGET_S each."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
+
+from ..inputs import InputSpec, random_inputs
+from ..profile import time_models
+
+MEASURE_BUDGET_S = 0.25
+
+
+class Unmeasurable(Exception):
+    """The nodes cannot be cut out and run on their own (an input of unknown shape)."""
+
+
+def measure(old_nodes: list[gs.Node], old_outputs: list, new_nodes: list[gs.Node], new_outputs: list,
+            opset: int, device: str) -> dict:
+    """{"before_ms", "after_ms", "runs"}: medians of the two cut-out models."""
+    inputs = _outside_inputs(old_nodes) + [t for t in _outside_inputs(new_nodes) if t not in _outside_inputs(old_nodes)]
+    specs = [InputSpec(t.name, _static(t), _dtype_name(t)) for t in inputs]
+    models = {"before": _cut(old_nodes, inputs, old_outputs, opset), "after": _cut(new_nodes, inputs, new_outputs, opset)}
+    timed = time_models(models, random_inputs(specs, seed=0), device, MEASURE_BUDGET_S)
+    return {"before_ms": timed["before"], "after_ms": timed["after"], "runs": timed["runs"]}
+
+
+def _outside_inputs(nodes: list[gs.Node]) -> list[gs.Variable]:
+    produced = {id(t) for node in nodes for t in node.outputs}
+    found: list[gs.Variable] = []
+    for node in nodes:
+        for tensor in node.inputs:
+            if isinstance(tensor, gs.Variable) and tensor.name and id(tensor) not in produced \
+                    and all(tensor is not seen for seen in found):
+                found.append(tensor)
+    return found
+
+
+def _static(tensor: gs.Variable) -> tuple[int, ...]:
+    if tensor.shape is None or tensor.dtype is None:
+        raise Unmeasurable(f"{tensor.name} has no known shape")
+    return tuple(d if isinstance(d, int) and d > 0 else 1 for d in tensor.shape)
+
+
+def _dtype_name(tensor: gs.Variable) -> str:
+    dtype = tensor.dtype
+    return str(onnx.helper.tensor_dtype_to_np_dtype(dtype)) if isinstance(dtype, int) else str(dtype)
+
+
+def _cut(nodes: list[gs.Node], inputs: list[gs.Variable], outputs: list, opset: int) -> onnx.ModelProto:
+    """The nodes as a model of their own, exported node by node: the graph's tensors are only
+    read (a gs.Graph built over them would relink them)."""
+    if not nodes:
+        raise Unmeasurable("no nodes to time")
+    constants = {id(t): t for node in nodes for t in node.inputs if isinstance(t, gs.Constant)}
+    graph = onnx.helper.make_graph(
+        [OnnxExporter.export_node(node) for node in nodes], "cut",
+        [onnx.helper.make_tensor_value_info(t.name, _onnx_dtype(t), _static(t)) for t in inputs],
+        [onnx.helper.make_tensor_value_info(t.name, _onnx_dtype(t), None) for t in outputs],
+        [OnnxExporter.export_tensor_proto(t) for t in constants.values()])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=10)
+
+
+def _onnx_dtype(tensor) -> int:
+    dtype = tensor.dtype if tensor.dtype is not None else "float32"
+    return dtype if isinstance(dtype, int) else onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
