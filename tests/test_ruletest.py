@@ -18,7 +18,7 @@ from convexport.ruletest.verify import verify_rule
 
 PRIMITIVES = builtin_primitives()
 BUILTIN = load_rules(builtin_rule_files(), set(PRIMITIVES))
-EXAMPLES = int(os.environ.get("CONVEXPORT_RULETEST_EXAMPLES", "30"))
+EXAMPLES = int(os.environ.get("CONVEXPORT_RULETEST_EXAMPLES", "60"))
 runner = CliRunner()
 
 WRONG_PATTERN = """rules:

@@ -12,6 +12,7 @@
     batch_gathered_linears   heads[] = Gemm(Gather(x, i[]), ...): per-row linears as one Einsum
     batch_split_branches     *parts = Split(x): identical branches after a Split, batched
     conv_as_fft              a large-kernel Conv as an FFT convolution (DFT nodes), cost-gated
+    conv_as_separable        a Conv with a low-rank 2-D kernel as a tall conv then a wide conv
 A branch is x itself or a linear node reading x (Conv, BatchNormalization, per-channel
 Mul/Div/Add/Sub, AveragePool, zero Pad): see linear_nodes.py.
 """
@@ -23,6 +24,7 @@ from .conv_branches import concat_branches, sum_branches
 from .constant_maps import linear_of_constant_map, merge_constant_adds
 from .conv_chain import compose_linear
 from .fft_conv import conv_as_fft
+from .separable import conv_as_separable
 
 REGISTRY = {
     "forward_input": forward_input,
@@ -37,4 +39,5 @@ REGISTRY = {
     "batch_gathered_linears": batch_gathered_linears,
     "batch_split_branches": batch_split_branches,
     "conv_as_fft": conv_as_fft,
+    "conv_as_separable": conv_as_separable,
 }

@@ -34,6 +34,9 @@ def compose_linear(match, context) -> Rewrite | Refusal:
     for spec in (first_spec, second_spec):
         if isinstance(spec, Refusal):
             return spec
+    if _is_separable_pair(first_spec, second_spec):
+        return Refusal("a tall conv then a wide conv stays split: composed, it is the low-rank kernel "
+                       "that low-rank-kernel splits (and costs Kh*Kw instead of Kh + Kw taps)")
     limit = int(context.params.get("border_limit_bytes", BORDER_LIMIT_BYTES))
     composition = compose(first_spec, second_spec, spatial_shape(x), limit)
     if isinstance(composition, Refusal):
@@ -51,6 +54,12 @@ def compose_linear(match, context) -> Rewrite | Refusal:
     before = _chain_flops(first, first_spec, second, second_spec)
     after = conv_flops(composition.spec, output.shape)
     return Rewrite(nodes, [(output, folded)], note, before, after, extra)
+
+
+def _is_separable_pair(first, second) -> bool:
+    """Kh x 1 (no bias) then 1 x Kw, Kh and Kw > 1: the pair algebra/separable.py makes."""
+    return (first.nd == second.nd == 2 and first.kernel_shape[1] == 1 < first.kernel_shape[0]
+            and second.kernel_shape[0] == 1 < second.kernel_shape[1] and not first.has_bias)
 
 
 def _chain_flops(first, first_spec, second, second_spec) -> float | None:

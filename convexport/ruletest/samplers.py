@@ -61,15 +61,18 @@ def _data(draws: Draws, slots: list[Slot], ranks) -> tuple[tuple[int, ...], dict
 
 
 def conv(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
-    """Conv(X [N, C, *S], W [M, C/group, *K], B [M]?) over 1-3 spatial dims; one in four
-    drawn inputs is large with a large kernel (what the FFT rule wants)."""
-    large = slots[0].shape is None and "kernel_shape" not in fixed and draws.integer(0, 3) == 3
+    """Conv(X [N, C, *S], W [M, C/group, *K], B [M]?) over 1-3 spatial dims. Of the convs that
+    draw their input, one in four is large with a large kernel (what the FFT rule wants) and
+    one in four is 2-D with a separable kernel of rank 1 or 2 (what the low-rank rule wants)."""
+    kind = draws.choice(["plain", "plain", "large", "separable"]) if slots[0].shape is None else "plain"
+    large = kind == "large" and "kernel_shape" not in fixed
+    separable = kind == "separable" and "group" not in fixed and slots[1].shape is None
     if large:
         spatial = [draws.integer(28, 40)] * 2 if draws.flag() else [draws.integer(300, 400)]
         shape = (draws.integer(1, 2), draws.integer(1, 4), *spatial)
         produced = {0: draws.normal(shape)}
     else:
-        shape, produced = _data(draws, slots, (3, 4, 5))
+        shape, produced = _data(draws, slots, (4,) if separable else (3, 4, 5))
     channels, nd = shape[1], len(shape) - 2
     if slots[1].shape is not None:
         out_channels, per_group, *kernel = slots[1].shape
@@ -77,16 +80,19 @@ def conv(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
             raise Reject
         group = channels // per_group
     else:
-        group = _pick(draws, fixed, "group", lambda: draws.choice(
+        group = 1 if separable else _pick(draws, fixed, "group", lambda: draws.choice(
             sorted({1, channels} | {g for g in range(2, channels) if channels % g == 0})))
         if channels % group:
             raise Reject
-        kernel_choices = [13, 15, 17] if large and nd == 2 else [121, 125] if large else [1, 3, 2, 5]
+        kernel_choices = ([13, 15, 17] if large and nd == 2 else [121, 125] if large else [3, 5] if separable
+                          else [1, 3, 2, 5])
         kernel = _pick(draws, fixed, "kernel_shape", lambda: [draws.choice(kernel_choices) for _ in range(nd)])
         out_channels = draws.choice(sorted({channels} | {group * m for m in (1, 2, 3)}, key=lambda m: m != channels))
         if out_channels % group:
             raise Reject
         produced[1] = draws.normal((out_channels, channels // group, *kernel), 1 / np.sqrt(channels // group * np.prod(kernel)))
+        if separable and min(kernel) > 1:
+            produced[1] = _low_rank_kernel(draws, produced[1].shape)
     if len(kernel) != nd:
         raise Reject
     attrs = {"group": group} if group != 1 or "group" in fixed or draws.flag() else {}
@@ -98,6 +104,15 @@ def conv(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
     if _open(slots, 2):
         produced[2] = draws.normal((out_channels,))
     return Draft(attrs, _values(slots, produced))
+
+
+def _low_rank_kernel(draws: Draws, shape) -> np.ndarray:
+    """W [O, I, Kh, Kw] = sum over r < R of p_r[o] q_r[i] b_r[kh] c_r[kw], R = 1 or 2: rank R
+    as a [(i, kh), (o, kw)] matrix."""
+    rank = draws.integer(1, 2)
+    out_channels, in_channels, rows, cols = shape
+    factors = [draws.normal((size, rank)) for size in (out_channels, in_channels, rows, cols)]
+    return np.einsum("or,ir,kr,lr->oikl", *factors).astype(np.float32)
 
 
 def _padding(draws: Draws, fixed: dict, kernel, dilations) -> dict:

@@ -1,0 +1,101 @@
+"""low-rank-kernel: a Conv whose 2-D kernel has low rank becomes a tall conv then a wide conv."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from convexport.algebra import ConvSpec, Refusal
+from convexport.algebra.separable import split_separable
+from graphs import GraphBuilder, rewrite
+from helpers import op_counts, run
+
+rng = np.random.default_rng(0)
+
+
+def low_rank(out_channels, in_channels, rows, cols, rank):
+    factors = [rng.standard_normal((size, rank)) for size in (out_channels, in_channels, rows, cols)]
+    return np.einsum("or,ir,kr,lr->oikl", *factors)
+
+
+def separable_model(shape, weight, bias=True, **attrs):
+    builder = GraphBuilder(shape)
+    inputs = ["x", builder.const(weight, "w")]
+    if bias:
+        inputs.append(builder.const(rng.standard_normal(weight.shape[0]), "b"))
+    y = builder.node("Conv", inputs, kernel_shape=list(weight.shape[2:]), **attrs)
+    return builder.model([builder.node("Relu", [y])])
+
+
+def check_equal(model, rewritten, shape):
+    x = rng.standard_normal(shape).astype(np.float32)
+    expected, actual = run(model, {"x": x})[0], run(rewritten, {"x": x})[0]
+    scale = max(float(np.sqrt(np.mean(expected ** 2))), 1e-6)
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5 * scale)
+
+
+GRID = list(itertools.product([(1, 1), (2, 1), (1, 3)], [(1, 1), (2, 1), (1, 2)],
+                              [(0, 0, 0, 0), (3, 3, 3, 3), (1, 2, 0, 4)], [True, False], [1, 2]))
+
+
+@pytest.mark.parametrize("strides, dilations, pads, bias, rank", GRID)
+def test_low_rank_kernel_splits_exactly(strides, dilations, pads, bias, rank):
+    shape = [2, 6, 24, 20]
+    weight = low_rank(8, 6, 7, 5, rank)
+    model = separable_model(shape, weight, bias, strides=list(strides), dilations=list(dilations), pads=list(pads))
+    outcome = rewrite(model, "exact")
+    (applied,) = [entry for entry in outcome.applied if entry["rule"] == "low-rank-kernel"]
+    assert applied["rank"] == rank and op_counts(outcome.model)["Conv"] == 2
+    kernels = sorted(tuple(init.dims[2:]) for init in outcome.model.graph.initializer if len(init.dims) == 4)
+    assert kernels == [(1, 5), (7, 1)]
+    check_equal(model, outcome.model, shape)
+
+
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER", "VALID"])
+def test_auto_pad_splits_exactly(auto_pad):
+    shape = [1, 4, 17, 16]
+    model = separable_model(shape, low_rank(4, 4, 5, 3, 1), auto_pad=auto_pad)
+    outcome = rewrite(model, "exact")
+    assert op_counts(outcome.model)["Conv"] == 2
+    check_equal(model, outcome.model, shape)
+
+
+@pytest.mark.parametrize("weight, attrs, reason", [
+    (rng.standard_normal((8, 6, 7, 5)), {}, "full rank"),                      # a random kernel
+    (low_rank(1, 1, 3, 3, 2), {}, "would cost"),                               # rank 2 of 3: no saving
+])
+def test_kernels_that_do_not_pay_stay_whole(weight, attrs, reason):
+    shape = [1, weight.shape[1], 12, 12]
+    outcome = rewrite(separable_model(shape, weight, **attrs), "exact")
+    assert op_counts(outcome.model)["Conv"] == 1
+    assert any(entry["rule"] == "low-rank-kernel" and reason in entry["reason"] for entry in outcome.skipped)
+
+
+@pytest.mark.parametrize("shape, weight, attrs", [
+    ([1, 4, 30], low_rank(4, 4, 7, 1, 1)[..., 0], {}),                        # 1-D: no rows and columns
+    ([1, 4, 10, 10, 10], np.einsum("oikl,m->oiklm", low_rank(4, 4, 3, 3, 1), np.ones(3)), {}),   # 3-D
+    ([1, 4, 20, 20], low_rank(4, 1, 7, 7, 1), {"group": 4}),                  # grouped
+    ([1, 4, 20, 20], low_rank(4, 4, 7, 1, 1), {}),                            # already a column
+])
+def test_other_convs_are_not_split(shape, weight, attrs):
+    outcome = rewrite(separable_model(shape, weight, **attrs), "exact")
+    assert "low-rank-kernel" not in [entry["rule"] for entry in outcome.applied]
+
+
+def test_the_split_is_not_composed_back():
+    """conv-conv would fold the tall and wide convs into the kernel low-rank-kernel splits:
+    it declines, so `exact` reaches a fixed point instead of alternating."""
+    shape = [1, 6, 24, 24]
+    model = separable_model(shape, low_rank(8, 6, 9, 9, 1), pads=[4, 4, 4, 4])
+    outcome = rewrite(model, "exact")
+    assert outcome.passes == 2 and op_counts(outcome.model)["Conv"] == 2
+    assert any(entry["rule"] == "conv-conv" and "stays split" in entry["reason"] for entry in outcome.skipped)
+
+
+def test_split_algebra_refuses_what_it_cannot_reproduce():
+    spec = ConvSpec(rng.standard_normal((3, 2, 3, 3)), np.zeros(3), False, (1, 1), (1, 1), (0, 0), (0, 0))
+    assert isinstance(split_separable(spec), Refusal)
+    one_d = ConvSpec(rng.standard_normal((3, 2, 3)), np.zeros(3), False, (1,), (1,), (0,), (0,))
+    assert "1-D" in split_separable(one_d).reason
