@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..algebra import Refusal, combine_parallel, concat_parallel, identity_conv
 from ..rewrite.primitives import Rewrite
 from .conv_chain import output_dtype
-from .convnodes import conv_flops, make_conv, spatial_shape
+from .convnodes import make_conv, node_flops, spatial_shape
 from .linear_nodes import linear_spec
 
 
@@ -25,9 +25,8 @@ def _branches(tensors, x, context):
     return refusal, specs
 
 
-def _flops(tensors, specs, x) -> float | None:
-    parts = [0.0 if tensor is x else conv_flops(spec, tensor.shape)
-             for tensor, spec in zip(tensors, specs)]
+def _flops(tensors, x) -> float | None:
+    parts = [0.0 if tensor is x else node_flops(tensor.inputs[0]) for tensor in tensors]
     return None if None in parts else float(sum(parts))
 
 
@@ -61,5 +60,4 @@ def concat_branches(match, context) -> Rewrite | Refusal:
 def _replace_root(match, context, merged, tensors, specs, note) -> Rewrite:
     output = match.root.outputs[0]
     node, folded = make_conv(context, match.values["x"], merged, output_dtype(match.root), output.name)
-    after = conv_flops(merged, output.shape)
-    return Rewrite([node], [(output, folded)], note, _flops(tensors, specs, match.values["x"]), after)
+    return Rewrite([node], [(output, folded)], note, _flops(tensors, match.values["x"]), node_flops(node, output.shape))

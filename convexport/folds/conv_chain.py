@@ -8,7 +8,7 @@ import onnx_graphsurgeon as gs
 
 from ..algebra import Refusal, compose
 from ..rewrite.primitives import Rewrite
-from .convnodes import conv_flops, make_conv, spatial_shape
+from .convnodes import make_conv, node_flops, spatial_shape
 from .linear_nodes import data_input, linear_spec
 
 # A bias of the first node read through the second's zero padding is exact only with a
@@ -51,8 +51,9 @@ def compose_linear(match, context) -> Rewrite | Refusal:
         nodes.append(gs.Node("Add", context.fresh(output.name + "_border_add"), inputs=[folded, border], outputs=[corrected]))
         extra["border_map_bytes"] = int(composition.border.size * output_dtype(second).itemsize)
         folded, note = corrected, note + f" plus a constant border map of {extra['border_map_bytes']} bytes"
-    before = _chain_flops(first, first_spec, second, second_spec)
-    after = conv_flops(composition.spec, output.shape)
+    parts = [node_flops(first), node_flops(second)]
+    before = None if None in parts else sum(parts)
+    after = node_flops(node, output.shape)
     return Rewrite(nodes, [(output, folded)], note, before, after, extra)
 
 
@@ -60,9 +61,3 @@ def _is_separable_pair(first, second) -> bool:
     """Kh x 1 (no bias) then 1 x Kw, Kh and Kw > 1: the pair algebra/separable.py makes."""
     return (first.nd == second.nd == 2 and first.kernel_shape[1] == 1 < first.kernel_shape[0]
             and second.kernel_shape[0] == 1 < second.kernel_shape[1] and not first.has_bias)
-
-
-def _chain_flops(first, first_spec, second, second_spec) -> float | None:
-    parts = [conv_flops(spec, node.outputs[0].shape)
-             for node, spec in ((first, first_spec), (second, second_spec))]
-    return None if None in parts else float(sum(parts))

@@ -43,6 +43,18 @@ def make_conv(context, x, spec: ConvSpec, dtype: np.dtype, base: str) -> tuple[g
     return node, output
 
 
+def node_flops(node: gs.Node, output_shape=None) -> float | None:
+    """FLOPs per sample of a node (its output shape, or `output_shape` for a new node that
+    has none yet): a Conv's 2 * O * prod(out spatial) * prod(W.shape[1:]), one per output
+    element for anything else; None for an unknown shape."""
+    shape = node.outputs[0].shape if output_shape is None else output_shape
+    if shape is None or len(shape) < 2 or any(not isinstance(d, int) for d in shape[1:]):
+        return None
+    elements = float(np.prod(shape[1:]))
+    weight = node.inputs[1].shape if node.op == "Conv" and len(node.inputs) > 1 else None
+    return 2.0 * elements * float(np.prod(weight[1:])) if weight is not None else elements
+
+
 def conv_flops(spec: ConvSpec, output_shape) -> float | None:
     """2 * O * prod(out spatial) * (I/g) * prod(k): the FLOPs of the Conv emitted for `spec`,
     per sample (None when the output's spatial shape is unknown)."""

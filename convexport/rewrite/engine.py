@@ -73,10 +73,10 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule], primitives: dict[st
         context = RewriteContext(graph, opset, NameGenerator(graph), {}, strategy, device,
                                  {} if decided is None else decided)
         changed = _run_pass(graph, rules, primitives, context, applied, skipped, limit)
+        if not changed:              # the graph is `current` again: nothing to export
+            break
         graph.cleanup(remove_unused_graph_inputs=False).toposort()
         current = infer_shapes(export_graph(graph, model), source)
-        if not changed:
-            break
     final_nodes = {node.name for scope in proto_scopes(current.graph) for node in scope.node}
     still_there = [entry for entry in skipped.values() if set(entry["nodes"]) <= final_nodes]
     return RewriteOutcome(current, applied, still_there, passes)
