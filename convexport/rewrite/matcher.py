@@ -55,8 +55,13 @@ class PatternMatcher:
         self.graph_outputs = graph_outputs
         self.members = members          # ids of the nodes of the graph being matched (one scope)
         self.producers = {ref.name: line for line in rule.pattern for ref in line.outputs}
+        # ops that must produce some input of the root: a cheap test before a full match
+        self.root_feeders = {self.producers[ref.name].op_type for ref in rule.root.inputs
+                             if not ref.variadic and ref.name in self.producers}
 
     def match(self, root: gs.Node) -> Match | None:
+        if self.root_feeders - {t.inputs[0].op for t in root.inputs if isinstance(t, gs.Variable) and len(t.inputs) == 1}:
+            return None
         state = _State()
         if not self._node(self.rule.root, root, state, None):
             return None
