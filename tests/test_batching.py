@@ -173,3 +173,17 @@ def test_random_identical_branches_stay_exact(count, channels, kernel, residual,
     y = builder.node("Concat", ends, axis=1)
     outcome, counts = fold(builder, [y])
     assert counts["Conv"] == 2
+
+
+def test_a_gemm_bias_per_row_is_not_taken_for_one_per_output():
+    """Found by `rules test`: C of shape [M, 1] has O elements when M == O, but it varies over
+    the rows; packing it as a per-output bias was wrong."""
+    builder = GraphBuilder([2, 2, 3])
+    heads = [builder.node("Gemm", [builder.node("Gather", ["x", builder.const(np.array(i, np.int64), "i", np.int64)],
+                                                axis=1),
+                                   builder.const(builder.rng.standard_normal([3, 2]), "w"),
+                                   builder.const(builder.rng.standard_normal([2, 1]), "b")])
+             for i in range(2)]
+    outcome, counts = fold(builder, heads, strategy="exact")
+    assert counts.get("Gemm") == 2
+    assert any("varies over the batch" in entry["reason"] for entry in outcome.skipped)

@@ -143,7 +143,7 @@ def batch_gathered_linears(match, context) -> Rewrite | Refusal | None:
     transposed = bool(gemms[0].attrs.get("transB", 0))
     biases = [None if len(g.inputs) < 3 or is_absent(g.inputs[2]) else constant_value(g.inputs[2]) for g in gemms]
     out_features = constant_value(gemms[0].inputs[1]).shape[0 if transposed else 1]
-    if any(b is not None and np.asarray(b).size not in (1, out_features) for b in biases):
+    if any(b is not None and not _per_column(np.asarray(b), out_features) for b in biases):
         return Refusal("a Gemm bias varies over the batch")
     weight, bias = pack_linear_heads([constant_value(g.inputs[1]) for g in gemms], biases, transposed,
                                      float(gemms[0].attrs.get("alpha", 1.0)), float(gemms[0].attrs.get("beta", 1.0)))
@@ -177,6 +177,12 @@ def _contract(build, rows, weight, shape, form: str):
     by_class = build.node("Transpose", [rows], {"perm": [1, 0, 2]}, base="by_class")
     product = build.node("MatMul", [by_class, weight], shape=(n, batch, shape[2]), base="batched_matmul")
     return build.node("Transpose", [product], {"perm": [1, 0, 2]}, shape, base="by_row")
+
+
+def _per_column(bias: np.ndarray, out_features: int) -> bool:
+    """A Gemm C that is the same for every row: [], [1], [O], [1, 1] or [1, O] (not [M, 1]
+    or [M, O], which differ between rows even when their size equals O)."""
+    return bias.size in (1, out_features) and (bias.ndim < 2 or bias.shape[0] == 1)
 
 
 def _gemm_key(gemm):
