@@ -123,3 +123,16 @@ def test_training_mode_dropout_is_kept():
     model = make_model(nodes, [tensor("x", [2])], [tensor("y", [2])],
                        {"r": np.array(0.5, np.float32), "t": np.array(True)})
     assert op_counts(rewrite(model).model) == {"Dropout": 1}
+
+
+@pytest.mark.parametrize("first, second", [((), ()), ((), (4,)), ((1, 3, 1, 1), (1,))])
+def test_two_constant_adds_become_one(first, second):
+    """add-add-constants; scalar + scalar once crashed (a numpy scalar is not an array)."""
+    nodes = [helper.make_node("Add", ["x", "m1"], ["h"]), helper.make_node("Add", ["h", "m2"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    values = {"m1": np.full(first, 0.5, np.float32), "m2": np.arange(np.prod(second, dtype=int), dtype=np.float32).reshape(second)}
+    model = make_model(nodes, [tensor("x", [2, 3, 4, 4])], [tensor("y", [2, 3, 4, 4])], values)
+    outcome = rewrite(model)
+    assert op_counts(outcome.model) == {"Add": 1, "Relu": 1}
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)}
+    np.testing.assert_allclose(run(outcome.model, feeds)[0], run(model, feeds)[0], rtol=1e-6, atol=1e-6)
