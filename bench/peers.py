@@ -22,7 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,7 +164,7 @@ def main() -> None:
     parser.add_argument("--write", type=Path, help="Also write the tables to this Markdown file.")
     parser.add_argument("--only", help="Only the models whose label contains this.")
     args = parser.parse_args()
-    lines = [f"# convexport benchmark\n",
+    lines = ["# convexport benchmark\n",
              f"{datetime.date.today()}, {platform.machine()} with {os.cpu_count()} cores, ONNX Runtime "
              f"{__import__('onnxruntime').__version__} on {args.device}; latency is the median of block-"
              "interleaved runs (convexport/profile.py); errors are max |cand - ref| / max(|ref|, rms(ref))."]

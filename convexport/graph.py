@@ -63,6 +63,15 @@ def export_graph(graph: gs.Graph, template: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def tensor_dtype(tensor) -> np.dtype:
+    """The numpy dtype of a gs tensor, float32 when unknown (onnx-graphsurgeon keeps types
+    numpy lacks, such as bfloat16, as ONNX type numbers: ml_dtypes supplies those)."""
+    dtype = tensor.dtype
+    if dtype is None:
+        return np.dtype(np.float32)
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dtype) if isinstance(dtype, int) else dtype)
+
+
 def is_absent(tensor) -> bool:
     """An omitted optional input: missing or the empty name."""
     return tensor is None or (isinstance(tensor, gs.Variable) and not tensor.name)
@@ -125,8 +134,9 @@ class NameGenerator:
     """Fresh tensor and node names that collide with nothing in the graph or its subgraphs."""
 
     def __init__(self, graph: gs.Graph):
-        self._taken = {name for scope in all_graphs(graph) for name in scope.tensors()} | {
-            node.name for scope in all_graphs(graph) for node in scope.nodes}
+        scopes = all_graphs(graph)
+        self._taken = {name for scope in scopes for name in scope.tensors()} | {
+            node.name for scope in scopes for node in scope.nodes}
         self._counter = itertools.count()
 
     def __call__(self, base: str) -> str:

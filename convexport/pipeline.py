@@ -89,7 +89,6 @@ def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str
             measured = profile_models({"before": exported.model, "after": outcome.model}, inputs_for_check, device)
         except MissingKernel as exc:
             report["profile_skipped"] = str(exc)
-            measured = None
     if measured:
         before, after = measured["before"]["latency_ms"]["median"], measured["after"]["latency_ms"]["median"]
         report["profile"] = {**measured, "speedup": before / after if after > 0 else None}

@@ -8,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from graphs import GraphBuilder, fold
-from helpers import op_counts
 
 
 def gathered_linears(builder, x, groups_of_classes, out_features, bias=True, transposed=True):

@@ -6,8 +6,6 @@ engine and ONNX Runtime (float32, rtol 1e-4 / atol 1e-5 relative to the output's
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 

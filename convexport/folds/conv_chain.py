@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
 
 from ..algebra import Refusal, compose
+from ..graph import tensor_dtype
 from ..rewrite.primitives import Rewrite
 from .convnodes import make_conv, node_flops, spatial_shape
 from .linear_nodes import data_input, linear_spec
@@ -17,13 +17,8 @@ from .linear_nodes import data_input, linear_spec
 BORDER_LIMIT_BYTES = 4 << 20
 
 
-def output_dtype(node: gs.Node):
-    """The numpy dtype of the node's output (onnx-graphsurgeon keeps types numpy lacks, such
-    as bfloat16, as ONNX type numbers: ml_dtypes supplies those)."""
-    dtype = node.outputs[0].dtype
-    if dtype is None:
-        return np.dtype(np.float32)
-    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dtype) if isinstance(dtype, int) else dtype)
+def output_dtype(node: gs.Node) -> np.dtype:
+    return tensor_dtype(node.outputs[0])
 
 
 def compose_linear(match, context) -> Rewrite | Refusal:

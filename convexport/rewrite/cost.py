@@ -19,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
+
+from ..graph import tensor_dtype
 
 
 @dataclass(frozen=True)
@@ -96,15 +97,7 @@ def _bytes(tensor, node: gs.Node, replaced) -> float:
     shape = _shape(tensor, node, replaced)
     if shape is None or not getattr(tensor, "name", ""):
         return 0.0
-    return float(np.prod(shape)) * _itemsize(tensor.dtype)
-
-
-def _itemsize(dtype) -> int:
-    if dtype is None:
-        return 4
-    if isinstance(dtype, int):
-        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dtype)).itemsize
-    return np.dtype(dtype).itemsize
+    return float(np.prod(shape)) * tensor_dtype(tensor).itemsize
 
 
 def _node_flops(node: gs.Node, replaced) -> float:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import onnx_graphsurgeon as gs
 
 from .cost import DEVICES, estimate
-from .matcher import Match
 from .measure import Unmeasurable, measure
 from .primitives import Rewrite
 
@@ -39,7 +38,7 @@ def replaced_nodes(rewrite: Rewrite, graph_outputs: set[int]) -> list[gs.Node]:
     return list(doomed.values())
 
 
-def by_estimate(match: Match, rewrite: Rewrite, opset: int, device: str, graph_outputs: set[int]) -> Decision:
+def by_estimate(rewrite: Rewrite, opset: int, device: str, graph_outputs: set[int]) -> Decision:
     target = DEVICES[device]
     before = estimate(replaced_nodes(rewrite, graph_outputs), target, rewrite.flops_before)
     after = estimate(rewrite.nodes, target, rewrite.flops_after, {id(new): old for old, new in rewrite.replace})
@@ -61,22 +60,23 @@ def by_estimate(match: Match, rewrite: Rewrite, opset: int, device: str, graph_o
 NOISE_FLOOR_MS = 0.05
 
 
-def by_measurement(match: Match, rewrite: Rewrite, opset: int, device: str, graph_outputs: set[int]) -> Decision:
-    """Time both sides; where they cannot be cut out and run alone, fall back to the estimate."""
-    old_outputs = [old for old, _ in rewrite.replace]
-    new_outputs = [new for _, new in rewrite.replace]
+def by_measurement(rewrite: Rewrite, opset: int, device: str, graph_outputs: set[int]) -> Decision:
+    """Time both sides; where they cannot be cut out and run alone, or run too fast for the
+    timing to mean anything, the estimate decides (and the report says why)."""
+    def estimated(note: str, timed: dict | None = None) -> Decision:
+        decision = by_estimate(rewrite, opset, device, graph_outputs)
+        return Decision(decision.apply, {**decision.numbers, **(timed or {}), "note": note}, decision.reason)
+
     if not rewrite.nodes:
         return Decision(True, {"method": "measured", "device": device, "after_ms": 0.0, "note": "no nodes left"})
     try:
-        timed = measure(replaced_nodes(rewrite, graph_outputs), old_outputs, rewrite.nodes, new_outputs, opset, device)
+        timed = measure(replaced_nodes(rewrite, graph_outputs), [old for old, _ in rewrite.replace], rewrite.nodes,
+                        [new for _, new in rewrite.replace], opset, device)
     except Unmeasurable as exc:
-        estimated = by_estimate(match, rewrite, opset, device, graph_outputs)
-        return Decision(estimated.apply, {**estimated.numbers, "note": f"not measurable ({exc}): estimated"},
-                        estimated.reason)
+        return estimated(f"not measurable ({exc}): estimated")
     if max(timed["before_ms"], timed["after_ms"]) < NOISE_FLOOR_MS:
-        estimated = by_estimate(match, rewrite, opset, device, graph_outputs)
-        note = f"measured {timed['before_ms'] * 1e3:.3g} -> {timed['after_ms'] * 1e3:.3g} us: below the noise floor, estimated"
-        return Decision(estimated.apply, {**estimated.numbers, **timed, "note": note}, estimated.reason)
+        return estimated(f"measured {timed['before_ms'] * 1e3:.3g} -> {timed['after_ms'] * 1e3:.3g} us: below the "
+                         "noise floor, estimated", timed)
     numbers = {"method": "measured", "device": device, **timed}
     apply = timed["after_ms"] <= timed["before_ms"]
     reason = "" if apply else (f"measured {timed['after_ms'] * 1e3:.3g} us on {device} instead of "

@@ -97,10 +97,11 @@ def _run_scope(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primiti
                applied: list[dict], skipped: dict[tuple, dict], limit: int | None) -> bool:
     changed = False
     dead: set[int] = set()          # nodes a rewrite left without readers, dropped as it goes
+    members = set(map(id, graph.nodes))      # this scope's nodes, new ones added as they come
     for rule in rules:
         if limit is not None and len(applied) >= limit:
             break
-        matcher = PatternMatcher(rule, base.opset, set(map(id, graph.outputs)), set(map(id, graph.nodes)))
+        matcher = PatternMatcher(rule, base.opset, set(map(id, graph.outputs)), members)
         for anchor in _anchors(graph, rule, dead):
             if limit is not None and len(applied) >= limit:
                 break
@@ -122,7 +123,7 @@ def _run_scope(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primiti
             applied.append({**entry, "reason": verdict.note, **_cost_fields(verdict), **verdict.extra})
             changed = True
             matcher.graph_outputs = set(map(id, graph.outputs))
-            matcher.members |= set(map(id, verdict.nodes))
+            members.update(map(id, verdict.nodes))
     graph.nodes = [node for node in graph.nodes if id(node) not in dead]
     return changed
 
@@ -177,7 +178,7 @@ def _decide(match: Match, primitive: Primitive, context: RewriteContext) -> Rewr
     key = (match.rule.name, tuple(match.node_names()))
     if key not in context.decided:
         judge = by_measurement if context.strategy == "measure" else by_estimate
-        context.decided[key] = judge(match, result, context.opset, context.device, set(map(id, context.graph.outputs)))
+        context.decided[key] = judge(result, context.opset, context.device, set(map(id, context.graph.outputs)))
     decision = context.decided[key]
     if not decision.apply:
         return Skip(decision.reason, decision.numbers)

@@ -5,11 +5,11 @@ block-interleaved as `profile` does, for about MEASURE_BUDGET_S each."""
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 
+from ..graph import tensor_dtype
 from ..inputs import InputSpec, random_inputs
 from ..profile import time_models
 
@@ -23,8 +23,9 @@ class Unmeasurable(Exception):
 def measure(old_nodes: list[gs.Node], old_outputs: list, new_nodes: list[gs.Node], new_outputs: list,
             opset: int, device: str) -> dict:
     """{"before_ms", "after_ms", "runs"}: medians of the two cut-out models."""
-    inputs = _outside_inputs(old_nodes) + [t for t in _outside_inputs(new_nodes) if t not in _outside_inputs(old_nodes)]
-    specs = [InputSpec(t.name, _static(t), _dtype_name(t)) for t in inputs]
+    old_inputs = _outside_inputs(old_nodes)
+    inputs = old_inputs + [t for t in _outside_inputs(new_nodes) if all(t is not seen for seen in old_inputs)]
+    specs = [InputSpec(t.name, _static(t), str(tensor_dtype(t))) for t in inputs]
     models = {"before": _cut(old_nodes, inputs, old_outputs, opset), "after": _cut(new_nodes, inputs, new_outputs, opset)}
     timed = time_models(models, random_inputs(specs, seed=0), device, MEASURE_BUDGET_S)
     return {"before_ms": timed["before"], "after_ms": timed["after"], "runs": timed["runs"]}
@@ -47,11 +48,6 @@ def _static(tensor: gs.Variable) -> tuple[int, ...]:
     return tuple(d if isinstance(d, int) and d > 0 else 1 for d in tensor.shape)
 
 
-def _dtype_name(tensor: gs.Variable) -> str:
-    dtype = tensor.dtype
-    return str(onnx.helper.tensor_dtype_to_np_dtype(dtype)) if isinstance(dtype, int) else str(dtype)
-
-
 def _cut(nodes: list[gs.Node], inputs: list[gs.Variable], outputs: list, opset: int) -> onnx.ModelProto:
     """The nodes as a model of their own, exported node by node: the graph's tensors are only
     read (a gs.Graph built over them would relink them)."""
@@ -67,5 +63,4 @@ def _cut(nodes: list[gs.Node], inputs: list[gs.Variable], outputs: list, opset: 
 
 
 def _onnx_dtype(tensor) -> int:
-    dtype = tensor.dtype if tensor.dtype is not None else "float32"
-    return dtype if isinstance(dtype, int) else onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    return onnx.helper.np_dtype_to_tensor_dtype(tensor_dtype(tensor))

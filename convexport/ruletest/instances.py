@@ -3,8 +3,8 @@ random shapes, attributes and weights (samplers.py), for `convexport rules test`
 
 A pattern name is a constant (an initializer) when the pattern writes `name:const` or a
 `constant:` condition names it, and a graph input otherwise. Around the pattern an instance
-may add what a rule's primitive looks at beyond its match: a producer of the same op feeding
-the first input (a Concat of a Concat), identical op chains after the outputs of a group or a
+may add what a rule's primitive looks at beyond its match: a reader of the root's output (a
+rewrite may not rename a graph output), a producer of the same op feeding the first input (a Concat of a Concat), identical op chains after the outputs of a group or a
 Split (what branch batching follows) joined by a Concat, an intermediate that is also a graph
 output (what `private` guards), optional inputs present or absent, commutative inputs
 swapped, and a constant shared by every element of a group.
@@ -20,7 +20,6 @@ import onnx
 from hypothesis import strategies as st
 from onnx import helper, numpy_helper
 
-from ..errors import ConvexportError
 from ..rewrite.pattern import COMMUTATIVE, PatternNode, ValueRef
 from ..rewrite.rulefile import Rule
 from .draws import Draws
@@ -89,8 +88,7 @@ class _InstanceBuilder:
         slots = [Slot(self._shape(name) if name is not None else None, name != ABSENT) for name in names]
         reused = template is not None and self.sharing != "independent" and _same_layout(template[0], slots)
         if reused:
-            draft = Draft(template[0].attrs, [None if v is None else self._shuffled(v) for v in template[0].values],
-                          template[0].outputs)
+            draft = self._reshuffled(template[0])
         else:
             outputs = None if line.outputs[0].variadic else len(line.outputs)
             draft = SAMPLERS[line.op_type](self.draws, slots, fixed, outputs)
@@ -99,7 +97,7 @@ class _InstanceBuilder:
             if name is None:
                 shared = template[1][position] if reused and self.sharing == "same-constants" else None
                 name = shared if shared and ref.name in self.constants else self._materialize(ref, draft.values[position])
-                if ref is not None and not ref.wildcard:
+                if not ref.wildcard:
                     self.env[self._key(ref, element)] = name
             inputs.append(name)
         if element is None or element == 0:
@@ -196,7 +194,7 @@ class _InstanceBuilder:
                 elif self.sharing == "same-constants":       # one shared operand (a residual, a scale)
                     draft, constants = template
                 else:
-                    draft = Draft(template[0].attrs, [None if v is None else self._shuffled(v) for v in template[0].values])
+                    draft = self._reshuffled(template[0])
                     constants = [self._materialize(ValueRef("chain", constant=True), v) for v in draft.values[1:]]
                 inputs = [tail, *constants]
                 tails[position] = self._add_node(op, inputs, draft.attrs, 1, op.lower())[0]
@@ -226,19 +224,24 @@ class _InstanceBuilder:
             return None
         return tuple(d.dim_value for d in self.types[name].tensor_type.shape.dim)
 
-    def _shuffled(self, value: np.ndarray) -> np.ndarray:
-        """Another value with the same shape and the same set of entries (so still valid:
-        positive variances stay positive, indices in range, sizes summing to the same)."""
+    def _reshuffled(self, draft: Draft) -> Draft:
+        """The draft's attributes with each value's entries shuffled: the same shapes and the
+        same sets of entries, so still valid (positive variances stay positive, indices in
+        range, sizes summing to the same)."""
+        return Draft(draft.attrs, [None if value is None else self._shuffled(value) for value in draft.values],
+                     draft.outputs)
+
+    def _shuffled(self, value) -> np.ndarray:
         flat = np.asarray(value).reshape(-1).copy()
         self.draws.rng.shuffle(flat)
-        return flat.reshape(np.shape(value)).astype(np.asarray(value).dtype)
+        return flat.reshape(np.shape(value))
 
-    def _materialize(self, ref: ValueRef | None, value) -> str:
+    def _materialize(self, ref: ValueRef, value) -> str:
         if value is None:
             raise Reject
         value = np.asarray(value)
-        name = self._fresh("x" if ref is None or ref.wildcard else ref.name)
-        if ref is not None and (ref.constant or ref.name in self.constants):
+        name = self._fresh("x" if ref.wildcard else ref.name)
+        if ref.constant or ref.name in self.constants:
             self.initializers[name] = value
         else:
             self.feeds[name] = value
@@ -258,9 +261,9 @@ class _InstanceBuilder:
         except Exception:
             raise Reject from None
         for name in names:
-            shape = inferred[name].tensor_type.shape if name in inferred else None
-            if shape is None or not inferred[name].tensor_type.HasField("shape") or any(
-                    not d.HasField("dim_value") or d.dim_value <= 0 for d in shape.dim):
+            tensor_type = inferred[name].tensor_type if name in inferred else None
+            if tensor_type is None or not tensor_type.HasField("shape") or any(
+                    not d.HasField("dim_value") or d.dim_value <= 0 for d in tensor_type.shape.dim):
                 raise Reject
             self.types[name] = inferred[name]
         for name in inputs:
@@ -310,13 +313,11 @@ def _count_minimums(rule: Rule) -> dict[str, int]:
 
 
 def _topological_order(pattern: tuple[PatternNode, ...]) -> list[int]:
-    """Producers before readers; file order among the rest. A cycle is a rule-file error."""
+    """Producers before readers, file order among the rest (rulefile.py has already refused
+    patterns whose lines form a cycle)."""
     producer = {ref.name: index for index, line in enumerate(pattern) for ref in line.outputs}
     needs = {index: {producer[ref.name] for ref in line.inputs if ref.name in producer} for index, line in enumerate(pattern)}
     order: list[int] = []
     while len(order) < len(pattern):
-        ready = [index for index in range(len(pattern)) if index not in order and needs[index] <= set(order)]
-        if not ready:
-            raise ConvexportError(f"rule {pattern[-1].text!r}: the pattern's lines form a cycle")
-        order.append(ready[0])
+        order.append(next(index for index in range(len(pattern)) if index not in order and needs[index] <= set(order)))
     return order

@@ -38,8 +38,11 @@ class Draft:
 Sampler = Callable[[Draws, list[Slot], dict, "int | None"], Draft]
 
 
-def _pick(draws: Draws, fixed: dict, name: str, choose: Callable[[], object]):
-    return list(fixed[name]) if isinstance(fixed.get(name), tuple) else fixed[name] if name in fixed else choose()
+def _pick(fixed: dict, name: str, choose: Callable[[], object]):
+    """The pattern's value for attribute `name` (a list where the pattern wrote a tuple), or choose()."""
+    if name not in fixed:
+        return choose()
+    return list(fixed[name]) if isinstance(fixed[name], tuple) else fixed[name]
 
 
 def _open(slots: list[Slot], index: int) -> bool:
@@ -80,13 +83,13 @@ def conv(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
             raise Reject
         group = channels // per_group
     else:
-        group = 1 if separable else _pick(draws, fixed, "group", lambda: draws.choice(
+        group = 1 if separable else _pick(fixed, "group", lambda: draws.choice(
             sorted({1, channels} | {g for g in range(2, channels) if channels % g == 0})))
         if channels % group:
             raise Reject
         kernel_choices = ([13, 15, 17] if large and nd == 2 else [121, 125] if large else [3, 5] if separable
                           else [1, 3, 2, 5])
-        kernel = _pick(draws, fixed, "kernel_shape", lambda: [draws.choice(kernel_choices) for _ in range(nd)])
+        kernel = _pick(fixed, "kernel_shape", lambda: [draws.choice(kernel_choices) for _ in range(nd)])
         out_channels = draws.choice(sorted({channels} | {group * m for m in (1, 2, 3)}, key=lambda m: m != channels))
         if out_channels % group:
             raise Reject
@@ -98,8 +101,8 @@ def conv(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
     attrs = {"group": group} if group != 1 or "group" in fixed or draws.flag() else {}
     if not draws.flag():
         attrs["kernel_shape"] = list(kernel)
-    attrs["strides"] = _pick(draws, fixed, "strides", lambda: [1 if large else draws.choice([1, 2, 3]) for _ in range(nd)])
-    attrs["dilations"] = _pick(draws, fixed, "dilations", lambda: [1 if large else draws.choice([1, 2]) for _ in range(nd)])
+    attrs["strides"] = _pick(fixed, "strides", lambda: [1 if large else draws.choice([1, 2, 3]) for _ in range(nd)])
+    attrs["dilations"] = _pick(fixed, "dilations", lambda: [1 if large else draws.choice([1, 2]) for _ in range(nd)])
     attrs.update(_padding(draws, fixed, kernel, attrs["dilations"]))
     if _open(slots, 2):
         produced[2] = draws.normal((out_channels,))
@@ -118,7 +121,7 @@ def _low_rank_kernel(draws: Draws, shape) -> np.ndarray:
 def _padding(draws: Draws, fixed: dict, kernel, dilations) -> dict:
     """No pads, 'same' pads, any explicit pads within the window, or an auto_pad mode."""
     if "pads" in fixed or "auto_pad" in fixed:
-        return {key: _pick(draws, fixed, key, lambda: None) for key in ("pads", "auto_pad") if key in fixed}
+        return {key: _pick(fixed, key, None) for key in ("pads", "auto_pad") if key in fixed}
     extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
     auto = ["SAME_UPPER", "SAME_LOWER"] if all(d == 1 for d in dilations) else []   # ONNX Runtime: no SAME with dilation
     mode = draws.choice(["none", "same", "explicit", *auto, "VALID"])
@@ -139,7 +142,7 @@ def batch_normalization(draws: Draws, slots: list[Slot], fixed: dict, outputs) -
     for index, make in zip(range(1, 5), (draws.positive, draws.normal, draws.normal, draws.positive)):
         if _open(slots, index):
             produced[index] = make(channels)
-    attrs = {"epsilon": _pick(draws, fixed, "epsilon", lambda: draws.choice([1e-5, 1e-3]))}
+    attrs = {"epsilon": _pick(fixed, "epsilon", lambda: draws.choice([1e-5, 1e-3]))}
     return Draft(attrs, _values(slots, produced))
 
 
@@ -184,21 +187,21 @@ def elementwise(draws: Draws, slots: list[Slot], fixed: dict, outputs, denominat
 def average_pool(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
     shape, produced = _data(draws, slots, (3, 4, 5))
     nd = len(shape) - 2
-    kernel = _pick(draws, fixed, "kernel_shape", lambda: [draws.choice([1, 2, 3]) for _ in range(nd)])
+    kernel = _pick(fixed, "kernel_shape", lambda: [draws.choice([1, 2, 3]) for _ in range(nd)])
     attrs = {"kernel_shape": list(kernel),
-             "strides": _pick(draws, fixed, "strides", lambda: [draws.choice([1, 2]) for _ in range(nd)])}
+             "strides": _pick(fixed, "strides", lambda: [draws.choice([1, 2]) for _ in range(nd)])}
     attrs.update(_padding(draws, fixed, kernel, [1] * nd))
     if "pads" in attrs and any(p >= k for p, k in zip(attrs["pads"], list(kernel) * 2)):
         raise Reject        # ONNX Runtime wants each pad smaller than the window
-    attrs["ceil_mode"] = _pick(draws, fixed, "ceil_mode", lambda: draws.choice([0, 1]))
-    attrs["count_include_pad"] = _pick(draws, fixed, "count_include_pad", lambda: draws.choice([0, 1]))
+    attrs["ceil_mode"] = _pick(fixed, "ceil_mode", lambda: draws.choice([0, 1]))
+    attrs["count_include_pad"] = _pick(fixed, "count_include_pad", lambda: draws.choice([0, 1]))
     return Draft(attrs, _values(slots, produced))
 
 
 def pad(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
     """Pad(X, pads, constant_value?, axes?): pads in [-1, 2] (negative crops)."""
     shape, produced = _data(draws, slots, (1, 2, 3, 4, 5))
-    mode = _pick(draws, fixed, "mode", lambda: draws.choice(["constant", "reflect", "edge"]))
+    mode = _pick(fixed, "mode", lambda: draws.choice(["constant", "reflect", "edge"]))
     axes = list(range(len(shape)))
     if _open(slots, 3):
         axes = sorted({draws.choice(range(len(shape))) for _ in range(draws.integer(1, len(shape)))})
@@ -219,7 +222,7 @@ def pad(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
 def concat(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
     """Concat(*parts): open parts copy the first fixed part's shape but for the axis dim."""
     like = next((slot.shape for slot in slots if slot.shape is not None), None) or draws.data_shape((1, 2, 3, 4))
-    axis = _pick(draws, fixed, "axis", lambda: draws.choice([*range(len(like)), *range(-len(like), 0)]))
+    axis = _pick(fixed, "axis", lambda: draws.choice([*range(len(like)), *range(-len(like), 0)]))
     if not -len(like) <= axis < len(like):
         raise Reject
     produced = {}
@@ -235,18 +238,15 @@ def split(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
     """Split(X, split?) into `outputs` parts (drawn, 2-4, for `*parts = Split(...)`): equal
     parts from num_outputs, or sizes from the `split` input."""
     count = outputs or draws.integer(2, 4)
-    if slots[0].shape is None:
-        shape = list(draws.data_shape((1, 2, 3, 4)))
-        axis = _pick(draws, fixed, "axis", lambda: draws.choice(range(len(shape))))
-        if not -len(shape) <= axis < len(shape):
-            raise Reject
+    drawn = slots[0].shape is None
+    shape = list(draws.data_shape((1, 2, 3, 4)) if drawn else slots[0].shape)
+    axis = _pick(fixed, "axis", lambda: draws.choice(range(len(shape))))
+    if not -len(shape) <= axis < len(shape):
+        raise Reject
+    produced = {}
+    if drawn:            # a length that splits: equal parts, or a remainder for the last
         shape[axis] = count * draws.integer(1, 3) + (draws.integer(1, 2) if draws.flag() else 0)
-        produced = {0: draws.normal(tuple(shape))}
-    else:
-        shape, produced = list(slots[0].shape), {}
-        axis = _pick(draws, fixed, "axis", lambda: draws.choice(range(len(shape))))
-        if not -len(shape) <= axis < len(shape):
-            raise Reject
+        produced[0] = draws.normal(tuple(shape))
     size = shape[axis]
     if size < count:
         raise Reject
@@ -263,7 +263,7 @@ def split(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
 
 def gather(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
     shape, produced = _data(draws, slots, (1, 2, 3))
-    axis = _pick(draws, fixed, "axis", lambda: draws.choice(range(len(shape))))
+    axis = _pick(fixed, "axis", lambda: draws.choice(range(len(shape))))
     if not -len(shape) <= axis < len(shape):
         raise Reject
     size = shape[axis]
@@ -275,8 +275,8 @@ def gather(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
 
 def gemm(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
     """Gemm(A [M, K] (or [K, M]), B [K, N] (or [N, K]), C?) * alpha / beta."""
-    trans_a = _pick(draws, fixed, "transA", lambda: draws.choice([0, 1]))
-    trans_b = _pick(draws, fixed, "transB", lambda: draws.choice([0, 1]))
+    trans_a = _pick(fixed, "transA", lambda: draws.choice([0, 1]))
+    trans_b = _pick(fixed, "transB", lambda: draws.choice([0, 1]))
     produced = {}
     if slots[0].shape is None:
         a = (draws.integer(1, 3), draws.integer(1, 5))
@@ -295,8 +295,8 @@ def gemm(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
     if _open(slots, 2):
         produced[2] = draws.normal(draws.choice([(cols,), (1, cols), (rows, cols), (), (rows, 1)]))
     attrs = {"transA": trans_a, "transB": trans_b,
-             "alpha": _pick(draws, fixed, "alpha", lambda: draws.choice([1.0, 0.5, 2.0])),
-             "beta": _pick(draws, fixed, "beta", lambda: draws.choice([1.0, 0.5, 2.0]))}
+             "alpha": _pick(fixed, "alpha", lambda: draws.choice([1.0, 0.5, 2.0])),
+             "beta": _pick(fixed, "beta", lambda: draws.choice([1.0, 0.5, 2.0]))}
     return Draft(attrs, _values(slots, produced))
 
 
@@ -324,7 +324,7 @@ def dropout(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
 
 def transpose(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
     shape, produced = _data(draws, slots, (1, 2, 3, 4, 5))
-    perm = _pick(draws, fixed, "perm", lambda: draws.rng.permutation(len(shape)).tolist())
+    perm = _pick(fixed, "perm", lambda: draws.rng.permutation(len(shape)).tolist())
     return Draft({"perm": perm}, _values(slots, produced))
 
 
@@ -344,7 +344,7 @@ def reshape(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
 
 def flatten(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
     shape, produced = _data(draws, slots, (1, 2, 3, 4, 5))
-    return Draft({"axis": _pick(draws, fixed, "axis", lambda: draws.integer(0, len(shape)))}, _values(slots, produced))
+    return Draft({"axis": _pick(fixed, "axis", lambda: draws.integer(0, len(shape)))}, _values(slots, produced))
 
 
 def _binary(denominator=None) -> Sampler:

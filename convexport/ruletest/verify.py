@@ -42,10 +42,6 @@ class RuleTestResult:
     saved: list[Path] = field(default_factory=list)
     untested: str | None = None
 
-    @property
-    def passed(self) -> bool:
-        return self.failure is None and self.untested is None
-
 
 def verify_rule(rule: Rule, primitives: dict[str, Primitive], examples: int, seed: int, out_dir: Path) -> RuleTestResult:
     result = RuleTestResult(rule)
@@ -56,7 +52,7 @@ def verify_rule(rule: Rule, primitives: dict[str, Primitive], examples: int, see
     searching = [True]           # until the first counterexample; hypothesis then shrinks it
 
     def is_counterexample(instance: Instance) -> bool:
-        verdict = check_instance(instance, rule, primitives)
+        verdict, _ = check_instance(instance, rule, primitives)
         if searching[0] and verdict != INVALID:
             result.instances += 1
             result.applied += verdict != NOT_APPLIED
@@ -72,33 +68,39 @@ def verify_rule(rule: Rule, primitives: dict[str, Primitive], examples: int, see
             result.untested = (f"none of {result.instances} valid random instances was rewritten: the rule's "
                                "conditions or its primitive refused them all")
         return result
-    result.failure = check_instance(found, rule, primitives)
-    result.saved = _save_counterexample(found, rule, primitives, out_dir)
+    result.failure, rewritten = check_instance(found, rule, primitives)
+    result.saved = _save_counterexample(found, rewritten, rule, out_dir)
     return result
 
 
-def check_instance(instance: Instance, rule: Rule, primitives: dict[str, Primitive]) -> str | None:
-    """None when the rule applied and the result is exact; NOT_APPLIED, INVALID (the
-    original does not run to finite outputs), or what is wrong."""
+def check_instance(instance: Instance, rule: Rule, primitives: dict[str, Primitive]
+                   ) -> tuple[str | None, onnx.ModelProto | None]:
+    """(None when the rule applied and the result is exact; NOT_APPLIED, INVALID (the
+    original does not run to finite outputs), or what is wrong), and the rewritten model
+    when the rewrite produced one."""
     try:
         expected = _run(instance.model, instance.feeds)
     except Exception:
-        return INVALID
+        return INVALID, None
     if not all(np.all(np.isfinite(value)) for value in expected.values() if value.dtype.kind == "f"):
-        return INVALID
+        return INVALID, None
     before = instance.model.SerializeToString()
     try:
         outcome = rewrite_model(instance.model, [rule], primitives, strategy="exact", source="rule instance")
     except ConvexportError as exc:
-        return f"the rewrite failed: {exc}"
+        return f"the rewrite failed: {exc}", None
     except Exception as exc:
-        return f"the rewrite raised {type(exc).__name__}: {first_line(exc)}"
+        return f"the rewrite raised {type(exc).__name__}: {first_line(exc)}", None
     if instance.model.SerializeToString() != before:
-        return "the rewrite modified its input model in place"
+        return "the rewrite modified its input model in place", outcome.model
     if not outcome.applied:
-        return NOT_APPLIED
+        return NOT_APPLIED, outcome.model
+    return _compare(expected, outcome.model, instance.feeds), outcome.model
+
+
+def _compare(expected: dict[str, np.ndarray], rewritten: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> str | None:
     try:
-        actual = _run(outcome.model, instance.feeds)
+        actual = _run(rewritten, feeds)
     except Exception as exc:
         return f"the rewritten model does not run in ONNX Runtime: {first_line(exc)}"
     for name, reference in expected.items():
@@ -121,7 +123,7 @@ def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.n
     return dict(zip(names, session.run(names, feeds, quiet)))
 
 
-def _save_counterexample(instance: Instance, rule: Rule, primitives, out_dir: Path) -> list[Path]:
+def _save_counterexample(instance: Instance, rewritten: onnx.ModelProto | None, rule: Rule, out_dir: Path) -> list[Path]:
     """The instance as <rule>.counterexample.onnx, its inputs as .npz (for `convexport
     validate --inputs`), and the rule's rewrite of it as <rule>.rewritten.onnx when it has one."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -130,9 +132,7 @@ def _save_counterexample(instance: Instance, rule: Rule, primitives, out_dir: Pa
     write_atomically(model_path, lambda path: onnx.save(instance.model, path))
     write_atomically(inputs_path, lambda path: _save_npz(path, instance.feeds))
     saved = [model_path, inputs_path]
-    try:
-        rewritten = rewrite_model(instance.model, [rule], primitives, strategy="exact").model
-    except Exception:
+    if rewritten is None:
         return saved
     rewritten_path = out_dir / f"{rule.name}.rewritten.onnx"
     write_atomically(rewritten_path, lambda path: onnx.save(rewritten, path))
