@@ -100,3 +100,14 @@ def test_split_algebra_refuses_what_it_cannot_reproduce():
     assert isinstance(split_separable(spec), Refusal)
     one_d = ConvSpec(rng.standard_normal((3, 2, 3)), np.zeros(3), False, (1,), (1,), (0,), (0,))
     assert "1-D" in split_separable(one_d).reason
+
+
+def test_a_split_that_would_not_reproduce_the_kernel_is_refused_with_its_reason(monkeypatch):
+    """With no rounding allowed, no split reproduces the kernel: the conv stays whole and the
+    report says why (rather than saying nothing, as for a full-rank kernel)."""
+    monkeypatch.setattr("convexport.algebra.separable.RECONSTRUCTION_TOLERANCE", 0.0)
+    shape = [1, 6, 24, 24]
+    outcome = rewrite(separable_model(shape, low_rank(8, 6, 9, 9, 1), pads=[4, 4, 4, 4]), "exact")
+    assert op_counts(outcome.model)["Conv"] == 1
+    assert any(entry["rule"] == "low-rank-kernel" and "does not reproduce the kernel" in entry["reason"]
+               for entry in outcome.skipped)

@@ -33,20 +33,27 @@ class SeparableConv:
     rank: int
 
 
+@dataclass(frozen=True)
+class NoSplit(Refusal):
+    """No tall/wide split exists (not 2-D, a single row or column, a zero or full-rank
+    kernel): the kernel is simply not a case for it, unlike a split that would be inexact."""
+
+
 def split_separable(spec: ConvSpec) -> SeparableConv | Refusal:
-    """The tall/wide pair of the module docstring, or why not (not 2-D, or full rank)."""
+    """The tall/wide pair of the module docstring; NoSplit where there is none, a Refusal
+    where the low-rank product would not reproduce the kernel."""
     if spec.nd != 2:
-        return Refusal(f"a {spec.nd}-D kernel has no row/column split")
+        return NoSplit(f"a {spec.nd}-D kernel has no row/column split")
     out_channels, in_channels, rows, cols = spec.weight.shape
     if rows == 1 or cols == 1:
-        return Refusal("the kernel is already a single row or column")
+        return NoSplit("the kernel is already a single row or column")
     matrix = _matricise(spec.weight)
     u, singular, vt = np.linalg.svd(matrix, full_matrices=False)
     if not singular.size or singular[0] == 0:
-        return Refusal("the kernel is zero")
+        return NoSplit("the kernel is zero")
     rank = int(np.count_nonzero(singular > RANK_TOLERANCE * singular[0]))
     if rank >= min(matrix.shape):
-        return Refusal(f"the kernel has full rank {rank} as a [{in_channels}x{rows}, {out_channels}x{cols}] matrix")
+        return NoSplit(f"the kernel has full rank {rank} as a [{in_channels}x{rows}, {out_channels}x{cols}] matrix")
     root = np.sqrt(singular[:rank])
     tall = (u[:, :rank] * root).T.reshape(rank, in_channels, rows, 1)
     wide = (vt[:rank].T * root).reshape(out_channels, cols, rank).transpose(0, 2, 1)[:, :, None, :]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..algebra import Refusal
-from ..algebra.separable import split_separable
+from ..algebra.separable import NoSplit, split_separable
 from ..rewrite.primitives import Rewrite
 from .conv_chain import output_dtype
 from .convnodes import conv_flops, conv_spec, make_conv, spatial_shape
@@ -20,8 +20,10 @@ def conv_as_separable(match, context) -> Rewrite | Refusal | None:
     if isinstance(spec, Refusal) or spec.nd != 2 or 1 in spec.kernel_shape:
         return None if not isinstance(spec, Refusal) else spec
     split = split_separable(spec)
-    if isinstance(split, Refusal):       # mostly full rank: most kernels are, no news for the report
+    if isinstance(split, NoSplit):       # mostly full rank: most kernels are, no news for the report
         return None
+    if isinstance(split, Refusal):       # a split that would not be exact: reported
+        return split
     x, output = conv.inputs[0], conv.outputs[0]
     spatial = spatial_shape(x)
     if output.shape is None or spatial is None or None in spatial:
