@@ -40,6 +40,44 @@ def all_graphs(graph: gs.Graph) -> list[gs.Graph]:
     return found
 
 
+def toposort(graph: gs.Graph) -> None:
+    """Order graph.nodes so that each node follows the producers of what it reads (what its
+    subgraphs read from this scope included), keeping the present order wherever it is one.
+    A depth-first walk over producers: linear in the graph, where gs's own sort is not."""
+    here = {id(node) for node in graph.nodes}
+    placed: set[int] = set()
+    opened: set[int] = set()
+    order = []
+    for start in graph.nodes:
+        stack = [(start, False)]
+        while stack:
+            node, ready = stack.pop()
+            if id(node) in placed:
+                continue
+            if ready:
+                placed.add(id(node))
+                order.append(node)
+                continue
+            if id(node) in opened:
+                raise ValueError(f"the graph has a cycle through node {node.name!r}")
+            opened.add(id(node))
+            stack.append((node, True))
+            for tensor in reversed(_reads(node)):
+                stack.extend((producer, False) for producer in tensor.inputs
+                             if id(producer) in here and id(producer) not in placed)
+    graph.nodes = order
+
+
+def _reads(node: gs.Node) -> list:
+    """The tensors a node reads, those its subgraphs read included."""
+    tensors = list(node.inputs)
+    for value in node.attrs.values():
+        for sub in value if isinstance(value, list) else [value]:
+            if isinstance(sub, gs.Graph):
+                tensors.extend(t for inner in sub.nodes for t in _reads(inner))
+    return tensors
+
+
 def proto_scopes(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
     """A GraphProto and its subgraphs, recursively, outermost first."""
     found = [graph]

@@ -9,9 +9,9 @@ once (both branches of an If, one iteration of a Loop or Scan body).
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
-import numpy as np
 import onnx
 
 from .graph import proto_scopes
@@ -48,7 +48,7 @@ def _node_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> flo
     out = shapes.get(node.output[0]) if node.output else None
     if out is None:
         return 0.0
-    out_elements = float(np.prod(out)) if out else 1.0
+    out_elements = float(math.prod(out)) if out else 1.0
     if node.op_type in ("Conv", "ConvTranspose"):
         weight = shapes.get(node.input[1])
         if weight is None:
@@ -56,9 +56,9 @@ def _node_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> flo
         # Conv: each output element sums (I/g)*prod(k) products; weight is [O, I/g, *k].
         # ConvTranspose: each input element scatters O/g*prod(k); weight is [I, O/g, *k].
         if node.op_type == "Conv":
-            return 2.0 * out_elements * float(np.prod(weight[1:]))
+            return 2.0 * out_elements * float(math.prod(weight[1:]))
         source = shapes.get(node.input[0])
-        return 2.0 * float(np.prod(source or (1,))) * float(np.prod(weight[1:]))
+        return 2.0 * float(math.prod(source or (1,))) * float(math.prod(weight[1:]))
     if node.op_type in ("Gemm", "MatMul"):
         a = shapes.get(node.input[0])
         if not a:
@@ -81,16 +81,16 @@ def _einsum_products(node: onnx.NodeProto, shapes) -> float:
         if shape is None or "." in letters or len(shape) != len(letters):
             return 0.0
         sizes.update(zip(letters, shape))
-    return float(np.prod(list(sizes.values())))
+    return float(math.prod(list(sizes.values())))
 
 
 def _parameter_count(graph: onnx.GraphProto) -> int:
-    total = sum(int(np.prod(init.dims)) for init in graph.initializer if init.data_type in _FLOAT_TYPES)
+    total = sum(int(math.prod(init.dims)) for init in graph.initializer if init.data_type in _FLOAT_TYPES)
     for node in graph.node:
         if node.op_type == "Constant":
             for attribute in node.attribute:
                 if attribute.name == "value" and attribute.t.data_type in _FLOAT_TYPES:
-                    total += int(np.prod(attribute.t.dims))
+                    total += int(math.prod(attribute.t.dims))
     return total
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from ..rewrite.primitives import Rewrite
+from ..rewrite.primitives import Rewrite, reach
 
 
+@reach(0)
 def forward_input(match, context) -> Rewrite:
     """The root's output is its first input (Identity, Dropout in inference)."""
     root = match.root

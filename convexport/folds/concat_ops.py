@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..rewrite.primitives import Rewrite
+from ..rewrite.primitives import Rewrite, reach
 from .conv_chain import output_dtype
 
 
+@reach(1)
 def flatten_concats(match, context) -> Rewrite | None:
     """Concat(a, Concat(b, c), d) on one axis -> Concat(a, b, c, d) when the inner one has no
     other reader (None when no input is such a Concat)."""
@@ -40,6 +41,7 @@ def flatten_concats(match, context) -> Rewrite | None:
     return Rewrite([node], [(output, result)], f"{merged} nested Concat(s) flattened")
 
 
+@reach(0)
 def repeat_as_tile(match, context) -> Rewrite | None:
     """Concat(x, x, ..., x) (n times along axis a) -> Tile(x, repeats = n at a, 1 elsewhere)."""
     root, parts = match.root, match.values["parts"]

@@ -12,7 +12,7 @@ import onnx_graphsurgeon as gs
 
 from ..algebra import Refusal, apply_conv
 from ..graph import constant_value
-from ..rewrite.primitives import Rewrite
+from ..rewrite.primitives import Rewrite, reach
 from .conv_chain import BORDER_LIMIT_BYTES, output_dtype
 from .linear_nodes import linear_spec
 
@@ -29,6 +29,7 @@ def _full_map(value: np.ndarray, shape) -> np.ndarray | Refusal:
         return Refusal(f"the constant of shape {value.shape} does not broadcast to {tuple(shape)}")
 
 
+@reach(0)
 def linear_of_constant_map(match, context) -> Rewrite | Refusal:
     """L(t + m) -> L(t) + L0(m), L0 = L without its bias: a linear node moved before the Add.
 
@@ -62,6 +63,7 @@ def linear_of_constant_map(match, context) -> Rewrite | Refusal:
                    float(value.size), float(moved.size))
 
 
+@reach(0)
 def merge_constant_adds(match, context) -> Rewrite | Refusal:
     """(t + m1) + m2 -> t + (m1 + m2), the sum taken once in float64."""
     m1, m2 = (constant_value(match.values[name]).astype(np.float64) for name in ("m1", "m2"))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..algebra import Refusal, combine_parallel, concat_parallel, identity_conv
-from ..rewrite.primitives import Rewrite
+from ..rewrite.primitives import Rewrite, reach
 from .conv_chain import output_dtype
 from .convnodes import make_conv, node_flops, spatial_shape
 from .linear_nodes import linear_spec
@@ -30,6 +30,7 @@ def _flops(tensors, x) -> float | None:
     return None if None in parts else float(sum(parts))
 
 
+@reach(0)
 def sum_branches(match, context) -> Rewrite | Refusal:
     """sum_i sign_i * branch_i(x) -> Conv'(x); `with: {signs: [...]}` (default all +1)."""
     root, x = match.root, match.values["x"]
@@ -44,6 +45,7 @@ def sum_branches(match, context) -> Rewrite | Refusal:
     return _replace_root(match, context, merged, tensors, specs, f"{root.op} of {len(specs)} branches merged into one Conv")
 
 
+@reach(0)
 def concat_branches(match, context) -> Rewrite | Refusal:
     """Concat(branch_1(x), ..., branch_n(x), axis=1) -> Conv'(x) with the kernels stacked."""
     x = match.values["x"]
@@ -59,5 +61,6 @@ def concat_branches(match, context) -> Rewrite | Refusal:
 
 def _replace_root(match, context, merged, tensors, specs, note) -> Rewrite:
     output = match.root.outputs[0]
-    node, folded = make_conv(context, match.values["x"], merged, output_dtype(match.root), output.name)
+    node, folded = make_conv(context, match.values["x"], merged, output_dtype(match.root), output.name,
+                             output.shape)
     return Rewrite([node], [(output, folded)], note, _flops(tensors, match.values["x"]), node_flops(node, output.shape))

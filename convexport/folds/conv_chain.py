@@ -7,7 +7,7 @@ import onnx_graphsurgeon as gs
 
 from ..algebra import Refusal, compose
 from ..graph import tensor_dtype
-from ..rewrite.primitives import Rewrite
+from ..rewrite.primitives import Rewrite, reach
 from .convnodes import make_conv, node_flops, spatial_shape
 from .linear_nodes import data_input, linear_spec
 
@@ -21,6 +21,7 @@ def output_dtype(node: gs.Node) -> np.dtype:
     return tensor_dtype(node.outputs[0])
 
 
+@reach(0)
 def compose_linear(match, context) -> Rewrite | Refusal:
     """second(first(x)) -> Conv'(x) [+ border map]; the algebra is convexport.algebra.compose."""
     first, second = match.nodes["h"], match.root
@@ -37,12 +38,13 @@ def compose_linear(match, context) -> Rewrite | Refusal:
     if isinstance(composition, Refusal):
         return composition
     output = second.outputs[0]
-    node, folded = make_conv(context, x, composition.spec, output_dtype(second), output.name)
+    node, folded = make_conv(context, x, composition.spec, output_dtype(second), output.name, output.shape)
     nodes, note = [node], f"{first.op} -> {second.op} composed into one Conv"
     extra = {}
     if composition.border is not None:
         border = gs.Constant(context.fresh(output.name + "_border"), composition.border[None].astype(output_dtype(second)))
-        corrected = gs.Variable(context.fresh(output.name + "_corrected"), dtype=output_dtype(second))
+        corrected = gs.Variable(context.fresh(output.name + "_corrected"), dtype=output_dtype(second),
+                                shape=output.shape)
         nodes.append(gs.Node("Add", context.fresh(output.name + "_border_add"), inputs=[folded, border], outputs=[corrected]))
         extra["border_map_bytes"] = int(composition.border.size * output_dtype(second).itemsize)
         folded, note = corrected, note + f" plus a constant border map of {extra['border_map_bytes']} bytes"

@@ -32,13 +32,14 @@ def weight_dtype(node: gs.Node) -> np.dtype:
     return np.asarray(constant_value(node.inputs[1])).dtype
 
 
-def make_conv(context, x, spec: ConvSpec, dtype: np.dtype, base: str) -> tuple[gs.Node, gs.Variable]:
-    """A Conv node computing `spec` on x; weights cast back to the model's dtype."""
+def make_conv(context, x, spec: ConvSpec, dtype: np.dtype, base: str, shape=None) -> tuple[gs.Node, gs.Variable]:
+    """A Conv node computing `spec` on x; weights cast back to the model's dtype. `shape` is
+    its output's, where the caller knows it (that of the tensor it stands in for)."""
     weight, bias, attrs = conv_to_onnx(spec)
     inputs = [x, gs.Constant(context.fresh(base + "_weight"), weight.astype(dtype))]
     if bias is not None:
         inputs.append(gs.Constant(context.fresh(base + "_bias"), bias.astype(dtype)))
-    output = gs.Variable(context.fresh(base), dtype=dtype)
+    output = gs.Variable(context.fresh(base), dtype=dtype, shape=shape)
     node = gs.Node("Conv", context.fresh(base + "_conv"), attrs, inputs, [output])
     return node, output
 

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..algebra import Refusal
 from ..algebra.fft_conv import direct_flops, fft_flops, plan_fft_conv
-from ..rewrite.primitives import Rewrite
+from ..graph import constant_value
+from ..rewrite.primitives import Rewrite, reach
 from .convnodes import conv_spec, spatial_shape
 
 MIN_KERNEL_AREA = 121            # 11x11: below this cuDNN/MLAS direct convs win everywhere
 MIN_ADVANTAGE = 2.0              # the FFT estimate must be this many times cheaper
 
 
+@reach(0)
 def conv_as_fft(match, context) -> Rewrite | Refusal | None:
     """Conv(x) -> Pad, DFT, complex product with the kernel's spectrum, inverse DFT, Slice.
 
@@ -21,12 +25,12 @@ def conv_as_fft(match, context) -> Rewrite | Refusal | None:
     only for large kernels. None (no match) for small kernels.
     """
     conv = match.root
+    weight = constant_value(conv.inputs[1])          # [O, I/g, *k]: the area decides before any algebra
+    if weight is not None and math.prod(weight.shape[2:]) < int(context.params.get("min_kernel_area", MIN_KERNEL_AREA)):
+        return None
     spec = conv_spec(conv)
     if isinstance(spec, Refusal):
         return spec
-    area = int(np.prod(spec.kernel_shape))
-    if area < int(context.params.get("min_kernel_area", MIN_KERNEL_AREA)):
-        return None
     x, output = conv.inputs[0], conv.outputs[0]
     if np.dtype(output.dtype or np.float32) != np.float32:
         return Refusal("FFT convolution is done in float32 models only")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from ..algebra import Refusal
 from ..algebra.separable import NoSplit, split_separable
-from ..rewrite.primitives import Rewrite
+from ..rewrite.primitives import Rewrite, reach
 from .conv_chain import output_dtype
 from .convnodes import conv_flops, conv_spec, make_conv, spatial_shape
 
 
+@reach(0)
 def conv_as_separable(match, context) -> Rewrite | Refusal | None:
     """Conv(x) -> Conv_tall(x) [R, I, Kh, 1] -> Conv_wide [O, R, 1, Kw], when the kernel's rank
     R is low enough that the pair costs fewer FLOPs. None for 1-D/3-D convs, single rows or
@@ -31,7 +32,7 @@ def conv_as_separable(match, context) -> Rewrite | Refusal | None:
     rows = output.shape[2]
     dtype = output_dtype(conv)
     tall, between = make_conv(context, x, split.tall, dtype, output.name + "_tall")
-    wide, result = make_conv(context, between, split.wide, dtype, output.name + "_wide")
+    wide, result = make_conv(context, between, split.wide, dtype, output.name + "_wide", output.shape)
     before = conv_flops(spec, output.shape)
     after = conv_flops(split.tall, [*output.shape[:2], rows, spatial[1]]) + conv_flops(split.wide, output.shape)
     if after >= before:

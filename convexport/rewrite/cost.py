@@ -82,7 +82,7 @@ def _seconds(device: Device, flops: float, moved: float) -> float:
 def _shape(tensor, node: gs.Node, replaced: dict[int, gs.Tensor]) -> tuple[int, ...] | None:
     stand_in = replaced.get(id(tensor), tensor)
     shape = stand_in.shape
-    if shape is None and tensor in node.outputs:
+    if shape is None and any(tensor is out for out in node.outputs):
         inputs = [_shape(t, node, {}) for t in node.inputs if not isinstance(t, gs.Constant)]
         inputs = [s for s in inputs if s is not None]
         return max(inputs, key=lambda s: int(np.prod(s)), default=None)

@@ -39,6 +39,8 @@ def replaced_nodes(rewrite: Rewrite, graph_outputs: set[int]) -> list[gs.Node]:
 
 
 def by_estimate(rewrite: Rewrite, opset: int, device: str, graph_outputs: set[int]) -> Decision:
+    if not rewrite.nodes:           # only removes nodes: nothing to weigh
+        return Decision(True, {"method": "estimate", "device": device, "after_us": 0.0, "note": "no nodes left"})
     target = DEVICES[device]
     before = estimate(replaced_nodes(rewrite, graph_outputs), target, rewrite.flops_before)
     after = estimate(rewrite.nodes, target, rewrite.flops_after, {id(new): old for old, new in rewrite.replace})
@@ -68,7 +70,7 @@ def by_measurement(rewrite: Rewrite, opset: int, device: str, graph_outputs: set
         return Decision(decision.apply, {**decision.numbers, **(timed or {}), "note": note}, decision.reason)
 
     if not rewrite.nodes:
-        return Decision(True, {"method": "measured", "device": device, "after_ms": 0.0, "note": "no nodes left"})
+        return by_estimate(rewrite, opset, device, graph_outputs)
     try:
         timed = measure(replaced_nodes(rewrite, graph_outputs), [old for old, _ in rewrite.replace], rewrite.nodes,
                         [new for _, new in rewrite.replace], opset, device)

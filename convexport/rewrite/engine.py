@@ -4,6 +4,11 @@ Order is deterministic: passes over the rules in file order; within a rule, the 
 topological order. A pass that applies nothing ends the loop. The engine knows no rule: a
 rule's conditions and its primitive decide, and every refusal is kept with its reason (the
 report lists those whose nodes are still in the final graph).
+
+The graph is imported once and exported once. Between passes only the shapes of the tensors
+the pass created are inferred (local_shapes.py), and a rule looks again only where the graph
+changed since it last looked (changes.py): a match none of whose nodes, nor the nodes its
+primitive reads around it, changed would come out as it did.
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ import onnx_graphsurgeon as gs
 from ..algebra import Refusal
 from ..errors import ConvexportError, first_line
 from ..export import infer_shapes
-from ..graph import NameGenerator, all_graphs, default_opset, export_graph, import_graph, proto_scopes
+from ..graph import NameGenerator, all_graphs, default_opset, export_graph, import_graph, proto_scopes, toposort
+from .changes import ChangeLog
 from .conditions import first_failure
 from .decisions import by_estimate, by_measurement
+from .local_shapes import infer_new_shapes
 from .matcher import Match, PatternMatcher
-from .primitives import Primitive, Rewrite
+from .primitives import Primitive, Rewrite, reach_of
 from .rulefile import Rule
 
 MAX_PASSES = 32
@@ -56,6 +63,21 @@ class RewriteOutcome:
     passes: int = 0
 
 
+@dataclass
+class _Pass:
+    """What the rules of one pass share: where they write their results."""
+
+    primitives: dict[str, Primitive]
+    changes: ChangeLog
+    applied: list[dict]
+    skipped: dict[tuple, dict]
+    limit: int | None
+    created: list[gs.Node] = field(default_factory=list)      # nodes this pass inserted
+
+    def full(self) -> bool:
+        return self.limit is not None and len(self.applied) >= self.limit
+
+
 def rewrite_model(model: onnx.ModelProto, rules: list[Rule], primitives: dict[str, Primitive],
                   strategy: str = "cost", source: str = "model", limit: int | None = None,
                   device: str = "cpu", decided: dict | None = None) -> RewriteOutcome:
@@ -64,46 +86,49 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule], primitives: dict[st
     `decided` keeps each cost or measure decision by rule and nodes; a later run given the
     same dict replays them (a measurement need not come out the same twice)."""
     opset = default_opset(model)
-    applied: list[dict] = []
-    skipped: dict[tuple, dict] = {}
-    current = model
-    passes = 0
+    graph = import_graph(model)
+    base = RewriteContext(graph, opset, NameGenerator(graph), {}, strategy, device, {} if decided is None else decided)
+    state = _Pass(primitives, ChangeLog(), [], {}, limit)
+    passes, changed_at_all = 0, False
     for passes in range(1, MAX_PASSES + 1):
-        graph = import_graph(current)
-        context = RewriteContext(graph, opset, NameGenerator(graph), {}, strategy, device,
-                                 {} if decided is None else decided)
-        changed = _run_pass(graph, rules, primitives, context, applied, skipped, limit)
-        if not changed:              # the graph is `current` again: nothing to export
+        state.created = []
+        changed = False
+        for scope in all_graphs(graph):     # each scope on its own: see _run_scope
+            changed |= _run_scope(scope, rules, replace(base, graph=scope), state)
+        if not changed:
             break
-        graph.cleanup(remove_unused_graph_inputs=False).toposort()
-        current = infer_shapes(export_graph(graph, model), source)
+        changed_at_all = True
+        # a tensor that now has a shape may now match where it did not: a change like any other
+        state.changes.touch(infer_new_shapes([node for node in state.created if not state.changes.is_dead(node)], opset))
+        for scope in all_graphs(graph):
+            toposort(scope)
+    current = model
+    if changed_at_all:              # else the graph is `model` again: nothing to export
+        current = infer_shapes(export_graph(graph.cleanup(remove_unused_graph_inputs=False), model), source)
     final_nodes = {node.name for scope in proto_scopes(current.graph) for node in scope.node}
-    still_there = [entry for entry in skipped.values() if set(entry["nodes"]) <= final_nodes]
-    return RewriteOutcome(current, applied, still_there, passes)
+    still_there = [entry for entry in state.skipped.values() if set(entry["nodes"]) <= final_nodes]
+    return RewriteOutcome(current, state.applied, still_there, passes)
 
 
-def _run_pass(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primitive], base: RewriteContext,
-              applied: list[dict], skipped: dict[tuple, dict], limit: int | None) -> bool:
-    """One pass over the graph and, each on its own, its subgraphs (If branches, Loop and Scan
-    bodies): a match never spans two scopes, so nothing moves in or out of a subgraph, and a
-    tensor that a subgraph reads from outside counts as read there (not private)."""
-    changed = False
-    for scope in all_graphs(graph):
-        changed |= _run_scope(scope, rules, primitives, replace(base, graph=scope), applied, skipped, limit)
-    return changed
-
-
-def _run_scope(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primitive], base: RewriteContext,
-               applied: list[dict], skipped: dict[tuple, dict], limit: int | None) -> bool:
+def _run_scope(graph: gs.Graph, rules: list[Rule], base: RewriteContext, state: _Pass) -> bool:
+    """One pass of every rule over one scope: the main graph or a subgraph (If branches, Loop
+    and Scan bodies). A match never spans two scopes, so nothing moves in or out of a
+    subgraph, and a tensor that a subgraph reads from outside counts as read there (not private)."""
     changed = False
     dead: set[int] = set()          # nodes a rewrite left without readers, dropped as it goes
     members = set(map(id, graph.nodes))      # this scope's nodes, new ones added as they come
     for rule in rules:
-        if limit is not None and len(applied) >= limit:
+        if state.full():
             break
+        primitive = rule.plugin or state.primitives[rule.apply]
+        candidates = _candidates(graph, rule, dead)
+        region = state.changes.region(graph, rule, candidates, reach_of(primitive))
+        state.changes.start_looking(graph, rule)
+        if region is not None and not region:
+            continue                # nothing it could see changed since it last looked
         matcher = PatternMatcher(rule, base.opset, set(map(id, graph.outputs)), members)
-        for anchor in _anchors(graph, rule, dead):
-            if limit is not None and len(applied) >= limit:
+        for anchor in _anchors(graph, rule, candidates, region):
+            if state.full():
                 break
             if any(id(node) in dead for node in _anchor_nodes(anchor)):
                 continue
@@ -111,16 +136,17 @@ def _run_scope(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primiti
             if match is None or first_failure(rule.where, match.values, graph):
                 continue
             context = replace(base, params=rule.params)
-            verdict = _decide(match, rule.plugin or primitives[rule.apply], context)
+            verdict = _decide(match, primitive, context)
             if verdict is None:
                 continue
             entry = {"rule": rule.name, "file": rule.file, "nodes": match.node_names()}
             if isinstance(verdict, Skip):
                 decision = {"decision": verdict.decision} if verdict.decision else {}
-                skipped[(rule.name, tuple(entry["nodes"]))] = {**entry, "reason": verdict.reason, **decision}
+                state.skipped[(rule.name, tuple(entry["nodes"]))] = {**entry, "reason": verdict.reason, **decision}
                 continue
-            dead |= _apply(graph, verdict, base.fresh)
-            applied.append({**entry, "reason": verdict.note, **_cost_fields(verdict), **verdict.extra})
+            dead |= _apply(graph, verdict, base.fresh, state.changes)
+            state.applied.append({**entry, "reason": verdict.note, **_cost_fields(verdict), **verdict.extra})
+            state.created.extend(verdict.nodes)
             changed = True
             matcher.graph_outputs = set(map(id, graph.outputs))
             members.update(map(id, verdict.nodes))
@@ -128,14 +154,23 @@ def _run_scope(graph: gs.Graph, rules: list[Rule], primitives: dict[str, Primiti
     return changed
 
 
-def _anchors(graph: gs.Graph, rule: Rule, dead: set[int]) -> list:
-    """Where matching starts: every live node (for a root pattern), or every tensor read by a
-    node (for a group pattern, whose members all read one shared tensor), in topological order."""
+def _candidates(graph: gs.Graph, rule: Rule, dead: set[int]) -> list[gs.Node]:
+    """The live nodes a match may start from: those of the root's op (every node for a group)."""
+    if rule.is_group:
+        return [node for node in graph.nodes if id(node) not in dead]
+    return [node for node in graph.nodes if node.op == rule.root.op_type and id(node) not in dead]
+
+
+def _anchors(graph: gs.Graph, rule: Rule, candidates: list[gs.Node], region: set[int] | None) -> list:
+    """Where matching starts, in topological order: each candidate node (for a root pattern), or
+    each tensor a candidate reads or writes (for a group pattern, whose members all read one
+    shared tensor); only within `region` (node ids) when it is given."""
+    nodes = candidates if region is None else [node for node in candidates if id(node) in region]
     if not rule.is_group:
-        return [node for node in graph.nodes if node.op == rule.root.op_type and id(node) not in dead]
-    nodes = [node for node in graph.nodes if id(node) not in dead]
+        return nodes
     seen, tensors = set(), []      # a subgraph's nodes may share a tensor from the outer scope
-    for tensor in [*graph.inputs, *(t for node in nodes for t in (*node.inputs, *node.outputs))]:
+    inputs = graph.inputs if region is None else []
+    for tensor in [*inputs, *(t for node in nodes for t in (*node.inputs, *node.outputs))]:
         if id(tensor) not in seen and tensor.outputs:
             seen.add(id(tensor))
             tensors.append(tensor)
@@ -192,17 +227,20 @@ def _cost_fields(rewrite: Rewrite) -> dict:
     return {"flops_before": rewrite.flops_before, "flops_after": rewrite.flops_after}
 
 
-def _apply(graph: gs.Graph, rewrite: Rewrite, fresh: NameGenerator) -> set[int]:
+def _apply(graph: gs.Graph, rewrite: Rewrite, fresh: NameGenerator, changes: ChangeLog) -> set[int]:
     """Insert the new nodes and make each replaced tensor come from its replacement; return the
     ids of the nodes this left dead (disconnected, to be dropped from the graph).
 
     A replacement made by a new node takes over the old tensor object itself (its name, its
     consumers, its place among the graph outputs); one that already exists (an input of the
-    match) is wired into the old tensor's consumers instead.
+    match) is wired into the old tensor's consumers instead. Every tensor whose producer or
+    readers this changes goes into `changes`.
     """
     graph.nodes.extend(rewrite.nodes)
+    changes.touch(t for node in rewrite.nodes for t in (*node.inputs, *node.outputs))
     orphans = []
     for old, new in rewrite.replace:
+        changes.touch((old, new))
         takes_over = _takes_over(new, graph)
         orphans.extend(old.inputs)
         _detach(old, fresh)
@@ -214,10 +252,10 @@ def _apply(graph: gs.Graph, rewrite: Rewrite, fresh: NameGenerator) -> set[int]:
         else:
             for consumer in list(old.outputs):
                 _rewire(consumer, old, new)
-    return _remove_dead(orphans, {id(t) for t in graph.outputs})
+    return _remove_dead(orphans, {id(t) for t in graph.outputs}, changes)
 
 
-def _remove_dead(candidates: list[gs.Node], outputs: set[int]) -> set[int]:
+def _remove_dead(candidates: list[gs.Node], outputs: set[int], changes: ChangeLog) -> set[int]:
     """Disconnect every node whose outputs nobody reads, then the producers that this leaves
     unread in turn; the work is proportional to what is removed, not to the graph."""
     dead: set[int] = set()
@@ -227,6 +265,7 @@ def _remove_dead(candidates: list[gs.Node], outputs: set[int]) -> set[int]:
         if id(node) in dead or any(t.outputs or id(t) in outputs for t in node.outputs):
             continue
         dead.add(id(node))
+        changes.bury(node)
         stack.extend(p for tensor in node.inputs for p in tensor.inputs)
         _disconnect_inputs(node)
     return dead

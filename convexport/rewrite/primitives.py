@@ -26,6 +26,21 @@ class Rewrite:
 Primitive = Callable[..., object]
 
 
+def reach(steps: int) -> Callable[[Primitive], Primitive]:
+    """Declare that a primitive reads the graph no further than `steps` nodes beyond its match
+    (the producers of what it reads, the readers of what it writes). The engine then looks at a
+    rule again after a change only near the change (rewrite/changes.py). A primitive without it
+    may read anywhere (the batching ones follow branches as far as they go)."""
+    def declare(primitive: Primitive) -> Primitive:
+        primitive.reach = steps
+        return primitive
+    return declare
+
+
+def reach_of(primitive: Primitive) -> int | None:
+    return getattr(primitive, "reach", None)
+
+
 def builtin_primitives() -> dict[str, Primitive]:
     from ..folds import REGISTRY
 
