@@ -33,3 +33,14 @@ def op_counts(model: onnx.ModelProto) -> dict[str, int]:
     for node in model.graph.node:
         counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return counts
+
+
+def all_op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """Op counts over the graph and its subgraphs (If branches, Loop and Scan bodies)."""
+    from convexport.graph import proto_scopes
+
+    counts: dict[str, int] = {}
+    for scope in proto_scopes(model.graph):
+        for node in scope.node:
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import onnx
 import pytest
 
 from graphs import RULES, GraphBuilder, rewrite
-from helpers import op_counts, run
+from helpers import all_op_counts, op_counts, run
 
 
 def fft_outcome(builder, y, **params):
@@ -37,9 +38,25 @@ def test_fft_conv_equals_the_direct_conv(nd, stride, dilation, channels, pads, b
     pad_list = [pads] * (2 * nd) if isinstance(pads, int) else [pads[0]] * nd + [pads[1]] * nd
     y = builder.conv("x", cout, kernel, stride=stride, dilation=dilation, pads=pad_list, bias=bias)
     model, outcome = fft_outcome(builder, y, min_kernel_area=16, min_advantage=0.0)
-    counts = op_counts(outcome.model)
-    assert "Conv" not in counts and counts["DFT"] == 2 * nd, counts
+    counts, main = all_op_counts(outcome.model), op_counts(outcome.model)
+    assert "Conv" not in counts and counts["DFT"] == 2 * nd and main["DFT"] == nd and main["Scan"] == 1, counts
     assert_fp32_close(model, outcome.model, shape)
+
+
+def test_output_channels_are_transformed_back_one_at_a_time():
+    """The product with the kernel's spectrum and the inverse DFTs run in a Scan over output
+    channels: no frequency-domain tensor holds more than one output channel (peak memory)."""
+    builder = GraphBuilder([2, 2, 60, 50])
+    y = builder.conv("x", 5, 21, pads=3)
+    model, outcome = fft_outcome(builder, y, min_kernel_area=16, min_advantage=0.0)
+    inferred = onnx.shape_inference.infer_shapes(outcome.model)
+    body = next(attr.g for node in inferred.graph.node if node.op_type == "Scan" for attr in node.attribute
+                if attr.name == "body")
+    concat = next(node for node in body.node if node.op_type == "Concat").output[0]
+    dims = next(value.type.tensor_type.shape.dim for value in body.value_info if value.name == concat)
+    assert [d.dim_value for d in dims][:2] == [2, 1]          # [B, 1 channel, N1, N2/2+1, re/im]
+    assert [node.op_type for node in body.node].count("DFT") == 2
+    assert_fp32_close(model, outcome.model, [2, 2, 60, 50])
 
 
 def test_seed003_sized_bank_is_rewritten_by_default():

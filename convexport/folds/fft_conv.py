@@ -49,7 +49,8 @@ def conv_as_fft(match, context) -> Rewrite | Refusal | None:
 
 
 class _Graph:
-    """Builds the FFT convolution's nodes."""
+    """Builds the FFT convolution's nodes; `nodes` is where the next node goes (the main graph,
+    or the body of the Scan over output channels while that is being built)."""
 
     def __init__(self, context, opset: int):
         self.context, self.opset, self.nodes = context, opset, []
@@ -83,6 +84,10 @@ class _Graph:
                                    self.ints([step])])
 
     def fft_conv(self, x, plan, spec):
+        """x [B, I, *L] -> its half spectrum, then one output channel at a time (a Scan over the
+        kernel's spectrum): product, inverse DFTs, slices. Each channel's frequency-domain
+        tensors ([B, 1, *N', 2]) are freed before the next one's: O times less memory at once
+        than all channels together, the largest tensors of the whole computation."""
         nd, last = spec.nd, 1 + spec.nd           # spatial axes are 2 .. 1+nd of [B, C, *L]
         rank = nd + 2
         begin = {2 + i: a for i, a in enumerate(spec.pads_begin)}
@@ -94,37 +99,47 @@ class _Graph:
         if nd == 2:
             spectrum = self.pad(spectrum, rank + 1, {2: begin[2]}, {2: end[2] + plan.sizes[0] - plan.padded[0]})
             spectrum = self.dft(spectrum, 2)
-        product = self._times_kernel(spectrum, plan, spec)                          # [B, O, *N', 2]
-        if nd == 2:
-            product = self.slice(self.dft(product, 2, inverse=True), 2, plan.output[0], plan.strides[0])
-        signal = self.dft(product, last, inverse=True, onesided=True, length=plan.sizes[-1])   # [B, O, ..., N, 1]
-        signal = self.slice(signal, last, plan.output[-1], plan.strides[-1])
-        result = self.node("Squeeze", [signal, self.ints([rank])])
+        real, imaginary = self.node("Split", [spectrum, self.ints([1, 1])], {"axis": -1}, outputs=2)  # [B, I, *N', 1]
+        kernel = plan.spectrum[..., None]                                           # [O, I, *N', 1] complex
+        k_real = self.const(kernel.real.astype(np.float32), "fft_kernel_real")
+        k_imag = self.const(kernel.imag.astype(np.float32), "fft_kernel_imag")
+        outer = self.nodes
+        body = self._channel_body(real, imaginary, kernel.shape[1:], plan, spec)
+        self.nodes = outer
+        result = self.node("Scan", [k_real, k_imag], {"body": body, "num_scan_inputs": 2,
+                                                      "scan_output_axes": [1]})     # [B, O, *out]
         if spec.has_bias and np.any(spec.bias):
             bias = self.const(spec.bias.reshape(1, -1, *[1] * nd).astype(np.float32), "fft_bias")
             result = self.node("Add", [result, bias])
         return result
 
-    def _times_kernel(self, spectrum, plan, spec):
-        """sum_c X[b, c] * K[o, c] in complex arithmetic, K = conj FFT(W) (the plan's):
-        real part xr*kr - xi*ki, imaginary part xr*ki + xi*kr, on [..., 1] planes."""
-        kernel = plan.spectrum                                                      # [O, I, *N'] complex
-        real, imaginary = self.node("Split", [spectrum, self.ints([1, 1])], {"axis": -1}, outputs=2)
-        if spec.in_channels == 1:
-            shape = (1, spec.out_channels, *kernel.shape[2:], 1)
-            k_real = self.const(kernel.real.reshape(shape).astype(np.float32), "fft_kernel_real")
-            k_imag = self.const(kernel.imag.reshape(shape).astype(np.float32), "fft_kernel_imag")
+    def _channel_body(self, real, imaginary, kernel_shape, plan, spec) -> gs.Graph:
+        """The Scan body for output channel o: K_o [I, *N', 1] (real and imaginary parts) ->
+        y_o [B, *out]. X, the input's spectrum, is read from the enclosing graph."""
+        nd, last = spec.nd, 1 + spec.nd
+        rank = nd + 2
+        self.nodes = []
+        k_real, k_imag = (gs.Variable(self.context.fresh(name), np.float32, list(kernel_shape))
+                          for name in ("fft_k_real", "fft_k_imag"))
+        product = self._times_kernel(real, imaginary, k_real, k_imag, spec.in_channels)   # [B, 1, *N', 2]
+        if nd == 2:
+            product = self.slice(self.dft(product, 2, inverse=True), 2, plan.output[0], plan.strides[0])
+        signal = self.dft(product, last, inverse=True, onesided=True, length=plan.sizes[-1])   # [B, 1, ..., N, 1]
+        signal = self.slice(signal, last, plan.output[-1], plan.strides[-1])
+        channel = self.node("Squeeze", [signal, self.ints([1, rank])])               # [B, *out]
+        return gs.Graph(nodes=self.nodes, inputs=[k_real, k_imag], outputs=[channel], name=self.context.fresh("fft_channel"),
+                        opset=self.opset)
 
-            def times(a, b):
-                return self.node("Mul", [a, b])
-        else:
-            letters = "xyz"[: spec.nd]
-            equation = f"bc{letters}t,oc{letters}t->bo{letters}t"
-            k_real = self.const(kernel.real[..., None].astype(np.float32), "fft_kernel_real")
-            k_imag = self.const(kernel.imag[..., None].astype(np.float32), "fft_kernel_imag")
+    def _times_kernel(self, real, imaginary, k_real, k_imag, in_channels: int):
+        """sum_c X[b, c] * K[c] in complex arithmetic, K = conj FFT(W_o) (the plan's): real part
+        xr*kr - xi*ki, imaginary part xr*ki + xi*kr, on [..., 1] planes; [B, 1, *N', 2]."""
+        def times(a, b):
+            return self.node("Mul", [a, b])
 
-            def times(a, b):
-                return self.node("Einsum", [a, b], {"equation": equation})
         out_real = self.node("Sub", [times(real, k_real), times(imaginary, k_imag)])
         out_imag = self.node("Add", [times(real, k_imag), times(imaginary, k_real)])
+        if in_channels > 1:
+            axes = self.ints([1])
+            out_real = self.node("ReduceSum", [out_real, axes], {"keepdims": 1})
+            out_imag = self.node("ReduceSum", [out_imag, axes], {"keepdims": 1})
         return self.node("Concat", [out_real, out_imag], {"axis": -1})
