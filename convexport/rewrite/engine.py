@@ -117,11 +117,15 @@ def _run_scope(graph: gs.Graph, rules: list[Rule], base: RewriteContext, state: 
     changed = False
     dead: set[int] = set()          # nodes a rewrite left without readers, dropped as it goes
     members = set(map(id, graph.nodes))      # this scope's nodes, new ones added as they come
+    by_op: dict[str, list[gs.Node]] = {}     # this scope's nodes by op, in graph order, new ones last
+    for node in graph.nodes:
+        by_op.setdefault(node.op, []).append(node)
     for rule in rules:
         if state.full():
             break
         primitive = rule.plugin or state.primitives[rule.apply]
-        candidates = _candidates(graph, rule, dead)
+        candidates = [node for node in (graph.nodes if rule.is_group else by_op.get(rule.root.op_type, ()))
+                      if id(node) not in dead]
         region = state.changes.region(graph, rule, candidates, reach_of(primitive))
         state.changes.start_looking(graph, rule)
         if region is not None and not region:
@@ -150,20 +154,15 @@ def _run_scope(graph: gs.Graph, rules: list[Rule], base: RewriteContext, state: 
             changed = True
             matcher.graph_outputs = set(map(id, graph.outputs))
             members.update(map(id, verdict.nodes))
+            for node in verdict.nodes:
+                by_op.setdefault(node.op, []).append(node)
     graph.nodes = [node for node in graph.nodes if id(node) not in dead]
     return changed
 
 
-def _candidates(graph: gs.Graph, rule: Rule, dead: set[int]) -> list[gs.Node]:
-    """The live nodes a match may start from: those of the root's op (every node for a group)."""
-    if rule.is_group:
-        return [node for node in graph.nodes if id(node) not in dead]
-    return [node for node in graph.nodes if node.op == rule.root.op_type and id(node) not in dead]
-
-
 def _anchors(graph: gs.Graph, rule: Rule, candidates: list[gs.Node], region: set[int] | None) -> list:
-    """Where matching starts, in topological order: each candidate node (for a root pattern), or
-    each tensor a candidate reads or writes (for a group pattern, whose members all read one
+    """Where matching starts, in topological order: each candidate node (the live nodes of the
+    root's op, for a root pattern), or each tensor a candidate (any live node) reads or writes (for a group pattern, whose members all read one
     shared tensor); only within `region` (node ids) when it is given."""
     nodes = candidates if region is None else [node for node in candidates if id(node) in region]
     if not rule.is_group:
