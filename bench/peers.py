@@ -5,7 +5,7 @@
 
 For every sample model and a RepVGG-style network: nodes, Conv count, latency (each variant
 measured beside the original in a fresh process, the two taking turns in blocks of runs) as a
-ratio to the original (> 1 is faster), the optimizer's wall time, and the largest validation error against the
+ratio to the original (> 1 is faster), peak memory, the optimizer's wall time, and the largest validation error against the
 original (relative to the output's RMS). Then each optimizer's wall time on a synthetic graph
 of more than 2,000 nodes.
 """
@@ -42,6 +42,8 @@ MODELS = [
     ("seed004 full padding", ROOT / "sample_models/seed004_full_padding.py"),
     ("RepVGG-style (training form)", ROOT / "tests/fixtures/repvgg.py:build"),
 ]
+# Hand-written deploy forms to compare with: the RepVGG network re-parameterised by its own code.
+HAND_MADE = {"RepVGG-style (training form)": ROOT / "tests/fixtures/repvgg.py:build_deploy"}
 
 
 def run_convexport(model):
@@ -112,21 +114,27 @@ def bench_model(label, source, device, lines):
     original = convexport.optimize(str(source), write=False, validate=False, profile=False).original
     inputs = graph_input_specs(original)
     variants, walls = optimize_all(original)
+    if label in HAND_MADE:
+        variants["hand re-param"] = convexport.optimize(str(HAND_MADE[label]), write=False, validate=False,
+                                                        profile=False, builtin_rules=False).original
+        walls["hand re-param"] = 0.0
     pairs = {name: timed_pair(original, model, inputs, device) for name, model in variants.items() if name != "original"}
-    base = float(np.median([pair["original"] for pair in pairs.values()]))
+    base = {key: float(np.median([pair["original"][key] for pair in pairs.values()])) for key in ("ms", "peak")}
     lines.append(f"\n### {label}\n")
-    lines.append("| tool | nodes | Conv | latency ms | speedup vs original | optimizer s | max rel error |")
-    lines.append("|---|---:|---:|---:|---:|---:|---:|")
+    lines.append("| tool | nodes | Conv | latency ms | speedup vs original | peak MiB | optimizer s | max rel error |")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, model in variants.items():
         pair = pairs.get(name, {"original": base, "variant": base})
         error = 0.0 if name == "original" else relative_error(original, model, inputs)
-        lines.append(f"| {name} | {len(model.graph.node)} | {conv_count(model)} | {pair['variant']:.3f} | "
-                     f"{pair['original'] / pair['variant']:.2f}x | {walls[name]:.2f} | {error:.1e} |")
+        lines.append(f"| {name} | {len(model.graph.node)} | {conv_count(model)} | {pair['variant']['ms']:.3f} | "
+                     f"{pair['original']['ms'] / pair['variant']['ms']:.2f}x | {pair['variant']['peak'] / 2**20:.1f} | "
+                     f"{walls[name]:.2f} | {error:.1e} |")
     print("\n".join(lines[-len(variants) - 3:]), flush=True)
 
 
 def timed_pair(original, variant, inputs, device) -> dict:
-    """Median latency of the original and of one variant, taking turns in one fresh process.
+    """Median latency ("ms") of the original and of one variant, taking turns in one fresh
+    process, and the peak memory ("peak", bytes) of each (convexport/profile.py).
 
     One pair per process: with all six sessions in one process on 2 cores, ONNX Runtime's
     per-session thread pools leave a session its second core in some runs and not in others
@@ -148,8 +156,9 @@ def timed_pair(original, variant, inputs, device) -> dict:
 
 def _time_in_child(paths, inputs, device, queue) -> None:
     models = {name: onnx.load(path) for name, path in paths.items()}
-    measured = profile_models(models, inputs, device, memory=False, per_op=False)
-    queue.put({name: measured[name]["latency_ms"]["median"] for name in models})
+    measured = profile_models(models, inputs, device, memory=True, per_op=False)
+    queue.put({name: {"ms": measured[name]["latency_ms"]["median"], "peak": measured[name]["peak_memory_bytes"]}
+               for name in models})
 
 
 def synthetic_graph(blocks: int = 520) -> onnx.ModelProto:
@@ -197,7 +206,7 @@ def main() -> None:
              f"{datetime.date.today()}, {platform.machine()} with {os.cpu_count()} cores, ONNX Runtime "
              f"{__import__('onnxruntime').__version__} on {args.device}; latency is the median of block-"
              "interleaved runs (convexport/profile.py), each tool's graph beside the original in a fresh process "
-             "(the original's row: the median over those pairs); errors are max |cand - ref| / max(|ref|, rms(ref))."]
+             "(the original's row: the median over those pairs); peak memory is the growth of the resident set of a fresh process running the model; errors are max |cand - ref| / max(|ref|, rms(ref))."]
     for label, source in MODELS:
         if args.only is None or args.only in label:
             bench_model(label, source, args.device, lines)

@@ -1,14 +1,21 @@
-"""Random graphs of conv chains and branch sums: no rewrite may change any output."""
+"""Random graphs of conv chains and branch sums: no rewrite may change any output, and the
+engine's shortcut in later passes misses none of them."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import convexport
+from convexport.rewrite.changes import ChangeLog
 from graphs import GraphBuilder, assert_same_outputs, rewrite
+
+SAMPLES = Path(__file__).resolve().parent.parent / "sample_models"
 
 
 def random_conv(builder: GraphBuilder, x, rng, stride=None, same=False):
@@ -80,3 +87,37 @@ def test_random_graphs_are_mostly_folded():
     """The generator is not vacuous: most graphs get folded somewhere."""
     folded = sum(check(seed) > 0 for seed in range(40))
     assert folded >= 30, folded
+
+
+def looked_at_everywhere(monkeypatch):
+    """Every rule looks at the whole graph in every pass (changes.py's shortcut off)."""
+    monkeypatch.setattr(ChangeLog, "region", lambda self, scope, rule, candidates, reach: None)
+
+
+def applied_and_graph(outcome):
+    return ([(entry["rule"], entry["nodes"]) for entry in outcome.applied],
+            [(node.op_type, list(node.input), list(node.output)) for node in outcome.model.graph.node])
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+          HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture])
+@given(st.integers(0, 2**31 - 1))
+def test_looking_only_where_the_graph_changed_finds_every_rewrite(monkeypatch, seed):
+    """The engine's later passes look only near changes (rewrite/changes.py); looking everywhere
+    applies the same rewrites, in the same order, to the same graph."""
+    builder, y = random_graph(seed)
+    model = builder.model([y])
+    near_changes = applied_and_graph(rewrite(model, "exact"))
+    with monkeypatch.context() as patch:
+        looked_at_everywhere(patch)
+        everywhere = applied_and_graph(rewrite(model, "exact"))
+    assert near_changes == everywhere
+
+
+@pytest.mark.parametrize("sample", ["seed000_subtracted_conv.py", "seed001_bottleneck3d.py",
+                                    "seed002_group_attention.py", "seed004_full_padding.py"])
+def test_sample_models_get_the_same_rewrites_either_way(monkeypatch, sample):
+    exported = convexport.optimize(str(SAMPLES / sample), write=False, validate=False, profile=False).original
+    near_changes = applied_and_graph(rewrite(exported, "exact"))
+    looked_at_everywhere(monkeypatch)
+    assert applied_and_graph(rewrite(exported, "exact")) == near_changes

@@ -84,55 +84,68 @@ class _Graph:
                                    self.ints([step])])
 
     def fft_conv(self, x, plan, spec):
-        """x [B, I, *L] -> its half spectrum, then one output channel at a time (a Scan over the
-        kernel's spectrum): product, inverse DFTs, slices. Each channel's frequency-domain
-        tensors ([B, 1, *N', 2]) are freed before the next one's: O times less memory at once
-        than all channels together, the largest tensors of the whole computation."""
-        nd, last = spec.nd, 1 + spec.nd           # spatial axes are 2 .. 1+nd of [B, C, *L]
+        """x [B, I, *L] -> y [B, O, *out], one image at a time (a Scan over the batch) and, for
+        each image, one output channel at a time (a Scan over the kernel's spectrum). The
+        frequency-domain tensors, the largest of the computation, then hold one image and one
+        output channel ([1, 1, *N', 2]) instead of all of them ([B, O, *N', 2]); they are freed
+        before the next ones are made."""
+        kernel = plan.spectrum[..., None]                                           # [O, I, *N', 1] complex
+        k_real = self.const(kernel.real.astype(np.float32), "fft_kernel_real")
+        k_imag = self.const(kernel.imag.astype(np.float32), "fft_kernel_imag")
+        image = gs.Variable(self.context.fresh("fft_image"), np.float32, [spec.in_channels, *spatial_shape(x)])
+        body = self._body([image], lambda one: self._one_image(one, k_real, k_imag, kernel.shape[1:], plan, spec))
+        result = self.node("Scan", [x], {"body": body, "num_scan_inputs": 1})      # [B, O, *out]
+        if spec.has_bias and np.any(spec.bias):
+            bias = self.const(spec.bias.reshape(1, -1, *[1] * spec.nd).astype(np.float32), "fft_bias")
+            result = self.node("Add", [result, bias])
+        return result
+
+    def _body(self, inputs, build) -> gs.Graph:
+        """A Scan body: the nodes build(*inputs) makes, as a graph of their own."""
+        outer, self.nodes = self.nodes, []
+        try:
+            output = build(*inputs)
+        finally:
+            made, self.nodes = self.nodes, outer
+        return gs.Graph(nodes=made, inputs=list(inputs), outputs=[output], name=self.context.fresh("fft_body"),
+                        opset=self.opset)
+
+    def _one_image(self, image, k_real, k_imag, kernel_shape, plan, spec):
+        """image [I, *L] -> its half spectrum X [1, I, *N', 1] (real and imaginary planes), then
+        y [O, *out] one output channel at a time."""
+        nd, last = spec.nd, 1 + spec.nd           # spatial axes are 2 .. 1+nd of [1, C, *L]
         rank = nd + 2
         begin = {2 + i: a for i, a in enumerate(spec.pads_begin)}
         end = {2 + i: e for i, e in enumerate(spec.pads_end)}
         end[last] = end.get(last, 0) + plan.sizes[-1] - plan.padded[-1]
-        padded = self.pad(x, rank, begin if nd == 1 else {last: begin[last]}, end if nd == 1 else {last: end[last]})
-        signal = self.node("Unsqueeze", [padded, self.ints([rank])])               # [B, I, *L, 1]
+        batch = self.node("Unsqueeze", [image, self.ints([0])])                     # [1, I, *L]
+        padded = self.pad(batch, rank, begin if nd == 1 else {last: begin[last]}, end if nd == 1 else {last: end[last]})
+        signal = self.node("Unsqueeze", [padded, self.ints([rank])])               # [1, I, *L, 1]
         spectrum = self.dft(signal, last, onesided=True)                            # half spectrum on the last axis
         if nd == 2:
             spectrum = self.pad(spectrum, rank + 1, {2: begin[2]}, {2: end[2] + plan.sizes[0] - plan.padded[0]})
             spectrum = self.dft(spectrum, 2)
-        real, imaginary = self.node("Split", [spectrum, self.ints([1, 1])], {"axis": -1}, outputs=2)  # [B, I, *N', 1]
-        kernel = plan.spectrum[..., None]                                           # [O, I, *N', 1] complex
-        k_real = self.const(kernel.real.astype(np.float32), "fft_kernel_real")
-        k_imag = self.const(kernel.imag.astype(np.float32), "fft_kernel_imag")
-        outer = self.nodes
-        body = self._channel_body(real, imaginary, kernel.shape[1:], plan, spec)
-        self.nodes = outer
-        result = self.node("Scan", [k_real, k_imag], {"body": body, "num_scan_inputs": 2,
-                                                      "scan_output_axes": [1]})     # [B, O, *out]
-        if spec.has_bias and np.any(spec.bias):
-            bias = self.const(spec.bias.reshape(1, -1, *[1] * nd).astype(np.float32), "fft_bias")
-            result = self.node("Add", [result, bias])
-        return result
+        real, imaginary = self.node("Split", [spectrum, self.ints([1, 1])], {"axis": -1}, outputs=2)
+        k_slices = [gs.Variable(self.context.fresh(name), np.float32, list(kernel_shape))
+                    for name in ("fft_k_real", "fft_k_imag")]
+        body = self._body(k_slices, lambda kr, ki: self._one_channel(real, imaginary, kr, ki, plan, spec))
+        return self.node("Scan", [k_real, k_imag], {"body": body, "num_scan_inputs": 2})      # [O, *out]
 
-    def _channel_body(self, real, imaginary, kernel_shape, plan, spec) -> gs.Graph:
-        """The Scan body for output channel o: K_o [I, *N', 1] (real and imaginary parts) ->
-        y_o [B, *out]. X, the input's spectrum, is read from the enclosing graph."""
+    def _one_channel(self, real, imaginary, k_real, k_imag, plan, spec):
+        """K_o [I, *N', 1] (real and imaginary planes of output channel o's kernel spectrum) and
+        X (the image's, read from the enclosing body) -> y_o [*out]."""
         nd, last = spec.nd, 1 + spec.nd
         rank = nd + 2
-        self.nodes = []
-        k_real, k_imag = (gs.Variable(self.context.fresh(name), np.float32, list(kernel_shape))
-                          for name in ("fft_k_real", "fft_k_imag"))
-        product = self._times_kernel(real, imaginary, k_real, k_imag, spec.in_channels)   # [B, 1, *N', 2]
+        product = self._times_kernel(real, imaginary, k_real, k_imag, spec.in_channels)   # [1, 1, *N', 2]
         if nd == 2:
             product = self.slice(self.dft(product, 2, inverse=True), 2, plan.output[0], plan.strides[0])
-        signal = self.dft(product, last, inverse=True, onesided=True, length=plan.sizes[-1])   # [B, 1, ..., N, 1]
+        signal = self.dft(product, last, inverse=True, onesided=True, length=plan.sizes[-1])   # [1, 1, ..., N, 1]
         signal = self.slice(signal, last, plan.output[-1], plan.strides[-1])
-        channel = self.node("Squeeze", [signal, self.ints([1, rank])])               # [B, *out]
-        return gs.Graph(nodes=self.nodes, inputs=[k_real, k_imag], outputs=[channel], name=self.context.fresh("fft_channel"),
-                        opset=self.opset)
+        return self.node("Squeeze", [signal, self.ints([0, 1, rank])])              # [*out]
 
     def _times_kernel(self, real, imaginary, k_real, k_imag, in_channels: int):
-        """sum_c X[b, c] * K[c] in complex arithmetic, K = conj FFT(W_o) (the plan's): real part
-        xr*kr - xi*ki, imaginary part xr*ki + xi*kr, on [..., 1] planes; [B, 1, *N', 2]."""
+        """sum_c X[c] * K[c] in complex arithmetic, K = conj FFT(W_o) (the plan's): real part
+        xr*kr - xi*ki, imaginary part xr*ki + xi*kr, on [..., 1] planes; [1, 1, *N', 2]."""
         def times(a, b):
             return self.node("Mul", [a, b])
 

@@ -10,8 +10,8 @@ one per output element for anything else. Bytes moved are every input and output
 touches (weights included), each tensor once. A new tensor whose shape is not known yet is
 taken as large as the old tensor it replaces, or as its node's largest input. Ops that the
 device runs elsewhere (DFT has no CUDA kernel in ONNX Runtime: it runs on the CPU) cost the
-CPU's time plus a round trip over PCIe. The rates are round figures for what ONNX Runtime
-reaches, not peaks; a rewrite is applied when its estimate is no larger than the original's.
+CPU's time plus a round trip over PCIe, and so does a node whose subgraph holds one. The rates
+are round figures for what ONNX Runtime reaches, not peaks; a rewrite is applied when its estimate is no larger than the original's.
 """
 
 from __future__ import annotations
@@ -68,11 +68,20 @@ def estimate(nodes: list[gs.Node], device: Device, flops: float | None = None,
     factor = flops / counted if flops is not None and counted > 0 else 1.0
     seconds = flops / device.flops_per_s if flops is not None and counted == 0 else 0.0
     for node, node_flops, node_bytes in per_node:
-        if node.op in device.host_ops:
+        if _runs_on_host(node, device):
             seconds += _seconds(CPU, node_flops * factor, node_bytes) + 2 * node_bytes / device.host_link_bytes_per_s
         else:
             seconds += _seconds(device, node_flops * factor, node_bytes)
     return Estimate(seconds, counted if flops is None else flops, sum(b for _, _, b in per_node), len(nodes))
+
+
+def _runs_on_host(node: gs.Node, device: Device) -> bool:
+    """The node is, or holds in a subgraph (a Scan body), an op the device leaves to the CPU."""
+    if node.op in device.host_ops:
+        return True
+    return any(_runs_on_host(inner, device) for value in node.attrs.values()
+               for sub in (value if isinstance(value, list) else [value]) if isinstance(sub, gs.Graph)
+               for inner in sub.nodes)
 
 
 def _seconds(device: Device, flops: float, moved: float) -> float:
