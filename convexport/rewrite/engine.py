@@ -64,15 +64,15 @@ class RewriteOutcome:
 
 
 @dataclass
-class _Pass:
-    """What the rules of one pass share: where they write their results."""
+class _Run:
+    """What one rewrite_model run keeps across its passes."""
 
     primitives: dict[str, Primitive]
     changes: ChangeLog
     applied: list[dict]
     skipped: dict[tuple, dict]
     limit: int | None
-    created: list[gs.Node] = field(default_factory=list)      # nodes this pass inserted
+    created: list[gs.Node] = field(default_factory=list)      # nodes the current pass inserted
 
     def full(self) -> bool:
         return self.limit is not None and len(self.applied) >= self.limit
@@ -88,7 +88,7 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule], primitives: dict[st
     opset = default_opset(model)
     graph = import_graph(model)
     base = RewriteContext(graph, opset, NameGenerator(graph), {}, strategy, device, {} if decided is None else decided)
-    state = _Pass(primitives, ChangeLog(), [], {}, limit)
+    state = _Run(primitives, ChangeLog(), [], {}, limit)
     passes, changed_at_all = 0, False
     for passes in range(1, MAX_PASSES + 1):
         state.created = []
@@ -99,7 +99,8 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule], primitives: dict[st
             break
         changed_at_all = True
         # a tensor that now has a shape may now match where it did not: a change like any other
-        state.changes.touch(infer_new_shapes([node for node in state.created if not state.changes.is_dead(node)], opset))
+        alive = [node for node in state.created if not state.changes.is_dead(node)]
+        state.changes.touch(infer_new_shapes(alive, opset))
         for scope in all_graphs(graph):
             toposort(scope)
     current = model
@@ -110,12 +111,12 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule], primitives: dict[st
     return RewriteOutcome(current, state.applied, still_there, passes)
 
 
-def _run_scope(graph: gs.Graph, rules: list[Rule], base: RewriteContext, state: _Pass) -> bool:
+def _run_scope(graph: gs.Graph, rules: list[Rule], base: RewriteContext, state: _Run) -> bool:
     """One pass of every rule over one scope: the main graph or a subgraph (If branches, Loop
     and Scan bodies). A match never spans two scopes, so nothing moves in or out of a
     subgraph, and a tensor that a subgraph reads from outside counts as read there (not private)."""
     changed = False
-    dead: set[int] = set()          # nodes a rewrite left without readers, dropped as it goes
+    dead = state.changes.is_dead    # nodes a rewrite left without readers, dropped at the end
     members = set(map(id, graph.nodes))      # this scope's nodes, new ones added as they come
     by_op: dict[str, list[gs.Node]] = {}     # this scope's nodes by op, in graph order, new ones last
     for node in graph.nodes:
@@ -125,7 +126,7 @@ def _run_scope(graph: gs.Graph, rules: list[Rule], base: RewriteContext, state: 
             break
         primitive = rule.plugin or state.primitives[rule.apply]
         candidates = [node for node in (graph.nodes if rule.is_group else by_op.get(rule.root.op_type, ()))
-                      if id(node) not in dead]
+                      if not dead(node)]
         region = state.changes.region(graph, rule, candidates, reach_of(primitive))
         state.changes.start_looking(graph, rule)
         if region is not None and not region:
@@ -134,7 +135,7 @@ def _run_scope(graph: gs.Graph, rules: list[Rule], base: RewriteContext, state: 
         for anchor in _anchors(graph, rule, candidates, region):
             if state.full():
                 break
-            if any(id(node) in dead for node in _anchor_nodes(anchor)):
+            if any(dead(node) for node in _anchor_nodes(anchor)):
                 continue
             match = matcher.match_group(anchor) if rule.is_group else matcher.match(anchor)
             if match is None or first_failure(rule.where, match.values, graph):
@@ -148,7 +149,7 @@ def _run_scope(graph: gs.Graph, rules: list[Rule], base: RewriteContext, state: 
                 decision = {"decision": verdict.decision} if verdict.decision else {}
                 state.skipped[(rule.name, tuple(entry["nodes"]))] = {**entry, "reason": verdict.reason, **decision}
                 continue
-            dead |= _apply(graph, verdict, base.fresh, state.changes)
+            _apply(graph, verdict, base.fresh, state.changes)
             state.applied.append({**entry, "reason": verdict.note, **_cost_fields(verdict), **verdict.extra})
             state.created.extend(verdict.nodes)
             changed = True
@@ -156,14 +157,15 @@ def _run_scope(graph: gs.Graph, rules: list[Rule], base: RewriteContext, state: 
             members.update(map(id, verdict.nodes))
             for node in verdict.nodes:
                 by_op.setdefault(node.op, []).append(node)
-    graph.nodes = [node for node in graph.nodes if id(node) not in dead]
+    graph.nodes = [node for node in graph.nodes if not dead(node)]
     return changed
 
 
 def _anchors(graph: gs.Graph, rule: Rule, candidates: list[gs.Node], region: set[int] | None) -> list:
     """Where matching starts, in topological order: each candidate node (the live nodes of the
-    root's op, for a root pattern), or each tensor a candidate (any live node) reads or writes (for a group pattern, whose members all read one
-    shared tensor); only within `region` (node ids) when it is given."""
+    root's op, for a root pattern), or each tensor a candidate (any live node) reads or writes
+    (for a group pattern, whose members all read one shared tensor); only within `region`
+    (node ids) when it is given."""
     nodes = candidates if region is None else [node for node in candidates if id(node) in region]
     if not rule.is_group:
         return nodes
@@ -226,9 +228,9 @@ def _cost_fields(rewrite: Rewrite) -> dict:
     return {"flops_before": rewrite.flops_before, "flops_after": rewrite.flops_after}
 
 
-def _apply(graph: gs.Graph, rewrite: Rewrite, fresh: NameGenerator, changes: ChangeLog) -> set[int]:
-    """Insert the new nodes and make each replaced tensor come from its replacement; return the
-    ids of the nodes this left dead (disconnected, to be dropped from the graph).
+def _apply(graph: gs.Graph, rewrite: Rewrite, fresh: NameGenerator, changes: ChangeLog) -> None:
+    """Insert the new nodes and make each replaced tensor come from its replacement; the nodes
+    this leaves dead are disconnected and buried in `changes` (to be dropped from the graph).
 
     A replacement made by a new node takes over the old tensor object itself (its name, its
     consumers, its place among the graph outputs); one that already exists (an input of the
@@ -251,23 +253,20 @@ def _apply(graph: gs.Graph, rewrite: Rewrite, fresh: NameGenerator, changes: Cha
         else:
             for consumer in list(old.outputs):
                 _rewire(consumer, old, new)
-    return _remove_dead(orphans, {id(t) for t in graph.outputs}, changes)
+    _remove_dead(orphans, {id(t) for t in graph.outputs}, changes)
 
 
-def _remove_dead(candidates: list[gs.Node], outputs: set[int], changes: ChangeLog) -> set[int]:
+def _remove_dead(candidates: list[gs.Node], outputs: set[int], changes: ChangeLog) -> None:
     """Disconnect every node whose outputs nobody reads, then the producers that this leaves
     unread in turn; the work is proportional to what is removed, not to the graph."""
-    dead: set[int] = set()
     stack = list(candidates)
     while stack:
         node = stack.pop()
-        if id(node) in dead or any(t.outputs or id(t) in outputs for t in node.outputs):
+        if changes.is_dead(node) or any(t.outputs or id(t) in outputs for t in node.outputs):
             continue
-        dead.add(id(node))
         changes.bury(node)
         stack.extend(p for tensor in node.inputs for p in tensor.inputs)
         _disconnect_inputs(node)
-    return dead
 
 
 def _disconnect_inputs(node: gs.Node) -> None:
