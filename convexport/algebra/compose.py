@@ -21,7 +21,6 @@ import numpy as np
 
 from . import padding_reads
 from .spec import AxisGeometry, ConvSpec, Refusal, spatial_lengths
-from .taps import normalize_taps
 
 DEFAULT_BORDER_LIMIT_BYTES = 1 << 20
 
@@ -32,11 +31,10 @@ class Composition:
 
     spec: ConvSpec
     border: np.ndarray | None
-    description: str
 
     def __repr__(self) -> str:
         border = None if self.border is None else list(self.border.shape)
-        return f"Composition({self.spec!r}, border={border}, {self.description!r})"
+        return f"Composition({self.spec!r}, border={border})"
 
 
 @dataclass(frozen=True)
@@ -123,14 +121,6 @@ def composite_conv(first: ConvSpec, second: ConvSpec) -> ConvSpec:
     )
 
 
-def _describe(first: ConvSpec, second: ConvSpec, spec: ConvSpec) -> str:
-    """E.g. '3x3 after 1x1/s2,2 -> 3x3/s2,2 conv', with the kernel conv_to_onnx will emit."""
-    def kernel(s: ConvSpec) -> str:
-        strides = "" if set(s.strides) == {1} else "/s" + ",".join(map(str, s.strides))
-        return "x".join(map(str, s.kernel_shape)) + strides
-    return f"{kernel(second)} after {kernel(first)} -> {kernel(normalize_taps(spec))} conv"
-
-
 def compose(first: ConvSpec, second: ConvSpec, input_spatial: Sequence[int | None] | None,
             border_limit_bytes: int = DEFAULT_BORDER_LIMIT_BYTES) -> Composition | Refusal:
     """second(first(x)) as one conv on x, composite_conv(first, second), exact or refused.
@@ -149,7 +139,7 @@ def compose(first: ConvSpec, second: ConvSpec, input_spatial: Sequence[int | Non
     if scale is not None:           # BN / per-channel affine after a conv: reads no padding, always exact
         spec = dataclasses.replace(first, weight=scale.reshape(-1, *[1] * (first.weight.ndim - 1)) * first.weight,
                                    bias=scale * first.bias + second.bias, has_bias=first.has_bias or second.has_bias)
-        return Composition(spec, None, _describe(first, second, spec))
+        return Composition(spec, None)
     reads = [padding_reads.axis_reads(f, s, length) for f, s, length in zip(first.axes(), second.axes(), lengths)]
     leak = padding_reads.window_leak(reads, _active_pairs(first, second))
     if leak is not None:
@@ -172,7 +162,4 @@ def compose(first: ConvSpec, second: ConvSpec, input_spatial: Sequence[int | Non
         border = padding_reads.border_map(first.axes(), second.axes(), lengths, bias_taps)
         border = border if np.any(border) else None
     spec = composite_conv(first, second)
-    description = _describe(first, second, spec)
-    if border is not None:
-        description += f" plus a constant border map {list(border.shape)}"
-    return Composition(spec, border, description)
+    return Composition(spec, border)
