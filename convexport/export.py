@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import onnx
 
 from .errors import ConvexportError, first_line
+from .graph import proto_scopes
 from .inputs import InputSpec
 from .largemodels import infer_shapes_of_large, needs_external_data
 from .loading import LoadedModel
@@ -63,11 +64,45 @@ def export_model(loaded: LoadedModel, input_specs: list[InputSpec] | None = None
 
 def infer_shapes(model: onnx.ModelProto, source: str) -> onnx.ModelProto:
     def infer(light: onnx.ModelProto) -> onnx.ModelProto:
-        return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
+        # A body nested in a body (a Scan in a Scan) gets its shapes only once the outer body's
+        # are in the outer value_info, and ONNX never fills a value_info it left unshaped: one
+        # more round per level of nesting, without the unshaped entries
+        for _ in range(_depth(inferred.graph) - 1):
+            retry = onnx.ModelProto()
+            retry.CopyFrom(inferred)
+            _drop_unshaped_value_info(retry.graph)
+            again = onnx.shape_inference.infer_shapes(retry, check_type=False, strict_mode=False, data_prop=True)
+            if _shaped_values(again.graph) <= _shaped_values(inferred.graph):
+                break
+            inferred = again
+        return inferred
     try:
         return infer_shapes_of_large(model, infer) if needs_external_data(model) else infer(model)
     except Exception as exc:
         raise ConvexportError(f"{source}: ONNX shape inference failed: {str(exc).splitlines()[0]}") from exc
+
+
+def _depth(graph: onnx.GraphProto) -> int:
+    """How many levels of subgraphs lie below `graph` (0: none)."""
+    return max((1 + _depth(sub) for node in graph.node for attr in node.attribute
+                for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)), default=0)
+
+
+def _drop_unshaped_value_info(graph: onnx.GraphProto) -> None:
+    """Drop value_info entries without a shape, in the graph and its subgraphs, except for the
+    outputs of ops outside the ONNX domain (whose types inference cannot redo). An unshaped
+    entry in a body for a tensor of the enclosing graph hides that tensor's shape there."""
+    for scope in proto_scopes(graph):
+        custom = {name for node in scope.node if node.domain not in ("", "ai.onnx") for name in node.output}
+        kept = [value for value in scope.value_info if value.type.tensor_type.HasField("shape") or value.name in custom]
+        del scope.value_info[:]
+        scope.value_info.extend(kept)
+
+
+def _shaped_values(graph: onnx.GraphProto) -> int:
+    """value_info entries with a shape, in the graph and its subgraphs."""
+    return sum(value.type.tensor_type.HasField("shape") for scope in proto_scopes(graph) for value in scope.value_info)
 
 
 def graph_input_specs(model: onnx.ModelProto) -> list[InputSpec]:

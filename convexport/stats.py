@@ -1,10 +1,11 @@
 """Size and cost of an ONNX graph: node and op counts, parameters, FLOPs from shapes.
 
 FLOPs count multiply-adds as two operations for the ops whose cost depends on a weight
-(Conv, ConvTranspose, Gemm, MatMul, Einsum with two operands) and one operation per output
-element for every other op. Symbolic dims count as 1 (a dynamic batch is reported per sample).
-Node and op counts are the main graph's; FLOPs and parameters include subgraphs, each node
-once (both branches of an If, one iteration of a Loop or Scan body).
+(Conv, ConvTranspose, Gemm, MatMul, Einsum with two operands), 5 N log2 N per complex
+transform of N points for DFT (the radix-2 FFT count), and one operation per output element
+for every other op. Symbolic dims count as 1 (a dynamic batch is reported per sample).
+Node and op counts are the main graph's; FLOPs and parameters include subgraphs: both
+branches of an If, a Scan body as many times as the Scan iterates, a Loop body once.
 """
 
 from __future__ import annotations
@@ -26,9 +27,41 @@ def graph_stats(model: onnx.ModelProto) -> dict:
     return {
         "nodes": len(graph.node),
         "ops": dict(sorted(ops.items(), key=lambda item: (-item[1], item[0]))),
-        "flops": float(sum(_node_flops(node, shapes) for scope in scopes for node in scope.node)),
+        "flops": float(_graph_flops(graph, shapes, _small_integers(scopes))),
         "params": int(sum(_parameter_count(scope) for scope in scopes)),
     }
+
+
+def _graph_flops(graph: onnx.GraphProto, shapes, integers) -> float:
+    total = 0.0
+    for node in graph.node:
+        total += _node_flops(node, shapes, integers)
+        for attribute in node.attribute:
+            for sub in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
+                total += _graph_flops(sub, shapes, integers) * _iterations(node, shapes)
+    return total
+
+
+def _iterations(node: onnx.NodeProto, shapes) -> int:
+    """How many times a node runs its body: a Scan's length along its first scan input's axis
+    (when known), else once."""
+    if node.op_type != "Scan":
+        return 1
+    count = next(a.i for a in node.attribute if a.name == "num_scan_inputs")
+    first = node.input[len(node.input) - count]
+    axes = next((list(a.ints) for a in node.attribute if a.name == "scan_input_axes"), [0])
+    shape = shapes.get(first)
+    return shape[axes[0] % len(shape)] if shape else 1
+
+
+def _small_integers(scopes: list[onnx.GraphProto]) -> dict[str, list[int]]:
+    """The values of small integer initializers (a DFT's axis input, say)."""
+    found = {}
+    for graph in scopes:
+        for init in graph.initializer:
+            if init.data_type == onnx.TensorProto.INT64 and math.prod(init.dims) <= 8:
+                found[init.name] = onnx.numpy_helper.to_array(init).reshape(-1).tolist()
+    return found
 
 
 def _known_shapes(scopes: list[onnx.GraphProto]) -> dict[str, tuple[int, ...]]:
@@ -44,11 +77,13 @@ def _known_shapes(scopes: list[onnx.GraphProto]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _node_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> float:
+def _node_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]], integers: dict[str, list[int]]) -> float:
     out = shapes.get(node.output[0]) if node.output else None
     if out is None:
         return 0.0
     out_elements = float(math.prod(out)) if out else 1.0
+    if node.op_type == "DFT":
+        return _dft_flops(node, shapes, integers, out)
     if node.op_type in ("Conv", "ConvTranspose"):
         weight = shapes.get(node.input[1])
         if weight is None:
@@ -69,6 +104,21 @@ def _node_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> flo
     if node.op_type == "Einsum" and len(node.input) == 2:
         return 2.0 * _einsum_products(node, shapes)
     return out_elements
+
+
+def _dft_flops(node: onnx.NodeProto, shapes, integers, out) -> float:
+    """5 N log2 N per complex transform of N points (N the longer of the input's and the
+    output's length on the axis: a one-sided transform has N/2 + 1 outputs), one transform per
+    complex output point divided by N'; out's last axis holds (real, imaginary)."""
+    source = shapes.get(node.input[0])
+    axis_input = integers.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    axis = axis_input[0] if axis_input else next((a.i for a in node.attribute if a.name == "axis"), 1)
+    if not source or len(source) != len(out):
+        return 0.0
+    axis %= len(out)
+    points = max(source[axis], out[axis])
+    transforms = math.prod(out[:-1]) / out[axis]
+    return 5.0 * transforms * points * math.log2(max(points, 2))
 
 
 def _einsum_products(node: onnx.NodeProto, shapes) -> float:

@@ -1,0 +1,42 @@
+"""FLOPs in the report: DFTs by the FFT count, Scan bodies once per iteration, nested bodies shaped."""
+
+from __future__ import annotations
+
+import math
+
+from onnx import TensorProto, helper
+
+from convexport.export import infer_shapes
+from convexport.stats import graph_stats
+from graphs import GraphBuilder
+from helpers import make_model, tensor
+from test_fft_conv import fft_outcome
+
+
+def test_a_scan_body_counts_once_per_iteration():
+    body = helper.make_graph([helper.make_node("Relu", ["row"], ["out"])], "body",
+                             [tensor("row", [3])], [tensor("out", [3])])
+    scan = helper.make_node("Scan", ["x"], ["y"], body=body, num_scan_inputs=1)
+    model = make_model([scan], [tensor("x", [4, 3])], [tensor("y", [4, 3])])
+    assert graph_stats(model)["flops"] == 12 + 4 * 3        # the Scan's 12 outputs, 4 Relus of 3
+
+
+def test_a_dft_costs_five_n_log_n_per_transform():
+    axis = helper.make_tensor("axis", TensorProto.INT64, [], [1])
+    dft = helper.make_node("DFT", ["x", "", "axis"], ["y"])
+    model = make_model([dft], [tensor("x", [2, 8, 5, 2])], [tensor("y", None)], opset=20)
+    model.graph.initializer.append(axis)
+    model = infer_shapes(model, "test")
+    assert graph_stats(model)["flops"] == 2 * 5 * 5 * 8 * math.log2(8)   # 2x5 transforms of 8 points
+
+
+def test_the_fft_convolution_is_counted_inside_its_nested_scans():
+    """The FFT conv runs in a Scan over images holding a Scan over channels: the inner body has
+    shapes (ONNX infers it only once the outer body's are known) and counts B * O times."""
+    builder = GraphBuilder([2, 1, 64, 64])
+    y = builder.conv("x", 3, 25, bias=False)
+    model, outcome = fft_outcome(builder, y)
+    (entry,) = outcome.applied
+    counted = graph_stats(outcome.model)["flops"]
+    assert 0.5 < counted / (2 * entry["flops_after"]) < 2.0, (counted, entry["flops_after"])
+    assert counted < graph_stats(model)["flops"] / 5
