@@ -33,7 +33,10 @@ def trim_zero_taps(spec: ConvSpec) -> ConvSpec:
             first, begin[axis] = first + 1, begin[axis] - dilation
         while last > first and not nonzero[last] and end[axis] >= dilation:
             last, end[axis] = last - 1, end[axis] - dilation
-        weight = np.take(weight, np.arange(first, last + 1), axis=axis + 2)
+        if (first, last) != (0, len(nonzero) - 1):
+            weight = np.take(weight, np.arange(first, last + 1), axis=axis + 2)
+    if weight is spec.weight:
+        return spec
     return dataclasses.replace(spec, weight=weight, pads_begin=tuple(begin), pads_end=tuple(end))
 
 
@@ -48,8 +51,11 @@ def coarsen_dilation(spec: ConvSpec) -> ConvSpec:
             dilations[axis] = 1
             continue
         step = math.gcd(kernel - 1, *np.flatnonzero(_nonzero_taps(weight, axis)).tolist())
-        weight = np.take(weight, np.arange(0, kernel, step), axis=axis + 2)
-        dilations[axis] *= step
+        if step > 1:
+            weight = np.take(weight, np.arange(0, kernel, step), axis=axis + 2)
+            dilations[axis] *= step
+    if weight is spec.weight and tuple(dilations) == spec.dilations:
+        return spec
     return dataclasses.replace(spec, weight=weight, dilations=tuple(dilations))
 
 

@@ -16,9 +16,9 @@ are round figures for what ONNX Runtime reaches, not peaks; a rewrite is applied
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..graph import tensor_dtype
@@ -94,7 +94,7 @@ def _shape(tensor, node: gs.Node, replaced: dict[int, gs.Tensor]) -> tuple[int, 
     if shape is None and any(tensor is out for out in node.outputs):
         inputs = [_shape(t, node, {}) for t in node.inputs if not isinstance(t, gs.Constant)]
         inputs = [s for s in inputs if s is not None]
-        return max(inputs, key=lambda s: int(np.prod(s)), default=None)
+        return max(inputs, key=lambda s: int(math.prod(s)), default=None)
     if shape is None:
         return None
     return tuple(d if isinstance(d, int) and d >= 0 else 1 for d in shape)
@@ -106,16 +106,16 @@ def _bytes(tensor, node: gs.Node, replaced) -> float:
     shape = _shape(tensor, node, replaced)
     if shape is None or not getattr(tensor, "name", ""):
         return 0.0
-    return float(np.prod(shape)) * tensor_dtype(tensor).itemsize
+    return float(math.prod(shape)) * tensor_dtype(tensor).itemsize
 
 
 def _node_flops(node: gs.Node, replaced) -> float:
     out = _shape(node.outputs[0], node, replaced) if node.outputs else None
     if out is None:
         return 0.0
-    elements = float(np.prod(out))
+    elements = float(math.prod(out))
     if node.op == "Conv" and len(node.inputs) > 1 and node.inputs[1].shape is not None:
-        return 2.0 * elements * float(np.prod(node.inputs[1].shape[1:]))
+        return 2.0 * elements * float(math.prod(node.inputs[1].shape[1:]))
     if node.op in ("Gemm", "MatMul") and node.inputs[0].shape is not None:
         a = _shape(node.inputs[0], node, replaced)
         transposed = node.op == "Gemm" and node.attrs.get("transA", 0)
