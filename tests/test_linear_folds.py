@@ -147,6 +147,21 @@ def test_affine_after_conv(nd, op, shape):
     assert counts == {"Conv": 1}
 
 
+@pytest.mark.parametrize("op", ["BatchNormalization", "Mul", "Sub"])
+def test_per_channel_map_after_a_conv_is_never_a_dense_kernel(monkeypatch, op):
+    """A per-channel map after a conv rescales the conv (O(C)); its dense [C, C] kernel, O(C^2)
+    memory, is never built (2 GiB in float64 at 16384 channels)."""
+    def no_dense_identity(*args):
+        raise AssertionError("a per-channel map was built as a dense kernel")
+    monkeypatch.setattr("convexport.folds.linear_nodes.identity_conv", no_dense_identity)
+    builder = GraphBuilder([1, 3, 6, 6])
+    c = builder.conv("x", 8, 3, pads=1)
+    y = builder.batchnorm(c) if op == "BatchNormalization" else builder.node(
+        op, [c, builder.const(builder.rng.uniform(0.5, 2, [8, 1, 1]))])
+    outcome, counts = fold(builder, [y])
+    assert counts == {"Conv": 1}
+
+
 def test_constant_that_is_not_per_channel_is_no_match():
     builder = GraphBuilder([1, 3, 6, 6])
     c = builder.conv("x", 4, 1)

@@ -12,7 +12,6 @@ only its exactness at the border does (padding_reads.py).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -86,18 +85,6 @@ def _channel_diagonal(weight: np.ndarray) -> np.ndarray | None:
     return diagonal if np.count_nonzero(weight) == np.count_nonzero(diagonal) else None
 
 
-def _pointwise_scale(spec: ConvSpec) -> np.ndarray | None:
-    """The per-channel scale [C] of a 1x1 (every axis), stride 1, unpadded conv with a diagonal
-    kernel (BatchNormalization, a per-channel Mul or Add as a ConvSpec); None for any other.
-    Composed after W1 [C, I, *k1] it gives scale[:, None, ...] * W1 and bias scale * b1 + b2:
-    the composite_conv of such a pair, without its O(C^2) kernel walk."""
-    if any(k != 1 for k in spec.kernel_shape) or any(s != 1 for s in spec.strides) \
-            or any(spec.pads_begin) or any(spec.pads_end):
-        return None
-    diagonal = _channel_diagonal(spec.weight)
-    return None if diagonal is None else diagonal.reshape(-1)
-
-
 def _active_pairs(first: ConvSpec, second: ConvSpec) -> np.ndarray:
     """[*k2, *k1] bool: whether W2[:, :, u] @ W1[:, :, t] can be nonzero (a middle channel m
     with W2[:, m, u] and W1[m, :, t] both nonzero)."""
@@ -135,11 +122,6 @@ def compose(first: ConvSpec, second: ConvSpec, input_spatial: Sequence[int | Non
     lengths = spatial_lengths(input_spatial, first.nd)
     if None not in lengths:
         second.output_shape(first.output_shape(lengths))  # raises for an empty output
-    scale = _pointwise_scale(second)
-    if scale is not None:           # BN / per-channel affine after a conv: reads no padding, always exact
-        spec = dataclasses.replace(first, weight=scale.reshape(-1, *[1] * (first.weight.ndim - 1)) * first.weight,
-                                   bias=scale * first.bias + second.bias, has_bias=first.has_bias or second.has_bias)
-        return Composition(spec, None)
     reads = [padding_reads.axis_reads(f, s, length) for f, s, length in zip(first.axes(), second.axes(), lengths)]
     leak = padding_reads.window_leak(reads, _active_pairs(first, second))
     if leak is not None:

@@ -29,17 +29,15 @@ def linear_spec(node: gs.Node, opset: int) -> ConvSpec | Refusal:
     """The ConvSpec that computes `node` from data_input(node)."""
     if node.op == "Conv":
         return conv_spec(node)
-    shape = getattr(data_input(node), "shape", None)
-    if shape is None or len(shape) < 3 or not isinstance(shape[1], int):
-        return Refusal(f"{node.name}: the rank and channel count of its input are unknown")
-    channels, nd = shape[1], len(shape) - 2
-    if node.op == "BatchNormalization":
-        gamma, beta, mean, var = (constant_value(t) for t in node.inputs[1:5])
-        scale, shift = batchnorm_scale_shift(*(np.asarray(v, np.float64) for v in (gamma, beta, mean, var)),
-                                             float(attribute_or(node, "epsilon", opset, 1e-5)))
-        return scale_shift_after(identity_conv(channels, nd), scale, shift)
-    if node.op in ELEMENTWISE:
-        return _elementwise_spec(node, channels, nd)
+    geometry = _channels_and_rank(node)
+    if isinstance(geometry, Refusal):
+        return geometry
+    channels, nd = geometry
+    affine = channel_affine(node, opset)
+    if isinstance(affine, Refusal):
+        return affine
+    if affine is not None:
+        return scale_shift_after(identity_conv(channels, nd), *affine)
     if node.op == "AveragePool":
         return _avgpool_spec(node, channels, nd, spatial_shape(node.inputs[0]), opset)
     if node.op == "Pad":
@@ -47,23 +45,41 @@ def linear_spec(node: gs.Node, opset: int) -> ConvSpec | Refusal:
     return Refusal(f"{node.name}: {node.op} is not a linear op convexport folds")
 
 
-def _elementwise_spec(node: gs.Node, channels: int, nd: int) -> ConvSpec | Refusal:
-    """x*k, x/k, x+k, x-k, k*x, k+x and k-x for a constant k of shape [C,1..] or a scalar."""
+def channel_affine(node: gs.Node, opset: int) -> tuple[np.ndarray, np.ndarray] | Refusal | None:
+    """(scale, shift), each [C], with node(x) = scale * x + shift per channel: BatchNormalization,
+    and x*k, x/k, x+k, x-k, k*x, k+x, k-x for a constant k of shape [C,1..] or a scalar. None for
+    any other op (it is no per-channel affine map)."""
+    if node.op != "BatchNormalization" and node.op not in ELEMENTWISE:
+        return None
+    geometry = _channels_and_rank(node)
+    if isinstance(geometry, Refusal):
+        return geometry
+    channels, nd = geometry
+    if node.op == "BatchNormalization":
+        gamma, beta, mean, var = (constant_value(t) for t in node.inputs[1:5])
+        return batchnorm_scale_shift(*(np.asarray(v, np.float64) for v in (gamma, beta, mean, var)),
+                                     float(attribute_or(node, "epsilon", opset, 1e-5)))
     data_first = constant_value(node.inputs[0]) is None
     constant = constant_value(node.inputs[1] if data_first else node.inputs[0])
-    per_channel = _per_channel(np.asarray(constant, np.float64), channels, nd)
-    if isinstance(per_channel, Refusal):
-        return Refusal(f"{node.name}: {per_channel.reason}")
-    identity = identity_conv(channels, nd)
+    k = _per_channel(np.asarray(constant, np.float64), channels, nd)
+    if isinstance(k, Refusal):
+        return Refusal(f"{node.name}: {k.reason}")
+    zero, one = np.zeros(channels), np.ones(channels)
     if node.op == "Mul":
-        return scale_shift_after(identity, per_channel, 0.0)
+        return k, zero
     if node.op == "Div":
-        if not data_first:
-            return Refusal(f"{node.name}: k / x is not linear in x")
-        return scale_shift_after(identity, 1.0 / per_channel, 0.0)
+        return (1.0 / k, zero) if data_first else Refusal(f"{node.name}: k / x is not linear in x")
     if node.op == "Add":
-        return scale_shift_after(identity, 1.0, per_channel)
-    return scale_shift_after(identity, 1.0, -per_channel) if data_first else scale_shift_after(identity, -1.0, per_channel)
+        return one, k
+    return (one, -k) if data_first else (-one, k)
+
+
+def _channels_and_rank(node: gs.Node) -> tuple[int, int] | Refusal:
+    """The channel count and spatial rank of the node's data input [N, C, *spatial]."""
+    shape = getattr(data_input(node), "shape", None)
+    if shape is None or len(shape) < 3 or not isinstance(shape[1], int):
+        return Refusal(f"{node.name}: the rank and channel count of its input are unknown")
+    return shape[1], len(shape) - 2
 
 
 def _per_channel(value: np.ndarray, channels: int, nd: int) -> np.ndarray | Refusal:
