@@ -136,3 +136,20 @@ def test_two_constant_adds_become_one(first, second):
     assert op_counts(outcome.model) == {"Add": 1, "Relu": 1}
     feeds = {"x": np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)}
     np.testing.assert_allclose(run(outcome.model, feeds)[0], run(model, feeds)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_new_tensors_get_shapes_between_passes_from_their_nodes_alone():
+    import onnx_graphsurgeon as gs
+
+    from convexport.rewrite.local_shapes import infer_new_shapes
+
+    x = gs.Variable("x", np.float32, [2, 3, 8, 8])
+    weight = gs.Constant("w", RNG.standard_normal([5, 3, 3, 3]).astype(np.float32))
+    conv_out, relu_out = gs.Variable("c", np.float32), gs.Variable("r", np.float32)
+    nodes = [gs.Node("Conv", "conv", {"pads": [1, 1, 1, 1]}, [x, weight], [conv_out]),
+             gs.Node("Relu", "relu", {}, [conv_out], [relu_out])]
+    assert {t.name for t in infer_new_shapes(nodes, 18)} == {"c", "r"}
+    assert relu_out.shape == [2, 5, 8, 8]
+    custom_out = gs.Variable("m", np.float32)
+    custom = gs.Node("Mystery", "mystery", {}, [x], [custom_out], domain="example.custom")
+    assert infer_new_shapes([custom], 18) == [] and custom_out.shape is None   # left to the final inference

@@ -23,6 +23,27 @@ def infer_new_shapes(nodes: list[gs.Node], opset: int) -> list[gs.Variable]:
                if isinstance(t, gs.Variable) and t.name and t.shape is None}
     if not pending:
         return []
+    try:                        # a convenience: what stays unshaped is inferred after the export
+        inferred = onnx.shape_inference.infer_shapes(_cut(nodes, pending, opset), check_type=False,
+                                                     strict_mode=False, data_prop=True)
+    except Exception:           # (an input type ONNX cannot name, an op outside the ONNX domain)
+        return []
+    shaped = []
+    for value in [*inferred.graph.value_info, *inferred.graph.output]:
+        tensor = pending.get(value.name)
+        kind = value.type.tensor_type
+        if tensor is None or not value.type.HasField("tensor_type") or not kind.HasField("shape"):
+            continue
+        tensor.shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in kind.shape.dim]
+        if tensor.dtype is None and kind.elem_type:
+            tensor.dtype = onnx.helper.tensor_dtype_to_np_dtype(kind.elem_type)
+        shaped.append(tensor)
+    return shaped
+
+
+def _cut(nodes: list[gs.Node], pending: dict, opset: int) -> onnx.ModelProto:
+    """The nodes as a model: what they read from elsewhere as inputs (small constants as values),
+    the pending tensors as outputs."""
     cut = _with_constant_producers(nodes)
     produced = {id(t) for node in cut for t in node.outputs}
     inputs, initializers, seen = [], [], set()
@@ -38,22 +59,7 @@ def infer_new_shapes(nodes: list[gs.Node], opset: int) -> list[gs.Variable]:
     graph = onnx.helper.make_graph([OnnxExporter.export_node(node) for node in cut], "new_nodes", inputs,
                                    [onnx.helper.make_tensor_value_info(name, 0, None) for name in pending],
                                    initializers)
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=10)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
-    except Exception:            # inference is a convenience here: the final export infers again
-        return []
-    shaped = []
-    for value in [*inferred.graph.value_info, *inferred.graph.output]:
-        tensor = pending.get(value.name)
-        kind = value.type.tensor_type
-        if tensor is None or not value.type.HasField("tensor_type") or not kind.HasField("shape"):
-            continue
-        tensor.shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in kind.shape.dim]
-        if tensor.dtype is None and kind.elem_type:
-            tensor.dtype = onnx.helper.tensor_dtype_to_np_dtype(kind.elem_type)
-        shaped.append(tensor)
-    return shaped
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=10)
 
 
 def _with_constant_producers(nodes: list[gs.Node]) -> list[gs.Node]:
