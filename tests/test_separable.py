@@ -111,3 +111,17 @@ def test_a_split_that_would_not_reproduce_the_kernel_is_refused_with_its_reason(
     assert op_counts(outcome.model)["Conv"] == 1
     assert any(entry["rule"] == "low-rank-kernel" and "does not reproduce the kernel" in entry["reason"]
                for entry in outcome.skipped)
+
+
+def test_full_rank_kernels_are_screened_without_an_svd(monkeypatch):
+    """Trained kernels nearly always have full rank: a QR screen says so, ten times cheaper than
+    the SVD; an exactly low-rank kernel still reaches the SVD and splits."""
+    rng = np.random.default_rng(5)
+    full = ConvSpec(rng.standard_normal([32, 32, 3, 3]), np.zeros(32), False, (1, 1), (1, 1), (1, 1), (1, 1))
+    low = ConvSpec(np.einsum("rikz,orzl->oikl", rng.standard_normal([2, 32, 3, 1]), rng.standard_normal([32, 2, 1, 3])),
+                   np.zeros(32), False, (1, 1), (1, 1), (1, 1), (1, 1))
+    svd = np.linalg.svd
+    calls = []
+    monkeypatch.setattr(np.linalg, "svd", lambda *args, **kwargs: calls.append(1) or svd(*args, **kwargs))
+    assert isinstance(split_separable(full), Refusal) and not calls
+    assert split_separable(low).rank == 2 and calls
