@@ -98,3 +98,13 @@ def test_dynamic_spatial_shape_is_refused():
     outcome = rewrite(model, "cost")
     assert op_counts(outcome.model) == {"Conv": 1}
     assert "static spatial shape" in outcome.skipped[0]["reason"]
+
+
+def test_a_dynamic_batch_runs_through_the_scan_over_images():
+    builder = GraphBuilder([2, 1, 80, 90])
+    y = builder.conv("x", 3, 31, pads=2)
+    model = builder.model([y], dynamic_batch=True)
+    outcome = rewrite(model, "cost")
+    assert op_counts(outcome.model) == {"Scan": 1, "Add": 1}
+    for batch in (1, 3):
+        assert_fp32_close(model, outcome.model, [batch, 1, 80, 90], seed=batch)
