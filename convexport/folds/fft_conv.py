@@ -19,7 +19,8 @@ MIN_ADVANTAGE = 2.0              # the FFT estimate must be this many times chea
 
 @reach(0)
 def conv_as_fft(match, context) -> Rewrite | Refusal | None:
-    """Conv(x) -> Pad, DFT, complex product with the kernel's spectrum, inverse DFT, Slice.
+    """Conv(x) -> per image (a Scan): Pad, DFT; per output channel (a Scan inside it): complex
+    product with the kernel's spectrum, inverse DFT, Slice.
 
     Always gated by cost, whatever the strategy: it is exact only to fp32 rounding and pays
     only for large kernels. None (no match) for small kernels.
@@ -50,7 +51,7 @@ def conv_as_fft(match, context) -> Rewrite | Refusal | None:
 
 class _Graph:
     """Builds the FFT convolution's nodes; `nodes` is where the next node goes (the main graph,
-    or the body of the Scan over output channels while that is being built)."""
+    or the body of a Scan while that is being built)."""
 
     def __init__(self, context, opset: int):
         self.context, self.opset, self.nodes = context, opset, []
