@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import onnx
 
 from .errors import ConvexportError, first_line
-from .graph import proto_scopes
+from .graph import proto_scopes, proto_subgraphs
 from .inputs import InputSpec
 from .largemodels import infer_shapes_of_large, needs_external_data
 from .loading import LoadedModel
@@ -85,8 +85,7 @@ def infer_shapes(model: onnx.ModelProto, source: str) -> onnx.ModelProto:
 
 def _depth(graph: onnx.GraphProto) -> int:
     """How many levels of subgraphs lie below `graph` (0: none)."""
-    return max((1 + _depth(sub) for node in graph.node for attr in node.attribute
-                for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)), default=0)
+    return max((1 + _depth(sub) for node in graph.node for sub in proto_subgraphs(node)), default=0)
 
 
 def _drop_unshaped_value_info(graph: onnx.GraphProto) -> None:

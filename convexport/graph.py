@@ -29,14 +29,24 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
     return graph
 
 
+def node_subgraphs(node: gs.Node) -> list[gs.Graph]:
+    """The graphs a node holds in its attributes (If branches, a Loop or Scan body)."""
+    return [sub for value in node.attrs.values() for sub in (value if isinstance(value, list) else [value])
+            if isinstance(sub, gs.Graph)]
+
+
+def proto_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """node_subgraphs for a NodeProto."""
+    return [sub for attr in node.attribute
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)]
+
+
 def all_graphs(graph: gs.Graph) -> list[gs.Graph]:
     """The graph and every subgraph (If branches, Loop and Scan bodies), outermost first."""
     found = [graph]
     for node in graph.nodes:
-        for value in node.attrs.values():
-            for sub in value if isinstance(value, list) else [value]:
-                if isinstance(sub, gs.Graph):
-                    found.extend(all_graphs(sub))
+        for sub in node_subgraphs(node):
+            found.extend(all_graphs(sub))
     return found
 
 
@@ -71,10 +81,8 @@ def toposort(graph: gs.Graph) -> None:
 def _reads(node: gs.Node) -> list:
     """The tensors a node reads, those its subgraphs read included."""
     tensors = list(node.inputs)
-    for value in node.attrs.values():
-        for sub in value if isinstance(value, list) else [value]:
-            if isinstance(sub, gs.Graph):
-                tensors.extend(t for inner in sub.nodes for t in _reads(inner))
+    for sub in node_subgraphs(node):
+        tensors.extend(t for inner in sub.nodes for t in _reads(inner))
     return tensors
 
 
@@ -82,9 +90,8 @@ def proto_scopes(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
     """A GraphProto and its subgraphs, recursively, outermost first."""
     found = [graph]
     for node in graph.node:
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
-                found.extend(proto_scopes(sub))
+        for sub in proto_subgraphs(node):
+            found.extend(proto_scopes(sub))
     return found
 
 

@@ -15,7 +15,7 @@ from collections import Counter
 
 import onnx
 
-from .graph import proto_scopes
+from .graph import proto_scopes, proto_subgraphs
 
 
 def graph_stats(model: onnx.ModelProto) -> dict:
@@ -36,9 +36,8 @@ def _graph_flops(graph: onnx.GraphProto, shapes, integers) -> float:
     total = 0.0
     for node in graph.node:
         total += _node_flops(node, shapes, integers)
-        for attribute in node.attribute:
-            for sub in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-                total += _graph_flops(sub, shapes, integers) * _iterations(node, shapes)
+        for sub in proto_subgraphs(node):
+            total += _graph_flops(sub, shapes, integers) * _iterations(node, shapes)
     return total
 
 

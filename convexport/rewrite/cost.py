@@ -11,7 +11,8 @@ touches (weights included), each tensor once. A new tensor whose shape is not kn
 taken as large as the old tensor it replaces, or as its node's largest input. Ops that the
 device runs elsewhere (DFT has no CUDA kernel in ONNX Runtime: it runs on the CPU) cost the
 CPU's time plus a round trip over PCIe, and so does a node whose subgraph holds one. The rates
-are round figures for what ONNX Runtime reaches, not peaks; a rewrite is applied when its estimate is no larger than the original's.
+are round figures for what ONNX Runtime reaches, not peaks; a rewrite is applied when its
+estimate is no larger than the original's.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
 
-from ..graph import tensor_dtype
+from ..graph import node_subgraphs, tensor_dtype
 
 
 @dataclass(frozen=True)
@@ -79,9 +80,7 @@ def _runs_on_host(node: gs.Node, device: Device) -> bool:
     """The node is, or holds in a subgraph (a Scan body), an op the device leaves to the CPU."""
     if node.op in device.host_ops:
         return True
-    return any(_runs_on_host(inner, device) for value in node.attrs.values()
-               for sub in (value if isinstance(value, list) else [value]) if isinstance(sub, gs.Graph)
-               for inner in sub.nodes)
+    return any(_runs_on_host(inner, device) for sub in node_subgraphs(node) for inner in sub.nodes)
 
 
 def _seconds(device: Device, flops: float, moved: float) -> float:
