@@ -153,3 +153,26 @@ def test_new_tensors_get_shapes_between_passes_from_their_nodes_alone():
     custom_out = gs.Variable("m", np.float32)
     custom = gs.Node("Mystery", "mystery", {}, [x], [custom_out], domain="example.custom")
     assert infer_new_shapes([custom], 18) == [] and custom_out.shape is None   # left to the final inference
+
+
+def test_garbage_collector_is_paused_during_the_rewrite_and_restored_after(monkeypatch):
+    import gc
+
+    from convexport.rewrite import engine
+
+    seen = []
+    original = engine.import_graph
+    monkeypatch.setattr(engine, "import_graph", lambda model: seen.append(gc.isenabled()) or original(model))
+    try:
+        assert gc.isenabled()
+        rewrite(conv_bn_model())
+        assert seen == [False] and gc.isenabled()
+        gc.disable()                       # a caller that runs with the collector off keeps it off
+        rewrite(conv_bn_model())
+        assert not gc.isenabled()
+        gc.enable()
+        with pytest.raises(AttributeError):     # restored after an error too
+            rewrite_model(None, RULES, builtin_primitives())
+        assert gc.isenabled()
+    finally:
+        gc.enable()

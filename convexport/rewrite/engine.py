@@ -13,6 +13,8 @@ primitive reads around it, changed would come out as it did.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from dataclasses import dataclass, field, replace
 
 import onnx
@@ -85,6 +87,28 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule], primitives: dict[st
     ones as an unlimited run, since the order is deterministic: used to find a bad one).
     `decided` keeps each cost or measure decision by rule and nodes; a later run given the
     same dict replays them (a measurement need not come out the same twice)."""
+    with _collector_paused():
+        return _rewrite(model, rules, primitives, strategy, source, limit, device, decided)
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector off while the graph is rewritten. Importing a graph
+    allocates a few objects per node and tensor, each allocation counts toward the next
+    collection, and a full collection walks every object of the process: on a 4,678-node graph
+    in a process that holds torch and a few exported models, collections took 20% of the
+    rewrite (1.23 s -> 1.00 s without). The gs graph's node <-> tensor cycles wait for the next
+    collection after the rewrite, as they would have waited for the next full one anyway."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _rewrite(model, rules, primitives, strategy, source, limit, device, decided) -> RewriteOutcome:
     opset = default_opset(model)
     graph = import_graph(model)
     base = RewriteContext(graph, opset, NameGenerator(graph), {}, strategy, device, {} if decided is None else decided)
