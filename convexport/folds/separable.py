@@ -15,7 +15,9 @@ def conv_as_separable(match, context) -> Rewrite | Refusal | None:
     R is low enough that the pair costs fewer FLOPs. None for 1-D/3-D convs, single rows or
     columns, and kernels of full rank."""
     conv = match.root
-    if conv.attrs.get("group", 1) != 1:
+    weight_shape = conv.inputs[1].shape      # checked before conv_spec, which costs far more
+    if conv.attrs.get("group", 1) != 1 or (weight_shape is not None and (len(weight_shape) != 4
+                                                                        or 1 in weight_shape[2:])):
         return None
     spec = conv_spec(conv)
     if isinstance(spec, Refusal) or spec.nd != 2 or 1 in spec.kernel_shape:
