@@ -1,8 +1,12 @@
-"""Models with 1 GiB of weights or more. Protobuf cannot serialise a message of 2 GiB, so such
-a model never goes through SerializeToString: it is saved with its large tensors in one
-external data file (for ONNX Runtime, and for the output), and shape inference runs on a
-skeleton whose large tensors keep their type and dims but no data. Nothing here modifies the
-model it is given (onnx.save(save_as_external_data=True) would: it moves the data out of it).
+"""Models with 1 GiB of weights or more, and the weightless skeleton that shape inference runs on.
+
+Protobuf cannot serialise a message of 2 GiB, so such a model never goes through
+SerializeToString: it is saved with its large tensors in one external data file (for ONNX
+Runtime, and for the output). Shape inference runs on a skeleton whose large tensors keep
+their type and dims but no data, for every model: ONNX's inference serialises the model into
+C++ and its result back, which for ResNet-18's 45 MB of weights took 160 ms against 17 ms on
+the skeleton (with the same result, byte for byte). Nothing here modifies the model it is
+given (onnx.save(save_as_external_data=True) would: it moves the data out of it).
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ def save_with_external_data(model: onnx.ModelProto, path: str | Path, location: 
     onnx.save(light, str(path))
 
 
-def infer_shapes_of_large(model: onnx.ModelProto, infer) -> onnx.ModelProto:
+def infer_on_skeleton(model: onnx.ModelProto, infer) -> onnx.ModelProto:
     """`infer` run on the skeleton; its result with the original tensors put back."""
     light, stripped = skeleton(model)
     inferred = infer(light)

@@ -150,6 +150,34 @@ def test_report_fields(small_net_path, tmp_path):
     assert profile["speedup"] > 0
 
 
+def test_shape_inference_runs_without_the_weights_and_gives_them_back(monkeypatch):
+    """infer_shapes hands ONNX a skeleton (weights of 1 KiB or more without data): the same
+    shapes as inference on the whole model, a small shape initializer still read (data_prop
+    through Reshape), and every weight back in the result, byte for byte."""
+    from onnx import helper, numpy_helper
+
+    from convexport.export import infer_shapes
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal([16, 8, 3, 3]).astype(np.float32), "w")
+    target = numpy_helper.from_array(np.array([2, -1], np.int64), "target")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Reshape", ["c", "target"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 8, 5, 5])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], [weight, target])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    whole = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    seen = []
+    real = onnx.shape_inference.infer_shapes
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes",
+                        lambda light, *args, **kwargs: seen.append(light) or real(light, *args, **kwargs))
+    inferred = infer_shapes(model, "test")
+    assert not seen[0].graph.initializer[0].raw_data and seen[0].graph.initializer[1].raw_data
+    assert [v.SerializeToString() for v in inferred.graph.value_info] == [v.SerializeToString() for v in whole.graph.value_info]
+    assert [d.dim_value for d in inferred.graph.output[0].type.tensor_type.shape.dim] == [2, 16 * 5 * 5]   # [2, 16, 5, 5] as [2, -1]
+    assert [t.SerializeToString() for t in inferred.graph.initializer] == [weight.SerializeToString(), target.SerializeToString()]
+
+
 def test_large_weights_go_to_external_data(model_files, tmp_path, monkeypatch):
     """With the thresholds lowered, a small model takes the path of one over 2 GiB: sessions
     from external-data files, shape inference on a skeleton, no SerializeToString."""
