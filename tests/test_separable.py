@@ -48,6 +48,7 @@ def test_low_rank_kernel_splits_exactly(strides, dilations, pads, bias, rank):
     outcome = rewrite(model, "exact")
     (applied,) = [entry for entry in outcome.applied if entry["rule"] == "low-rank-kernel"]
     assert applied["rank"] == rank and op_counts(outcome.model)["Conv"] == 2
+    assert applied["flops_after"] < applied["flops_before"]
     kernels = sorted(tuple(init.dims[2:]) for init in outcome.model.graph.initializer if len(init.dims) == 4)
     assert kernels == [(1, 5), (7, 1)]
     check_equal(model, outcome.model, shape)
@@ -64,7 +65,7 @@ def test_auto_pad_splits_exactly(auto_pad):
 
 @pytest.mark.parametrize("weight, attrs, reason", [
     (rng.standard_normal((8, 6, 7, 5)), {}, None),                            # a random kernel: silent
-    (low_rank(1, 1, 3, 3, 2), {}, "would cost"),                               # rank 2 of 3: no saving
+    (low_rank(1, 1, 3, 3, 2), {}, None),          # rank 2 of 3: no saving (a split pays below rank 2)
 ])
 def test_kernels_that_do_not_pay_stay_whole(weight, attrs, reason):
     shape = [1, weight.shape[1], 12, 12]
@@ -125,3 +126,59 @@ def test_full_rank_kernels_are_screened_without_an_svd(monkeypatch):
     monkeypatch.setattr(np.linalg, "svd", lambda *args, **kwargs: calls.append(1) or svd(*args, **kwargs))
     assert isinstance(split_separable(full), Refusal) and not calls
     assert split_separable(low).rank == 2 and calls
+
+
+@pytest.mark.parametrize("rank, splits", [(9, True), (10, False)])
+def test_a_split_is_made_exactly_up_to_the_rank_where_it_pays(rank, splits):
+    """4 -> 4 5x5 on 16x16 (pads 2): the conv costs 2*4*256*4*25 = 204,800 FLOPs, the pair
+    20,480 per unit of rank, so rank 9 pays and rank 10 (as costly) does not."""
+    shape = [1, 4, 16, 16]
+    outcome = rewrite(separable_model(shape, low_rank(4, 4, 5, 5, rank), pads=[2, 2, 2, 2]), "exact")
+    assert (op_counts(outcome.model)["Conv"] == 2) is splits
+    assert not [entry for entry in outcome.skipped if entry["rule"] == "low-rank-kernel"]
+
+
+def qr_sizes(monkeypatch):
+    qr, svd, sizes = np.linalg.qr, np.linalg.svd, []
+    monkeypatch.setattr(np.linalg, "qr", lambda a, *args, **kwargs: sizes.append(a.shape) or qr(a, *args, **kwargs))
+    monkeypatch.setattr(np.linalg, "svd", lambda a, *args, **kwargs: sizes.append(("svd", *a.shape)) or svd(a, *args, **kwargs))
+    return sizes
+
+
+def spec_of(weight):
+    out_channels = weight.shape[0]
+    return ConvSpec(weight, np.zeros(out_channels), False, (1, 1), (1, 1), (1, 1), (1, 1))
+
+
+def test_a_rank_too_high_to_pay_is_shown_on_a_submatrix(monkeypatch):
+    """With the highest paying rank given, the screen proves rank >= max_rank + 1 on a square
+    submatrix of that size: for a random 64 -> 64 3x3 kernel, a 96 x 96 QR instead of 192 x 192."""
+    sizes = qr_sizes(monkeypatch)
+    weight = np.random.default_rng(2).standard_normal([64, 64, 3, 3])
+    result = split_separable(spec_of(weight), max_rank=95)
+    assert isinstance(result, Refusal) and "pays below rank 96" in result.reason
+    assert sizes == [(96, 96)]
+
+
+def test_a_low_rank_below_the_paying_rank_still_splits_and_one_above_does_not(monkeypatch):
+    weight = low_rank(24, 24, 3, 3, 5)       # a [72, 72] matrix of rank 5
+    assert split_separable(spec_of(weight), max_rank=5).rank == 5
+    sizes = qr_sizes(monkeypatch)
+    assert isinstance(split_separable(spec_of(weight), max_rank=4), Refusal)
+    assert sizes == [(5, 5)]                 # a 5 x 5 minor of a rank-5 matrix: no SVD
+    sizes.clear()
+    small = low_rank(8, 6, 7, 5, 5)          # [42, 40]: whole-matrix QR, then the SVD finds rank 5
+    assert isinstance(split_separable(spec_of(small), max_rank=4), Refusal)
+    assert sizes == [(42, 40), ("svd", 42, 40)]
+
+
+def test_a_submatrix_that_misses_the_proof_leaves_it_to_the_whole_matrix(monkeypatch):
+    """A kernel whose matrix is diagonal (full rank 96) has singular 6 x 6 submatrices almost
+    everywhere: the screen falls back to QR of the whole matrix, and still needs no SVD."""
+    weight = np.zeros([32, 32, 3, 3])
+    for channel in range(32):
+        for tap in range(3):
+            weight[channel, channel, tap, tap] = 1.0 + channel + tap
+    sizes = qr_sizes(monkeypatch)
+    result = split_separable(spec_of(weight), max_rank=5)
+    assert isinstance(result, Refusal) and sizes == [(6, 6), (96, 96)]

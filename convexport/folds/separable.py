@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from ..algebra import Refusal
+import math
+
+from ..algebra import ConvSpec, Refusal
 from ..algebra.separable import NoSplit, split_separable
 from ..rewrite.primitives import Rewrite, reach
 from .conv_chain import output_dtype
-from .convnodes import conv_flops, conv_spec, make_conv, spatial_shape
+from .convnodes import conv_flops, conv_spec, make_conv, node_flops, spatial_shape
 
 
 @reach(0)
 def conv_as_separable(match, context) -> Rewrite | Refusal | None:
     """Conv(x) -> Conv_tall(x) [R, I, Kh, 1] -> Conv_wide [O, R, 1, Kw], when the kernel's rank
-    R is low enough that the pair costs fewer FLOPs. None for 1-D/3-D convs, single rows or
-    columns, and kernels of full rank."""
+    R is low enough that the pair costs fewer FLOPs (highest_paying_rank). None for 1-D/3-D
+    convs, single rows or columns, and kernels of full rank or of a rank too high to pay."""
     conv = match.root
     weight_shape = conv.inputs[1].shape      # checked before conv_spec, which costs far more
     if conv.attrs.get("group", 1) != 1 or (weight_shape is not None and (len(weight_shape) != 4
@@ -22,24 +24,33 @@ def conv_as_separable(match, context) -> Rewrite | Refusal | None:
     spec = conv_spec(conv)
     if isinstance(spec, Refusal) or spec.nd != 2 or 1 in spec.kernel_shape:
         return None if not isinstance(spec, Refusal) else spec
-    split = split_separable(spec)
+    x, output = conv.inputs[0], conv.outputs[0]
+    spatial = spatial_shape(x)
+    before = None if spatial is None or None in spatial else node_flops(conv)     # the node as it stands
+    split = split_separable(spec, None if before is None else highest_paying_rank(spec, output.shape, spatial, before))
     if isinstance(split, NoSplit):       # mostly full rank: most kernels are, no news for the report
         return None
     if isinstance(split, Refusal):       # a split that would not be exact: reported
         return split
-    x, output = conv.inputs[0], conv.outputs[0]
-    spatial = spatial_shape(x)
-    if output.shape is None or spatial is None or None in spatial:
+    if before is None:
         return Refusal("the input's spatial shape is unknown")
-    rows = output.shape[2]
     dtype = output_dtype(conv)
     tall, between = make_conv(context, x, split.tall, dtype, output.name + "_tall")
     wide, result = make_conv(context, between, split.wide, dtype, output.name + "_wide", output.shape)
-    before = conv_flops(spec, output.shape)
-    after = conv_flops(split.tall, [*output.shape[:2], rows, spatial[1]]) + conv_flops(split.wide, output.shape)
-    if after >= before:
-        return Refusal(f"rank {split.rank}: the tall and wide convs would cost {after:.3g} FLOPs against {before:.3g}")
+    after = conv_flops(split.tall, [*output.shape[:3], spatial[1]]) + conv_flops(split.wide, output.shape)
     return Rewrite([tall, wide], [(output, result)],
                    f"{'x'.join(map(str, spec.kernel_shape))} kernel of rank {split.rank} split into "
                    f"{spec.kernel_shape[0]}x1 and 1x{spec.kernel_shape[1]} convs", before, after,
                    {"rank": split.rank})
+
+
+def highest_paying_rank(spec: ConvSpec, output_shape, input_spatial, before: float) -> int:
+    """The highest rank R at which the pair costs fewer FLOPs than the conv (`before`): per
+    sample and per unit of R, the tall conv costs 2 * rows * W_in * I * Kh (its output keeps
+    the input's width) and the wide one 2 * O * rows * W_out * Kw, so R * per_rank < before.
+    Those are upper bounds (conv_to_onnx may still trim a factor's taps or split it into
+    groups), so a split at this rank or lower always pays."""
+    (rows, out_width), (kernel_rows, kernel_cols) = output_shape[2:], spec.kernel_shape
+    per_rank = 2.0 * rows * (input_spatial[1] * spec.in_channels * kernel_rows
+                             + out_width * spec.out_channels * kernel_cols)
+    return math.ceil(before / per_rank) - 1 if per_rank > 0 else 0
