@@ -2,10 +2,13 @@
 time per op type, on the CUDA provider (IO binding, device memory) or the CPU provider.
 
 Latency: warm-up, then timed runs. When several models are profiled (before/after) they take
-turns in blocks of BLOCK runs (A x10, B x10, A x10, ...), so machine noise hits them alike,
-and the first run of each block is not counted: ORT's worker threads spin for a while after a
-run, and one session's spinning threads would slow the other's next run if they alternated
-run by run (measured on seed 002: 2.8 vs 1.8 ms for the same model). Per-op time comes
+turns in blocks of up to BLOCK runs (A x10, B x10, A x10, ...), and in at least ALTERNATIONS
+blocks each (a slow model timed 10 times goes A x2, B x2, ...), so machine noise hits them
+alike: in one block each, seed 003's direct conv once read 518 ms beside the very same graph's
+389 ms (the machine slowing down for a few seconds, as far as can be told). The first run of
+each block is not counted: ORT's worker threads spin for a while after a run, and one
+session's spinning threads would slow the other's next run if they alternated run by run
+(measured on seed 002: 2.8 vs 1.8 ms for the same model). Per-op time comes
 from ORT's own profiler in a separate session. Peak memory is measured in a child process
 per model: on the CPU, the growth of its peak resident set over what it had before creating
 the session (weights, arena, activations); on a GPU, the growth of device memory in use
@@ -32,6 +35,7 @@ DEFAULT_RUNS = None         # chosen so that each model is timed for about TIME_
 TIME_BUDGET_S = 2.0
 MIN_RUNS, MAX_RUNS = 10, 200
 BLOCK = 10
+ALTERNATIONS = 5
 DEFAULT_WARMUP = 3
 PER_OP_RUNS = 10
 
@@ -74,10 +78,11 @@ def _block_latency(models, feeds, device, runs, warmup, budget_s=TIME_BUDGET_S) 
     if runs is None:
         runs = int(min(MAX_RUNS, max(MIN_RUNS, budget_s / max(slowest, 1e-6))))
     times: dict[str, list[float]] = {label: [] for label in runners}
+    block = max(1, min(BLOCK, runs // ALTERNATIONS))
     while any(len(samples) < runs for samples in times.values()):
         for label, run in runners.items():
             run()                                    # let the other session's threads settle
-            for _ in range(min(BLOCK, runs - len(times[label]))):
+            for _ in range(min(block, runs - len(times[label]))):
                 start = time.perf_counter()
                 run()
                 times[label].append((time.perf_counter() - start) * 1e3)

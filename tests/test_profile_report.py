@@ -42,6 +42,22 @@ def test_profile_runs_and_blocks(optimized):
     assert measured["runs"] == 13 and "op_time_ms" not in measured["a"]
 
 
+@pytest.mark.parametrize("runs, blocks", [(10, 5), (13, 7), (200, 20)])
+def test_models_take_turns_in_at_least_five_blocks(monkeypatch, runs, blocks):
+    """Blocks of up to 10 timed runs, at least 5 per model: a slow model (10 runs) goes in
+    blocks of 2, so a few slow seconds of the machine do not fall on one model alone."""
+    from convexport import profile
+
+    order = []
+    monkeypatch.setattr(profile, "create_session", lambda model, device: model)
+    monkeypatch.setattr(profile, "_runner", lambda label, feeds, device: lambda: order.append(label))
+    times, counted = profile._block_latency({"a": "a", "b": "b"}, {}, "cpu", runs, warmup=1)
+    assert counted == runs and all(len(samples) == runs for samples in times.values())
+    timed = order[2:]                                      # after one warm-up run each
+    switches = [label for i, label in enumerate(timed) if i == 0 or timed[i - 1] != label]
+    assert len(switches) == 2 * blocks and switches[:2] == ["a", "b"]
+
+
 def test_html_report_is_self_contained_with_charts(optimized, tmp_path):
     page = render(optimized.report)
     assert page.count("<svg") == 3 and "validation passed" in page and "Conv" in page
