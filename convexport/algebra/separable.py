@@ -60,17 +60,16 @@ def split_separable(spec: ConvSpec, max_rank: int | None = None) -> SeparableCon
     matrix = _matricise(spec.weight)
     full = min(matrix.shape)
     too_high = full if max_rank is None else min(max_rank + 1, full)     # the lowest rank of no use
-    described = f"as a [{in_channels}x{rows}, {out_channels}x{cols}] matrix"
+    described = f"as a [{in_channels}x{rows}, {out_channels}x{cols}] matrix" + (
+        "" if too_high == full else f"; a split pays below rank {too_high}")
     if _plainly_of_rank(matrix, too_high):
-        return NoSplit(f"the kernel has rank {too_high} or more {described}"
-                       + ("" if too_high == full else f"; a split pays below rank {too_high}"))
+        return NoSplit(f"the kernel has rank {too_high} or more {described}")
     u, singular, vt = np.linalg.svd(matrix, full_matrices=False)
     if not singular.size or singular[0] == 0:
         return NoSplit("the kernel is zero")
     rank = int(np.count_nonzero(singular > RANK_TOLERANCE * singular[0]))
     if rank >= too_high:
-        return NoSplit(f"the kernel has rank {rank} {described}"
-                       + ("" if too_high == full else f"; a split pays below rank {too_high}"))
+        return NoSplit(f"the kernel has rank {rank} {described}")
     root = np.sqrt(singular[:rank])
     tall = (u[:, :rank] * root).T.reshape(rank, in_channels, rows, 1)
     wide = (vt[:rank].T * root).reshape(out_channels, cols, rank).transpose(0, 2, 1)[:, :, None, :]
