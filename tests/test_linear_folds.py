@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import helper
 
 from convexport.rewrite.engine import rewrite_model
 from convexport.rewrite.primitives import builtin_primitives
-from graphs import RULES, GraphBuilder, fold, rewrite
+from graphs import RULES, GraphBuilder, assert_same_outputs, fold, rewrite
 from helpers import all_op_counts, op_counts
 
 SHAPES = {1: [2, 4, 11], 2: [2, 4, 9, 8], 3: [1, 4, 9, 8, 7]}
@@ -160,6 +161,48 @@ def test_per_channel_map_after_a_conv_is_never_a_dense_kernel(monkeypatch, op):
         op, [c, builder.const(builder.rng.uniform(0.5, 2, [8, 1, 1]))])
     outcome, counts = fold(builder, [y])
     assert counts == {"Conv": 1}
+
+
+def no_dense_kernel(*args):
+    raise AssertionError("a Conv's grouped weight was expanded to a dense kernel")
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+@pytest.mark.parametrize("group, auto_pad, stride, dilation, bias", [
+    (1, None, 1, 1, True), (2, "SAME_UPPER", 2, 1, False), (4, "SAME_LOWER", 1, 1, True), (8, "VALID", 2, 2, False),
+    (4, None, 2, 2, False)])          # ONNX Runtime runs no dilated SAME_* conv
+@pytest.mark.parametrize("op", ["BatchNormalization", "Mul", "Div", "Add", "Sub"])
+def test_a_map_after_a_conv_rescales_the_convs_own_weight(monkeypatch, nd, group, auto_pad, stride, dilation, bias, op):
+    """Conv then a per-channel affine map: one Conv with the same group and attributes (auto_pad
+    included), its weight rows scaled and its bias shifted, exact, and never a dense kernel."""
+    monkeypatch.setattr("convexport.algebra.onnx_conv.expand_groups", no_dense_kernel)
+    builder = GraphBuilder([2, 8, 9, 8, 7][:nd + 2])
+    c = builder.conv("x", 16, 3, stride=stride, dilation=dilation, group=group, bias=bias, auto_pad=auto_pad,
+                     pads=None if auto_pad else 1)
+    y = builder.batchnorm(c) if op == "BatchNormalization" else builder.node(
+        op, [c, builder.const(builder.rng.uniform(0.5, 2, [16] + [1] * nd))])
+    affine_rules = [rule for rule in RULES if rule.name in ("conv-batchnorm", "conv-mul", "conv-div", "conv-add", "conv-sub")]
+    outcome, counts = fold(builder, [y], rules=affine_rules)     # other rules may read the result as a ConvSpec
+    assert counts == {"Conv": 1}
+    (conv,) = outcome.model.graph.node
+    attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+    assert attrs["group"] == group and attrs.get("auto_pad", b"").decode() == (auto_pad or "")
+    assert attrs["strides"] == [stride] * nd and attrs["dilations"] == [dilation] * nd
+    assert len(conv.input) == (2 if not bias and op in ("Mul", "Div") else 3)
+
+
+def test_batchnorm_after_a_strided_same_padded_conv_folds_without_a_static_shape():
+    """The Conv keeps its auto_pad, so the fold needs no spatial shape (SAME_UPPER with stride 2
+    would, to be written as explicit pads)."""
+    builder = GraphBuilder([1, 4, 9, 8])
+    y = builder.batchnorm(builder.conv("x", 6, 3, stride=2, auto_pad="SAME_UPPER"))
+    model = builder.model([y])
+    for dim, name in zip(model.graph.input[0].type.tensor_type.shape.dim[2:], ("H", "W")):
+        dim.dim_param = name
+    outcome = rewrite(model)
+    assert op_counts(outcome.model) == {"Conv": 1}
+    assert_same_outputs(model, outcome.model, [1, 4, 9, 8])
+    assert_same_outputs(model, outcome.model, [1, 4, 12, 5])
 
 
 def test_constant_that_is_not_per_channel_is_no_match():

@@ -76,6 +76,24 @@ def scale_shift_after(spec: ConvSpec, scale, shift) -> ConvSpec:
                                bias=scale * spec.bias + shift, has_bias=spec.has_bias or bool(np.any(shift)))
 
 
+def scale_shift_onnx_weight(weight, bias, scale, shift) -> tuple[np.ndarray, np.ndarray | None]:
+    """scale_shift_after on an ONNX Conv's own weight: W [O, I/g, *k] (any group count g),
+    bias [O] or None -> W'[o] = scale[o] * W[o], b' = scale * b + shift (float64; None when
+    there was no bias and the shift is zero). Each output channel o is one group's sum over
+    its own inputs and taps, so scaling it scales that row alone: the group, strides,
+    dilations and pads stay, and nothing is expanded to a dense [O, I, *k] kernel (a 2048-channel
+    depthwise 7x7 conv would be 1.6 GB of float64)."""
+    weight = np.asarray(weight, dtype=np.float64)
+    out_channels = weight.shape[0]
+    scale = _per_channel(scale, out_channels, "scale")
+    shift = _per_channel(shift, out_channels, "shift")
+    scaled = weight * scale.reshape(-1, *[1] * (weight.ndim - 1))
+    if bias is None and not np.any(shift):
+        return scaled, None
+    base = np.zeros(out_channels) if bias is None else np.asarray(bias, dtype=np.float64).reshape(-1)
+    return scaled, scale * base + shift
+
+
 def scale_shift_before(spec: ConvSpec, scale, shift) -> ConvSpec | Refusal:
     """conv(scale * x + shift) per input channel: W'[:, c] = W[:, c] * scale[c] ([O, I, *k]),
     b' = b + sum_{c, taps} W[o, c, taps] * shift[c] ([O]); scale, shift scalars or [I].

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..algebra import Composition, Refusal, compose, scale_shift_after
+from ..algebra import Composition, Refusal, compose, scale_shift_after, scale_shift_onnx_weight
 from ..graph import tensor_dtype
 from ..rewrite.primitives import Rewrite, reach
-from .convnodes import make_conv, node_flops, spatial_shape
+from .convnodes import conv_attributes, conv_node, conv_weights, make_conv, node_flops, spatial_shape
 from .linear_nodes import channel_affine, data_input, linear_spec
 
 # A bias of the first node read through the second's zero padding is exact only with a
@@ -23,27 +23,55 @@ def output_dtype(node: gs.Node) -> np.dtype:
 
 @reach(0)
 def compose_linear(match, context) -> Rewrite | Refusal:
-    """second(first(x)) -> Conv'(x) [+ border map]; the algebra is convexport.algebra.compose."""
+    """second(first(x)) -> Conv'(x) [+ border map]; the algebra is convexport.algebra.compose,
+    or, for a Conv then a per-channel affine map, scale_shift_onnx_weight on the Conv's own
+    weight (the classic BatchNormalization fold: same group and geometry, O(weight) work)."""
     first, second = match.nodes["h"], match.root
     x = data_input(first)
+    output = second.outputs[0]
+    note = f"{first.op} -> {second.op} composed into one Conv"
+    rescaled = _rescaled_conv(first, second, context.opset)
+    if isinstance(rescaled, Refusal):
+        return rescaled
+    if rescaled is not None:
+        node, _ = conv_node(context, x, *rescaled, output_dtype(second), output.name, output.shape)
+        return _rewrite(first, second, [node], note)
     composition = _composition(first, second, spatial_shape(x), context)
     if isinstance(composition, Refusal):
         return composition
-    output = second.outputs[0]
     node, folded = make_conv(context, x, composition.spec, output_dtype(second), output.name, output.shape)
-    nodes, note = [node], f"{first.op} -> {second.op} composed into one Conv"
-    extra = {}
+    nodes, extra = [node], {}
     if composition.border is not None:
         border = gs.Constant(context.fresh(output.name + "_border"), composition.border[None].astype(output_dtype(second)))
         corrected = gs.Variable(context.fresh(output.name + "_corrected"), dtype=output_dtype(second),
                                 shape=output.shape)
         nodes.append(gs.Node("Add", context.fresh(output.name + "_border_add"), inputs=[folded, border], outputs=[corrected]))
         extra["border_map_bytes"] = int(composition.border.size * output_dtype(second).itemsize)
-        folded, note = corrected, note + f" plus a constant border map of {extra['border_map_bytes']} bytes"
+        note += f" plus a constant border map of {extra['border_map_bytes']} bytes"
+    return _rewrite(first, second, nodes, note, extra)
+
+
+def _rewrite(first: gs.Node, second: gs.Node, nodes: list[gs.Node], note: str, extra: dict | None = None) -> Rewrite:
+    """second's output from the last of `nodes`; FLOPs of the two old nodes against the new Conv's."""
+    output = second.outputs[0]
     parts = [node_flops(first), node_flops(second)]
     before = None if None in parts else sum(parts)
-    after = node_flops(node, output.shape)
-    return Rewrite(nodes, [(output, folded)], note, before, after, extra)
+    after = node_flops(nodes[0], output.shape)
+    return Rewrite(nodes, [(output, nodes[-1].outputs[0])], note, before, after, extra or {})
+
+
+def _rescaled_conv(first: gs.Node, second: gs.Node, opset: int) -> tuple | Refusal | None:
+    """(weight, bias, attributes) of first, a Conv, with second's per-channel affine map folded
+    into its own weight; None when first is no Conv or second no such map."""
+    if first.op != "Conv":
+        return None
+    affine = channel_affine(second, opset)
+    if affine is None or isinstance(affine, Refusal):
+        return affine
+    weights = conv_weights(first)
+    if isinstance(weights, Refusal):
+        return weights
+    return (*scale_shift_onnx_weight(*weights, *affine), conv_attributes(first))
 
 
 def _composition(first: gs.Node, second: gs.Node, input_spatial, context) -> Composition | Refusal:

@@ -17,15 +17,26 @@ def spatial_shape(tensor) -> tuple[int | None, ...] | None:
     return tuple(d if isinstance(d, int) and d >= 0 else None for d in shape[2:])
 
 
-def conv_spec(node: gs.Node) -> ConvSpec | Refusal:
-    """The ConvSpec of a Conv node whose weight (and bias) are constants."""
+def conv_weights(node: gs.Node) -> tuple[np.ndarray, np.ndarray | None] | Refusal:
+    """A Conv node's constant weight [O, I/g, *k] and bias [O] (None when it has none)."""
     weight = constant_value(node.inputs[1])
     bias_input = node.inputs[2] if len(node.inputs) > 2 else None
     bias = None if is_absent(bias_input) else constant_value(bias_input)
     if weight is None or (not is_absent(bias_input) and bias is None):
         return Refusal(f"{node.name}: weight or bias is not a constant")
-    attrs = {key: (list(value) if isinstance(value, (list, tuple)) else value) for key, value in node.attrs.items()}
-    return conv_from_onnx(weight, bias, attrs, spatial_shape(node.inputs[0]))
+    return weight, bias
+
+
+def conv_attributes(node: gs.Node) -> dict:
+    return {key: (list(value) if isinstance(value, (list, tuple)) else value) for key, value in node.attrs.items()}
+
+
+def conv_spec(node: gs.Node) -> ConvSpec | Refusal:
+    """The ConvSpec of a Conv node whose weight (and bias) are constants."""
+    weights = conv_weights(node)
+    if isinstance(weights, Refusal):
+        return weights
+    return conv_from_onnx(*weights, conv_attributes(node), spatial_shape(node.inputs[0]))
 
 
 def weight_dtype(node: gs.Node) -> np.dtype:
@@ -35,7 +46,12 @@ def weight_dtype(node: gs.Node) -> np.dtype:
 def make_conv(context, x, spec: ConvSpec, dtype: np.dtype, base: str, shape=None) -> tuple[gs.Node, gs.Variable]:
     """A Conv node computing `spec` on x; weights cast back to the model's dtype. `shape` is
     its output's, where the caller knows it (that of the tensor it stands in for)."""
-    weight, bias, attrs = conv_to_onnx(spec)
+    return conv_node(context, x, *conv_to_onnx(spec), dtype, base, shape)
+
+
+def conv_node(context, x, weight: np.ndarray, bias: np.ndarray | None, attrs: dict, dtype: np.dtype, base: str,
+              shape=None) -> tuple[gs.Node, gs.Variable]:
+    """A Conv node with these ONNX weight, bias (or None) and attributes, as make_conv."""
     inputs = [x, gs.Constant(context.fresh(base + "_weight"), weight.astype(dtype))]
     if bias is not None:
         inputs.append(gs.Constant(context.fresh(base + "_bias"), bias.astype(dtype)))
