@@ -69,11 +69,10 @@ def merge_zero_pad(spec: ConvSpec, pad_begin_spatial: Sequence[int],
 
 def scale_shift_after(spec: ConvSpec, scale, shift) -> ConvSpec:
     """scale * conv(x) + shift per output channel: W'[o] = scale[o] * W[o] ([O, I, *k]),
-    b' = scale * b + shift ([O]); scale, shift scalars or [O]."""
-    scale = _per_channel(scale, spec.out_channels, "scale")
-    shift = _per_channel(shift, spec.out_channels, "shift")
-    return dataclasses.replace(spec, weight=spec.weight * scale.reshape(-1, *[1] * (spec.nd + 1)),
-                               bias=scale * spec.bias + shift, has_bias=spec.has_bias or bool(np.any(shift)))
+    b' = scale * b + shift ([O]); scale, shift scalars or [O] (scale_shift_onnx_weight on the
+    dense kernel, whose bias is always there, zero when the conv had none)."""
+    weight, bias = scale_shift_onnx_weight(spec.weight, spec.bias, scale, shift)
+    return dataclasses.replace(spec, weight=weight, bias=bias, has_bias=spec.has_bias or bool(np.any(shift)))
 
 
 def scale_shift_onnx_weight(weight, bias, scale, shift) -> tuple[np.ndarray, np.ndarray | None]:
