@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 from onnx_graphsurgeon.logger import G_LOGGER
 
 # onnx-graphsurgeon warns (on stderr, several lines) whenever a bfloat16 constant is read as
@@ -44,6 +45,16 @@ def proto_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
 # Checked before reading attr.graphs, which builds an empty list for every other attribute
 # (a third of the cost of walking a graph's scopes).
 _GRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+def nodes_as_model(nodes: list[gs.Node], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
+                   constants: list[gs.Constant], opset: int, name: str) -> onnx.ModelProto:
+    """Some of a graph's nodes as a model of their own, exported node by node: the graph's
+    tensors are only read (a gs.Graph built over them would relink them). `constants` become
+    initializers; the IR version is one ONNX Runtime 1.14+ reads."""
+    graph = onnx.helper.make_graph([OnnxExporter.export_node(node) for node in nodes], name, inputs, outputs,
+                                   [OnnxExporter.export_tensor_proto(t) for t in constants])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=10)
 
 
 def all_graphs(graph: gs.Graph) -> list[gs.Graph]:

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import onnx
 import onnx_graphsurgeon as gs
-from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 
-from ..graph import tensor_dtype
+from ..graph import nodes_as_model, tensor_dtype
 
 # Constants up to this size go into the cut as values (shape inference reads those of shape-like
 # inputs: Reshape's shape, Slice's starts); larger ones as typed inputs, so nothing big is copied.
@@ -46,20 +45,18 @@ def _cut(nodes: list[gs.Node], pending: dict, opset: int) -> onnx.ModelProto:
     the pending tensors as outputs."""
     cut = _with_constant_producers(nodes)
     produced = {id(t) for node in cut for t in node.outputs}
-    inputs, initializers, seen = [], [], set()
+    inputs, constants, seen = [], [], set()
     for node in cut:
         for tensor in node.inputs:
             if id(tensor) in produced or id(tensor) in seen or not tensor.name:
                 continue
             seen.add(id(tensor))
             if isinstance(tensor, gs.Constant) and _small(tensor):
-                initializers.append(OnnxExporter.export_tensor_proto(tensor))
+                constants.append(tensor)
             else:
                 inputs.append(_value_info(tensor))
-    graph = onnx.helper.make_graph([OnnxExporter.export_node(node) for node in cut], "new_nodes", inputs,
-                                   [onnx.helper.make_tensor_value_info(name, 0, None) for name in pending],
-                                   initializers)
-    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=10)
+    return nodes_as_model(cut, inputs, [onnx.helper.make_tensor_value_info(name, 0, None) for name in pending],
+                          constants, opset, "new_nodes")
 
 
 def _with_constant_producers(nodes: list[gs.Node]) -> list[gs.Node]:

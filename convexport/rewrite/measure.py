@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import onnx
 import onnx_graphsurgeon as gs
-from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 
-from ..graph import tensor_dtype
+from ..graph import nodes_as_model, tensor_dtype
 from ..inputs import InputSpec, random_inputs
 from ..profile import time_models
 
@@ -49,17 +48,13 @@ def _static(tensor: gs.Variable) -> tuple[int, ...]:
 
 
 def _cut(nodes: list[gs.Node], inputs: list[gs.Variable], outputs: list, opset: int) -> onnx.ModelProto:
-    """The nodes as a model of their own, exported node by node: the graph's tensors are only
-    read (a gs.Graph built over them would relink them)."""
+    """The nodes as a model of their own (graph.nodes_as_model), inputs at static shapes."""
     if not nodes:
         raise Unmeasurable("no nodes to time")
     constants = {id(t): t for node in nodes for t in node.inputs if isinstance(t, gs.Constant)}
-    graph = onnx.helper.make_graph(
-        [OnnxExporter.export_node(node) for node in nodes], "cut",
-        [onnx.helper.make_tensor_value_info(t.name, _onnx_dtype(t), _static(t)) for t in inputs],
-        [onnx.helper.make_tensor_value_info(t.name, _onnx_dtype(t), None) for t in outputs],
-        [OnnxExporter.export_tensor_proto(t) for t in constants.values()])
-    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=10)
+    return nodes_as_model(nodes, [onnx.helper.make_tensor_value_info(t.name, _onnx_dtype(t), _static(t)) for t in inputs],
+                          [onnx.helper.make_tensor_value_info(t.name, _onnx_dtype(t), None) for t in outputs],
+                          list(constants.values()), opset, "cut")
 
 
 def _onnx_dtype(tensor) -> int:
