@@ -111,19 +111,6 @@ def proto_scopes(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
     return found
 
 
-def export_graph(graph: gs.Graph, template: onnx.ModelProto) -> onnx.ModelProto:
-    """gs.Graph -> ModelProto keeping the template's IR version, opsets and metadata."""
-    model = gs.export_onnx(graph, do_type_check=False)
-    model.ir_version = template.ir_version
-    del model.opset_import[:]
-    model.opset_import.extend(template.opset_import)
-    model.producer_name = template.producer_name or "convexport"
-    model.producer_version = template.producer_version
-    del model.metadata_props[:]
-    model.metadata_props.extend(template.metadata_props)
-    return model
-
-
 def tensor_dtype(tensor) -> np.dtype:
     """The numpy dtype of a gs tensor, float32 when unknown (onnx-graphsurgeon keeps types
     numpy lacks, such as bfloat16, as ONNX type numbers: ml_dtypes supplies those)."""

@@ -23,7 +23,8 @@ import onnx_graphsurgeon as gs
 from ..algebra import Refusal
 from ..errors import ConvexportError, first_line
 from ..export import infer_shapes
-from ..graph import NameGenerator, all_graphs, default_opset, export_graph, import_graph, proto_scopes, toposort
+from ..graph import NameGenerator, all_graphs, default_opset, import_graph, proto_scopes, toposort
+from ..reexport import Originals, export_graph
 from .changes import ChangeLog
 from .conditions import first_failure
 from .decisions import by_estimate, by_measurement
@@ -111,6 +112,7 @@ def _collector_paused():
 def _rewrite(model, rules, primitives, strategy, source, limit, device, decided) -> RewriteOutcome:
     opset = default_opset(model)
     graph = import_graph(model)
+    originals = Originals(graph, model)
     base = RewriteContext(graph, opset, NameGenerator(graph), {}, strategy, device, {} if decided is None else decided)
     state = _Run(primitives, ChangeLog(), [], {}, limit)
     passes, changed_at_all = 0, False
@@ -129,7 +131,7 @@ def _rewrite(model, rules, primitives, strategy, source, limit, device, decided)
             toposort(scope)
     current = model
     if changed_at_all:              # else the graph is `model` again: nothing to export
-        current = infer_shapes(export_graph(graph.cleanup(remove_unused_graph_inputs=False), model), source)
+        current = infer_shapes(export_graph(graph.cleanup(remove_unused_graph_inputs=False), model, originals), source)
     final_nodes = {node.name for scope in proto_scopes(current.graph) for node in scope.node}
     still_there = [entry for entry in state.skipped.values() if set(entry["nodes"]) <= final_nodes]
     return RewriteOutcome(current, state.applied, still_there, passes)

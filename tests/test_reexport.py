@@ -1,0 +1,142 @@
+"""Export reusing the imported protos: what no rewrite changed comes out byte for byte as it
+went in, and every kind of change (in place included) is exported as the change."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+from onnx import helper
+
+from convexport.graph import import_graph
+from convexport.reexport import Originals, export_graph
+from helpers import make_model, tensor
+
+
+def chain_model():
+    """x -> Conv(pads) -> Relu -> y, every node with a doc_string (gs's own export drops it:
+    a node that comes out with its doc_string was copied, not rebuilt)."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1], doc_string="conv doc"),
+             helper.make_node("Relu", ["c"], ["r"], doc_string="relu doc"),
+             helper.make_node("Identity", ["r"], ["y"], name="out", doc_string="identity doc")]
+    weights = {"w": np.ones([4, 3, 3, 3], np.float32)}
+    model = make_model(nodes, [tensor("x", [1, 3, 8, 8])], [tensor("y", None)], weights)
+    model.graph.value_info[0].doc_string = "value doc"
+    return model
+
+
+def export(mutate=lambda graph: None):
+    model = chain_model()
+    graph = import_graph(model)
+    originals = Originals(graph, model)
+    mutate(graph)
+    return model, export_graph(graph, model, originals)
+
+
+def by_name(model, name):
+    return next(node for node in model.graph.node if node.name == name)
+
+
+def test_an_untouched_graph_comes_out_as_it_went_in():
+    model, exported = export()
+    assert [n.doc_string for n in exported.graph.node] == ["conv doc", "relu doc", "identity doc"]
+    assert exported.graph.node[1].name == "Relu_0"      # the name import_graph gave it
+    exported.graph.node[1].ClearField("name")
+    assert list(exported.graph.node) == list(model.graph.node)
+    assert list(exported.graph.value_info) == list(model.graph.value_info)
+    assert exported.ir_version == model.ir_version and list(exported.opset_import) == list(model.opset_import)
+
+
+def test_without_originals_everything_is_rebuilt():
+    model = chain_model()
+    exported = export_graph(import_graph(model), model)
+    assert [n.doc_string for n in exported.graph.node] == ["", "", ""]
+    assert [n.op_type for n in exported.graph.node] == ["Conv", "Relu", "Identity"]
+
+
+def _edit_list_in_place(graph):
+    graph.nodes[0].attrs["pads"][0] = 0
+
+
+def _set_attribute(graph):
+    graph.nodes[0].attrs["strides"] = [2, 2]
+
+
+def _rewire_input(graph):
+    graph.nodes[2].inputs[0] = graph.nodes[0].outputs[0]
+
+
+def _rename_output(graph):
+    graph.nodes[1].outputs[0].name = "renamed"
+
+
+def _rename_node(graph):
+    graph.nodes[0].name = "new_name"
+
+
+def _change_op(graph):
+    graph.nodes[1].op = "Sigmoid"
+
+
+@pytest.mark.parametrize("mutate, changed", [
+    (_edit_list_in_place, "conv"), (_set_attribute, "conv"), (_rewire_input, "out"),
+    (_rename_output, "Relu_0"), (_rename_node, "new_name"), (_change_op, "Relu_0"),
+])
+def test_a_node_changed_in_any_way_is_rebuilt_the_others_are_copied(mutate, changed):
+    _, exported = export(mutate)
+    rebuilt = {node.name for node in exported.graph.node if not node.doc_string}
+    assert changed in rebuilt
+    # a renamed tensor changes its reader too
+    assert rebuilt == {changed} | ({"out"} if mutate is _rename_output else set())
+    if mutate is _edit_list_in_place:
+        assert list(by_name(exported, "conv").attribute[0].ints) == [0, 1, 1, 1]
+    if mutate is _change_op:
+        assert by_name(exported, "Relu_0").op_type == "Sigmoid"
+
+
+def test_a_node_with_a_tensor_attribute_is_always_rebuilt():
+    value = helper.make_tensor("k", onnx.TensorProto.FLOAT, [1], [2.0])
+    nodes = [helper.make_node("Constant", [], ["k"], value=value, doc_string="constant doc"),
+             helper.make_node("Mul", ["x", "k"], ["y"], doc_string="mul doc")]
+    model = make_model(nodes, [tensor("x", [1])], [tensor("y", [1])])
+    graph = import_graph(model)
+    graph.nodes[0].attrs["value"].values[0] = 3.0     # in place: invisible in the node's fields
+    exported = export_graph(graph, model, Originals(graph, model))
+    assert [n.doc_string for n in exported.graph.node] == ["", "mul doc"]
+    assert onnx.numpy_helper.to_array(exported.graph.node[0].attribute[0].t).tolist() == [3.0]
+
+
+def test_a_value_whose_shape_or_type_changed_is_rebuilt():
+    def reshape(graph):
+        graph.nodes[0].outputs[0].shape = [1, 4, 9, 9]
+    _, exported = export(reshape)
+    info = {value.name: value for value in exported.graph.value_info}
+    assert [d.dim_value for d in info["c"].type.tensor_type.shape.dim] == [1, 4, 9, 9]
+    assert info["c"].doc_string == "" and info["r"].doc_string == ""     # r's entry had none to begin with
+
+
+def test_an_unchanged_value_keeps_its_entry():
+    _, exported = export()
+    assert next(v for v in exported.graph.value_info if v.name == "c").doc_string == "value doc"
+
+
+def test_a_shape_list_edited_in_place_is_seen():
+    def edit(graph):
+        graph.nodes[0].outputs[0].shape[2] = 99
+    _, exported = export(edit)
+    info = next(v for v in exported.graph.value_info if v.name == "c")
+    assert info.doc_string == "" and info.type.tensor_type.shape.dim[2].dim_value == 99
+
+
+def test_new_nodes_and_constants_are_exported():
+    def append(graph):
+        extra = gs.Constant("two", np.array([2.0], np.float32))
+        out = graph.outputs[0]
+        middle = gs.Variable("middle", np.float32)
+        graph.nodes[2].outputs[0] = middle
+        graph.nodes.append(gs.Node("Mul", "scale", inputs=[middle, extra], outputs=[out]))
+    _, exported = export(append)
+    assert [n.op_type for n in exported.graph.node] == ["Conv", "Relu", "Identity", "Mul"]
+    assert {init.name for init in exported.graph.initializer} == {"w", "two"}
+    onnx.checker.check_model(exported)
