@@ -67,10 +67,11 @@ def _known_shapes(scopes: list[onnx.GraphProto]) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
     for graph in scopes:
         for value in [*graph.value_info, *graph.input, *graph.output]:
-            if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
-                shapes[value.name] = tuple(
-                    d.dim_value if d.HasField("dim_value") else 1 for d in value.type.tensor_type.shape.dim
-                )
+            tensor_type = value.type.tensor_type      # empty for any other type: no shape
+            if tensor_type.HasField("shape"):
+                # a dim_param (or no value) counts as 1; HasField only where the value reads 0
+                shapes[value.name] = tuple([d.dim_value or (0 if d.HasField("dim_value") else 1)
+                                            for d in tensor_type.shape.dim])
         for init in graph.initializer:
             shapes[init.name] = tuple(init.dims)
     return shapes

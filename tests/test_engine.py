@@ -176,3 +176,37 @@ def test_garbage_collector_is_paused_during_the_rewrite_and_restored_after(monke
         assert gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_refusal_in_a_graph_left_unchanged_is_reported_under_the_names_given_to_its_nodes():
+    """An unchanged graph is returned as it came (nodes without names included); its refusals
+    are all still there, and the report names the nodes as import_graph named them."""
+    model = conv_bn_model(extra_consumer=True)
+    for node in model.graph.node:
+        node.name = ""
+    outcome = rewrite(model)
+    assert outcome.model is model
+    (skip,) = outcome.skipped
+    assert skip["rule"] == "conv-batchnorm" and skip["nodes"] == ["Conv_0", "BatchNormalization_1"]
+
+
+def test_a_node_dead_in_the_original_goes_with_the_first_change_and_a_live_graph_is_left_as_is():
+    from convexport.graph import cleaned_up, import_graph
+
+    model = conv_bn_model()
+    model.graph.node.append(helper.make_node("Relu", ["x"], ["unread"], name="dead"))
+    outcome = rewrite(model)
+    assert op_counts(outcome.model) == {"Conv": 1}
+    graph = import_graph(conv_bn_model())
+    assert cleaned_up(graph) is graph and len(graph.nodes) == 2
+
+
+def test_a_reader_is_found_by_identity_wherever_it_sits():
+    """_position never uses gs's deep Node.__eq__ (equal-looking readers are different nodes)."""
+    import onnx_graphsurgeon as gs
+
+    from convexport.rewrite.engine import _position
+
+    readers = [gs.Node("Relu", "same") for _ in range(5)]
+    for index, node in enumerate(readers):
+        assert _position(readers, node) == index

@@ -182,3 +182,37 @@ def test_a_submatrix_that_misses_the_proof_leaves_it_to_the_whole_matrix(monkeyp
     sizes = qr_sizes(monkeypatch)
     result = split_separable(spec_of(weight), max_rank=5)
     assert isinstance(result, Refusal) and sizes == [(6, 6), (96, 96)]
+
+
+def test_a_full_rank_kernel_is_screened_on_its_raw_weight_before_any_conv_spec(monkeypatch):
+    """The primitive runs split_separable's screen on the model's own float32 weight first: a
+    kernel whose rank is too high to pay never gets its float64 ConvSpec; a low-rank one does,
+    and splits as before."""
+    built = []
+    from convexport.folds import separable as fold
+
+    original = fold.conv_spec
+    monkeypatch.setattr(fold, "conv_spec", lambda node: built.append(node.name) or original(node))
+    shape = [1, 8, 16, 16]
+    full = np.random.default_rng(3).standard_normal([8, 8, 5, 5]).astype(np.float32)
+    outcome = rewrite(separable_model(shape, full, pads=[2, 2, 2, 2]), "exact")
+    assert op_counts(outcome.model)["Conv"] == 1 and not built
+    outcome = rewrite(separable_model(shape, low_rank(8, 8, 5, 5, 2), pads=[2, 2, 2, 2]), "exact")
+    assert op_counts(outcome.model)["Conv"] == 2 and built
+
+
+@pytest.mark.parametrize("rank", [1, 3, 6, 12, 18, 30])
+@pytest.mark.parametrize("asked", [1, 4, 6, 7, 18, 40])
+@pytest.mark.parametrize("channels", [8, 64])
+def test_rank_at_least_never_claims_a_rank_the_kernel_lacks(rank, asked, channels):
+    """A one-sided screen: "at least" is a proof; a full-rank kernel is always proven (the
+    split it saves is never there), a low-rank one may be left to the SVD."""
+    from convexport.algebra.separable import rank_at_least
+
+    weight = low_rank(6, channels, 3, 4, rank)          # [3 * channels, 24]
+    full = min(3 * channels, 24)
+    true_rank = np.linalg.matrix_rank(weight.transpose(1, 2, 0, 3).reshape(3 * channels, 24))
+    if rank_at_least(weight, asked):
+        assert true_rank >= min(asked, full)
+    if true_rank == full:
+        assert rank_at_least(weight, asked)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 from ..algebra import ConvSpec, Refusal
-from ..algebra.separable import NoSplit, split_separable
+from ..algebra.separable import NoSplit, rank_at_least, split_separable
+from ..graph import constant_value
 from ..rewrite.primitives import Rewrite, reach
 from .conv_chain import output_dtype
 from .convnodes import conv_flops, conv_spec, make_conv, node_flops, spatial_shape
@@ -21,13 +22,20 @@ def conv_as_separable(match, context) -> Rewrite | Refusal | None:
     if conv.attrs.get("group", 1) != 1 or (weight_shape is not None and (len(weight_shape) != 4
                                                                         or 1 in weight_shape[2:])):
         return None
-    spec = conv_spec(conv)
-    if isinstance(spec, Refusal) or spec.nd != 2 or 1 in spec.kernel_shape:
-        return None if not isinstance(spec, Refusal) else spec
     x, output = conv.inputs[0], conv.outputs[0]
     spatial = spatial_shape(x)
     before = None if spatial is None or None in spatial else node_flops(conv)     # the node as it stands
-    split = split_separable(spec, None if before is None else highest_paying_rank(spec, output.shape, spatial, before))
+    weight = constant_value(conv.inputs[1])
+    if before is not None and weight is not None and weight.ndim == 4:
+        # split_separable's screen on the raw weight (group 1: the spec's own kernel), before
+        # conv_spec's float64 copy: most kernels stop here
+        if rank_at_least(weight, highest_paying_rank(weight.shape, output.shape, spatial, before) + 1):
+            return None
+    spec = conv_spec(conv)
+    if isinstance(spec, Refusal) or spec.nd != 2 or 1 in spec.kernel_shape:
+        return None if not isinstance(spec, Refusal) else spec
+    split = split_separable(spec, None if before is None else
+                            highest_paying_rank(spec.weight.shape, output.shape, spatial, before))
     if isinstance(split, NoSplit):       # mostly full rank: most kernels are, no news for the report
         return None
     if isinstance(split, Refusal):       # a split that would not be exact: reported
@@ -44,13 +52,13 @@ def conv_as_separable(match, context) -> Rewrite | Refusal | None:
                    {"rank": split.rank})
 
 
-def highest_paying_rank(spec: ConvSpec, output_shape, input_spatial, before: float) -> int:
-    """The highest rank R at which the pair costs fewer FLOPs than the conv (`before`): per
-    sample and per unit of R, the tall conv costs 2 * rows * W_in * I * Kh (its output keeps
-    the input's width) and the wide one 2 * O * rows * W_out * Kw, so R * per_rank < before.
-    Those are upper bounds (conv_to_onnx may still trim a factor's taps or split it into
-    groups), so a split at this rank or lower always pays."""
-    (rows, out_width), (kernel_rows, kernel_cols) = output_shape[2:], spec.kernel_shape
-    per_rank = 2.0 * rows * (input_spatial[1] * spec.in_channels * kernel_rows
-                             + out_width * spec.out_channels * kernel_cols)
+def highest_paying_rank(weight_shape, output_shape, input_spatial, before: float) -> int:
+    """The highest rank R at which the pair costs fewer FLOPs than the conv (`before`), for a
+    kernel [O, I, Kh, Kw]: per sample and per unit of R, the tall conv costs
+    2 * rows * W_in * I * Kh (its output keeps the input's width) and the wide one
+    2 * O * rows * W_out * Kw, so R * per_rank < before. Those are upper bounds (conv_to_onnx
+    may still trim a factor's taps or split it into groups), so a split at this rank or lower
+    always pays."""
+    (rows, out_width), (out_channels, in_channels, kernel_rows, kernel_cols) = output_shape[2:], weight_shape
+    per_rank = 2.0 * rows * (input_spatial[1] * in_channels * kernel_rows + out_width * out_channels * kernel_cols)
     return math.ceil(before / per_rank) - 1 if per_rank > 0 else 0

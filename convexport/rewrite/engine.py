@@ -23,7 +23,7 @@ import onnx_graphsurgeon as gs
 from ..algebra import Refusal
 from ..errors import ConvexportError, first_line
 from ..export import infer_shapes
-from ..graph import NameGenerator, all_graphs, default_opset, import_graph, proto_scopes, toposort
+from ..graph import NameGenerator, all_graphs, cleaned_up, default_opset, import_graph, proto_scopes, toposort
 from ..reexport import Originals, export_graph
 from .changes import ChangeLog
 from .conditions import first_failure
@@ -131,9 +131,11 @@ def _rewrite(model, rules, primitives, strategy, source, limit, device, decided)
             toposort(scope)
     current = model
     if changed_at_all:              # else the graph is `model` again: nothing to export
-        current = infer_shapes(export_graph(graph.cleanup(remove_unused_graph_inputs=False), model, originals), source)
-    final_nodes = {node.name for scope in proto_scopes(current.graph) for node in scope.node}
-    still_there = [entry for entry in state.skipped.values() if set(entry["nodes"]) <= final_nodes]
+        current = infer_shapes(export_graph(cleaned_up(graph), model, originals), source)
+    still_there = list(state.skipped.values())
+    if changed_at_all:          # (an unchanged graph has them all, under the names import_graph gave)
+        final_nodes = {node.name for scope in proto_scopes(current.graph) for node in scope.node}
+        still_there = [entry for entry in still_there if set(entry["nodes"]) <= final_nodes]
     return RewriteOutcome(current, state.applied, still_there, passes)
 
 
@@ -299,9 +301,18 @@ def _disconnect_inputs(node: gs.Node) -> None:
     """node.inputs.clear() by identity: gs's own removal compares nodes with a deep __eq__,
     which is quadratic on tensors read by many nodes."""
     for tensor in node.inputs:
-        readers = tensor.outputs
-        index = next(i for i, reader in enumerate(readers) if reader is node)
-        list.pop(readers, index)
+        list.pop(tensor.outputs, _position(tensor.outputs, node))
+
+
+def _position(readers: list[gs.Node], node: gs.Node) -> int:
+    """readers.index(node) by identity. A weight shared by a thousand nodes loses them one by
+    one, in graph order, which puts the node first or last in its readers (in the order they
+    were added) far more often than not; elsewhere the search runs over ids, at C speed."""
+    if readers[0] is node:
+        return 0
+    if readers[-1] is node:
+        return len(readers) - 1
+    return list(map(id, readers)).index(id(node))
     list.clear(node.inputs)
 
 
