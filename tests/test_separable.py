@@ -216,3 +216,15 @@ def test_rank_at_least_never_claims_a_rank_the_kernel_lacks(rank, asked, channel
         assert true_rank >= min(asked, full)
     if true_rank == full:
         assert rank_at_least(weight, asked)
+
+
+@pytest.mark.parametrize("shape", [(5, 7, 3, 4), (1, 2, 2, 5), (64, 64, 3, 3)])
+def test_the_screens_submatrix_is_read_from_the_kernel_as_the_whole_matrix_would_give_it(shape):
+    from convexport.algebra.separable import _matricise, _submatrix
+
+    weight = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+    matrix = _matricise(weight)
+    draw = np.random.default_rng(1)
+    rows, cols = (np.sort(draw.permutation(size)[:min(matrix.shape)]) for size in matrix.shape)
+    sub = _submatrix(weight, rows, cols)
+    assert sub.dtype == np.float64 and np.array_equal(sub, matrix[np.ix_(rows, cols)])
