@@ -100,8 +100,8 @@ def _shape(tensor, node: gs.Node, replaced: dict[int, gs.Tensor]) -> tuple[int, 
 
 
 def _bytes(tensor, node: gs.Node, replaced) -> float:
-    if isinstance(tensor, gs.Constant):
-        return float(tensor.values.nbytes) if hasattr(tensor.values, "nbytes") else 0.0
+    if isinstance(tensor, gs.Constant):     # from its shape: reading .values would load the weight
+        return float(math.prod(tensor.shape)) * tensor_dtype(tensor).itemsize
     shape = _shape(tensor, node, replaced)
     if shape is None or not getattr(tensor, "name", ""):
         return 0.0
