@@ -210,3 +210,18 @@ def test_a_reader_is_found_by_identity_wherever_it_sits():
     readers = [gs.Node("Relu", "same") for _ in range(5)]
     for index, node in enumerate(readers):
         assert _position(readers, node) == index
+
+
+def test_a_dead_node_is_disconnected_from_what_it_read_and_other_readers_stay_in_order():
+    import onnx_graphsurgeon as gs
+
+    from convexport.rewrite.engine import _disconnect_inputs
+
+    a, b = gs.Variable("a"), gs.Variable("b")
+    before = gs.Node("Relu", "before", inputs=[a])
+    dead = gs.Node("Sum", "dead", inputs=[a, b, a])
+    after = gs.Node("Relu", "after", inputs=[a])
+    _disconnect_inputs(dead)
+    assert list(dead.inputs) == []
+    assert [n.name for n in a.outputs] == ["before", "after"] and list(b.outputs) == []
+    assert before.inputs[0] is a and after.inputs[0] is a

@@ -91,9 +91,9 @@ def rank_at_least(weight: np.ndarray, rank: int) -> bool:
 
 
 def _plainly_of_rank(weight: np.ndarray, rank: int) -> bool:
-    """Whether a QR screen shows that the kernel's matrix (_matricise) has rank `rank` or more; False sends the kernel
-    to the SVD, which costs ten times more than QR (1.2 s for a 512 -> 512 3x3 kernel's
-    1536 x 1536 matrix; QR 0.14 s).
+    """Whether a QR screen shows that the kernel's matrix (_matricise) has rank `rank` or more;
+    False sends the kernel to the SVD, which costs ten times more than QR (1.2 s for a
+    512 -> 512 3x3 kernel's 1536 x 1536 matrix; QR 0.14 s).
 
     Below full rank, a nonsingular rank x rank submatrix (rows and columns drawn with a fixed
     seed) is proof: its columns are independent, so are the matrix's columns they come from.

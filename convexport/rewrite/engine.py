@@ -302,6 +302,7 @@ def _disconnect_inputs(node: gs.Node) -> None:
     which is quadratic on tensors read by many nodes."""
     for tensor in node.inputs:
         list.pop(tensor.outputs, _position(tensor.outputs, node))
+    list.clear(node.inputs)
 
 
 def _position(readers: list[gs.Node], node: gs.Node) -> int:
@@ -313,7 +314,6 @@ def _position(readers: list[gs.Node], node: gs.Node) -> int:
     if readers[-1] is node:
         return len(readers) - 1
     return list(map(id, readers)).index(id(node))
-    list.clear(node.inputs)
 
 
 def _rewire(consumer: gs.Node, old, new) -> None:
