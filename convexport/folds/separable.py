@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ..algebra import ConvSpec, Refusal
+from ..algebra import Refusal
 from ..algebra.separable import NoSplit, rank_at_least, split_separable
 from ..graph import constant_value
 from ..rewrite.primitives import Rewrite, reach
@@ -25,17 +25,16 @@ def conv_as_separable(match, context) -> Rewrite | Refusal | None:
     x, output = conv.inputs[0], conv.outputs[0]
     spatial = spatial_shape(x)
     before = None if spatial is None or None in spatial else node_flops(conv)     # the node as it stands
-    weight = constant_value(conv.inputs[1])
-    if before is not None and weight is not None and weight.ndim == 4:
-        # split_separable's screen on the raw weight (group 1: the spec's own kernel), before
-        # conv_spec's float64 copy: most kernels stop here
-        if rank_at_least(weight, highest_paying_rank(weight.shape, output.shape, spatial, before) + 1):
-            return None
+    weight = constant_value(conv.inputs[1])     # group 1: the spec's own kernel
+    max_rank = (None if before is None or weight is None or weight.ndim != 4
+                else highest_paying_rank(weight.shape, output.shape, spatial, before))
+    # split_separable's screen on the raw weight, before conv_spec's float64 copy: most kernels stop here
+    if max_rank is not None and rank_at_least(weight, max_rank + 1):
+        return None
     spec = conv_spec(conv)
     if isinstance(spec, Refusal) or spec.nd != 2 or 1 in spec.kernel_shape:
         return None if not isinstance(spec, Refusal) else spec
-    split = split_separable(spec, None if before is None else
-                            highest_paying_rank(spec.weight.shape, output.shape, spatial, before))
+    split = split_separable(spec, max_rank)
     if isinstance(split, NoSplit):       # mostly full rank: most kernels are, no news for the report
         return None
     if isinstance(split, Refusal):       # a split that would not be exact: reported

@@ -129,11 +129,11 @@ def _rewrite(model, rules, primitives, strategy, source, limit, device, decided)
         state.changes.touch(infer_new_shapes(alive, opset))
         for scope in all_graphs(graph):
             toposort(scope)
-    current = model
-    if changed_at_all:              # else the graph is `model` again: nothing to export
+    # unchanged, the graph is `model` again (nothing to export), and every refusal still stands,
+    # under the names import_graph gave the nodes
+    current, still_there = model, list(state.skipped.values())
+    if changed_at_all:
         current = infer_shapes(export_graph(cleaned_up(graph), model, originals), source)
-    still_there = list(state.skipped.values())
-    if changed_at_all:          # (an unchanged graph has them all, under the names import_graph gave)
         final_nodes = {node.name for scope in proto_scopes(current.graph) for node in scope.node}
         still_there = [entry for entry in still_there if set(entry["nodes"]) <= final_nodes]
     return RewriteOutcome(current, state.applied, still_there, passes)
