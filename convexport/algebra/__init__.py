@@ -8,6 +8,7 @@ exact result or a Refusal saying why not; callers cast weights back to the model
     groups.py         grouped <-> block-diagonal dense kernels, largest exact group count
     taps.py           trimming all-zero border taps, coarsening the dilation
     compose.py        second(first(x)) as one conv
+    outline.py        the shape of that conv from the grouped weights, before it is built
     padding_reads.py  when a composition reads padding: exactness and the border map
     parallel.py       sums and channel concats of convs reading one x
     linear_ops.py     identity, AveragePool, zero Pad, per-channel scale/shift, BatchNorm

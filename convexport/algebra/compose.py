@@ -37,13 +37,13 @@ class Composition:
 
 
 @dataclass(frozen=True)
-class _ComposedAxis:
+class ComposedAxis:
     geometry: AxisGeometry
     step_first: int   # index step in the composite kernel between taps t of first: d1 / D
     step_second: int  # index step between taps u of second: s1*d2 / D
 
 
-def _compose_axis(first: AxisGeometry, second: AxisGeometry) -> _ComposedAxis:
+def compose_axis(first: AxisGeometry, second: AxisGeometry) -> ComposedAxis:
     """Stride s1*s2, pads (s1*a2 + a1, s1*e2 + e1), dilation D, K = (s1*d2*(k2-1) + d1*(k1-1))/D + 1."""
     step_second = first.stride * second.dilation if second.kernel > 1 else 0
     step_first = first.dilation if first.kernel > 1 else 0
@@ -52,10 +52,10 @@ def _compose_axis(first: AxisGeometry, second: AxisGeometry) -> _ComposedAxis:
     geometry = AxisGeometry(kernel, first.stride * second.stride, dilation,
                             first.stride * second.pad_begin + first.pad_begin,
                             first.stride * second.pad_end + first.pad_end)
-    return _ComposedAxis(geometry, max(1, step_first // dilation), max(1, step_second // dilation))
+    return ComposedAxis(geometry, max(1, step_first // dilation), max(1, step_second // dilation))
 
 
-def _compose_kernel(first: ConvSpec, second: ConvSpec, axes: Sequence[_ComposedAxis]) -> np.ndarray:
+def _compose_kernel(first: ConvSpec, second: ConvSpec, axes: Sequence[ComposedAxis]) -> np.ndarray:
     """K[o, c, r] = sum over (u, t) with r = u*step_second + t*step_first of
     W2[o, :, u] @ W1[:, c, t]; W1 [M, I, *k1], W2 [O, M, *k2] -> K [O, I, *K]."""
     kernel = np.zeros((second.out_channels, first.in_channels, *(axis.geometry.kernel for axis in axes)))
@@ -96,7 +96,7 @@ def _active_pairs(first: ConvSpec, second: ConvSpec) -> np.ndarray:
 def composite_conv(first: ConvSpec, second: ConvSpec) -> ConvSpec:
     """The composite conv of the module docstring, with no check: exact only where compose
     accepts it. W1 [M, I, *k1], W2 [O, M, *k2] -> K [O, I, *K]; bias b2 + sum_u W2[:, :, u] @ b1."""
-    axes = [_compose_axis(f, s) for f, s in zip(first.axes(), second.axes())]
+    axes = [compose_axis(f, s) for f, s in zip(first.axes(), second.axes())]
     return ConvSpec(
         weight=_compose_kernel(first, second, axes),
         bias=second.bias + second.weight.sum(axis=tuple(range(2, second.weight.ndim))) @ first.bias,

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .groups import expand_groups, grouped_weight, largest_group_count
-from .spec import ConvSpec, Refusal, spatial_lengths
+from .spec import AxisGeometry, ConvSpec, Refusal, int_tuple, spatial_lengths
 from .taps import normalize_taps
 
 
@@ -54,21 +54,33 @@ def conv_from_onnx(weight, bias, attrs: dict, input_spatial: Sequence[int | None
     (group, strides, dilations, pads [b1..bn, e1..en], auto_pad, kernel_shape) and the input's
     spatial shape (None, or None entries, where unknown: SAME_* with stride > 1 needs it)."""
     weight = np.asarray(weight, dtype=np.float64)
-    nd = weight.ndim - 2
-    kernel = tuple(weight.shape[2:])
-    if nd < 1:
-        raise ValueError(f"a Conv weight is [O, I/g, *k], got shape {weight.shape}")
-    if attrs.get("kernel_shape") is not None and tuple(int(k) for k in attrs["kernel_shape"]) != kernel:
-        raise ValueError(f"kernel_shape {attrs['kernel_shape']} does not match weight shape {weight.shape}")
-    strides = tuple(int(s) for s in attrs.get("strides") or [1] * nd)
-    dilations = tuple(int(d) for d in attrs.get("dilations") or [1] * nd)
-    pads = _explicit_pads(attrs, kernel, strides, dilations, spatial_lengths(input_spatial, nd))
-    if isinstance(pads, Refusal):
-        return pads
+    geometry = conv_geometry(weight.shape, attrs, input_spatial)
+    if isinstance(geometry, Refusal):
+        return geometry
     dense = expand_groups(weight, int(attrs.get("group", 1)))
     has_bias = bias is not None
     bias = np.zeros(weight.shape[0]) if bias is None else np.asarray(bias, dtype=np.float64).reshape(-1)
-    return ConvSpec(dense, bias, has_bias, strides, dilations, *pads)
+    return ConvSpec(dense, bias, has_bias, tuple(a.stride for a in geometry), tuple(a.dilation for a in geometry),
+                    tuple(a.pad_begin for a in geometry), tuple(a.pad_end for a in geometry))
+
+
+def conv_geometry(weight_shape: Sequence[int], attrs: dict,
+                  input_spatial: Sequence[int | None] | None) -> tuple[AxisGeometry, ...] | Refusal:
+    """The per-axis geometry of an ONNX Conv with weight shape [O, I/g, *k] and these
+    attributes (pads resolved from `pads` or `auto_pad`, as conv_from_onnx), weights unread."""
+    nd = len(weight_shape) - 2
+    kernel = tuple(int(k) for k in weight_shape[2:])
+    if nd < 1:
+        raise ValueError(f"a Conv weight is [O, I/g, *k], got shape {tuple(weight_shape)}")
+    if attrs.get("kernel_shape") is not None and tuple(int(k) for k in attrs["kernel_shape"]) != kernel:
+        raise ValueError(f"kernel_shape {attrs['kernel_shape']} does not match weight shape {tuple(weight_shape)}")
+    strides = int_tuple("strides", attrs.get("strides") or [1] * nd, nd, 1)
+    dilations = int_tuple("dilations", attrs.get("dilations") or [1] * nd, nd, 1)
+    pads = _explicit_pads(attrs, kernel, strides, dilations, spatial_lengths(input_spatial, nd))
+    if isinstance(pads, Refusal):
+        return pads
+    begin, end = (int_tuple(name, values, nd, 0) for name, values in zip(("pads_begin", "pads_end"), pads))
+    return tuple(AxisGeometry(*axis) for axis in zip(kernel, strides, dilations, begin, end))
 
 
 def conv_to_onnx(spec: ConvSpec) -> tuple[np.ndarray, np.ndarray | None, dict]:

@@ -49,7 +49,7 @@ class AxisGeometry:
         return max(1, self.span - self.pad_begin - self.pad_end)
 
 
-def _int_tuple(name: str, values: Sequence[int], nd: int, minimum: int) -> tuple[int, ...]:
+def int_tuple(name: str, values: Sequence[int], nd: int, minimum: int) -> tuple[int, ...]:
     result = tuple(int(v) for v in values)
     if len(result) != nd or any(v < minimum for v in result):
         raise ValueError(f"{name} must be {nd} integers >= {minimum}, got {tuple(values)}")
@@ -86,10 +86,10 @@ class ConvSpec:
         object.__setattr__(self, "weight", weight)
         object.__setattr__(self, "bias", bias)
         object.__setattr__(self, "has_bias", bool(self.has_bias))
-        object.__setattr__(self, "strides", _int_tuple("strides", self.strides, nd, 1))
-        object.__setattr__(self, "dilations", _int_tuple("dilations", self.dilations, nd, 1))
-        object.__setattr__(self, "pads_begin", _int_tuple("pads_begin", self.pads_begin, nd, 0))
-        object.__setattr__(self, "pads_end", _int_tuple("pads_end", self.pads_end, nd, 0))
+        object.__setattr__(self, "strides", int_tuple("strides", self.strides, nd, 1))
+        object.__setattr__(self, "dilations", int_tuple("dilations", self.dilations, nd, 1))
+        object.__setattr__(self, "pads_begin", int_tuple("pads_begin", self.pads_begin, nd, 0))
+        object.__setattr__(self, "pads_end", int_tuple("pads_end", self.pads_end, nd, 0))
 
     def __repr__(self) -> str:
         return (f"ConvSpec({self.out_channels}x{self.in_channels}, kernel={self.kernel_shape}, strides={self.strides}, "

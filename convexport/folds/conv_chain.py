@@ -6,6 +6,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..algebra import Composition, Refusal, compose, scale_shift_after, scale_shift_onnx_weight
+from ..algebra.onnx_conv import conv_geometry
+from ..algebra.outline import composite_outline
 from ..graph import tensor_dtype
 from ..rewrite.primitives import Rewrite, reach
 from .convnodes import conv_attributes, conv_node, conv_weights, make_conv, node_flops, spatial_shape
@@ -25,7 +27,9 @@ def output_dtype(node: gs.Node) -> np.dtype:
 def compose_linear(match, context) -> Rewrite | Refusal:
     """second(first(x)) -> Conv'(x) [+ border map]; the algebra is convexport.algebra.compose,
     or, for a Conv then a per-channel affine map, scale_shift_onnx_weight on the Conv's own
-    weight (the classic BatchNormalization fold: same group and geometry, O(weight) work)."""
+    weight (the classic BatchNormalization fold: same group and geometry, O(weight) work).
+    Two Convs come as a prospect (primitives.Rewrite): the composite's outline is judged
+    before its kernel is built."""
     first, second = match.nodes["h"], match.root
     x = data_input(first)
     output = second.outputs[0]
@@ -36,6 +40,13 @@ def compose_linear(match, context) -> Rewrite | Refusal:
     if rescaled is not None:
         node, _ = conv_node(context, x, *rescaled, output_dtype(second), output.name, output.shape)
         return _rewrite(first, second, [node], note)
+    prospect = _prospect(first, second, x, note, context) if first.op == second.op == "Conv" else None
+    return prospect if prospect is not None else _composed(first, second, x, note, context)
+
+
+def _composed(first: gs.Node, second: gs.Node, x, note: str, context) -> Rewrite | Refusal:
+    """The composite conv itself, and a border map where first's bias reads through second's padding."""
+    output = second.outputs[0]
     composition = _composition(first, second, spatial_shape(x), context)
     if isinstance(composition, Refusal):
         return composition
@@ -49,6 +60,35 @@ def compose_linear(match, context) -> Rewrite | Refusal:
         extra["border_map_bytes"] = int(composition.border.size * output_dtype(second).itemsize)
         note += f" plus a constant border map of {extra['border_map_bytes']} bytes"
     return _rewrite(first, second, nodes, note, extra)
+
+
+def _prospect(first: gs.Node, second: gs.Node, x, note: str, context) -> Rewrite | Refusal | None:
+    """The composite of two Convs as a prospect: a stand-in Conv with the outline's weight
+    shape (algebra/outline.py; zeros broadcast, no memory), completed by _composed. None
+    where the outline needs what only the composition checks (an auto_pad resolved from an
+    unknown input shape)."""
+    weights = [conv_weights(node) for node in (first, second)]
+    refused = next((w for w in weights if isinstance(w, Refusal)), None)
+    if refused is not None:
+        return refused
+    attrs = [conv_attributes(node) for node in (first, second)]
+    geometry = [conv_geometry(w.shape, a, spatial_shape(t)) for (w, _), a, t in
+                zip(weights, attrs, (x, first.outputs[0]))]
+    if any(isinstance(g, Refusal) for g in geometry):
+        return None
+    if _is_separable_pair(weights[0][0].shape[2:], weights[1][0].shape[2:], weights[0][1] is not None):
+        return SEPARABLE_PAIR
+    outline = composite_outline(weights[0][0], int(attrs[0].get("group", 1)), geometry[0],
+                                weights[1][0], int(attrs[1].get("group", 1)), geometry[1])
+    dtype, output = output_dtype(second), second.outputs[0]
+    inputs = [x, gs.Constant(output.name + "_prospect_weight", np.broadcast_to(np.zeros((), dtype), outline.weight_shape))]
+    if weights[0][1] is not None or weights[1][1] is not None:
+        inputs.append(gs.Constant(output.name + "_prospect_bias", np.broadcast_to(np.zeros((), dtype), outline.out_channels)))
+    stand_in = gs.Node("Conv", output.name + "_prospect", {"group": outline.group}, inputs,
+                       [gs.Variable(output.name + "_prospect", dtype=dtype, shape=output.shape)])
+    prospect = _rewrite(first, second, [stand_in], note)
+    prospect.complete = lambda: _composed(first, second, x, note, context)
+    return prospect
 
 
 def _rewrite(first: gs.Node, second: gs.Node, nodes: list[gs.Node], note: str, extra: dict | None = None) -> Rewrite:
@@ -89,14 +129,17 @@ def _composition(first: gs.Node, second: gs.Node, input_spatial, context) -> Com
     second_spec = linear_spec(second, context.opset)
     if isinstance(second_spec, Refusal):
         return second_spec
-    if _is_separable_pair(first_spec, second_spec):
-        return Refusal("a tall conv then a wide conv stays split: composed, it is the low-rank kernel "
-                       "that low-rank-kernel splits (and costs Kh*Kw instead of Kh + Kw taps)")
+    if _is_separable_pair(first_spec.kernel_shape, second_spec.kernel_shape, first_spec.has_bias):
+        return SEPARABLE_PAIR
     limit = int(context.params.get("border_limit_bytes", BORDER_LIMIT_BYTES))
     return compose(first_spec, second_spec, input_spatial, limit)
 
 
-def _is_separable_pair(first, second) -> bool:
+SEPARABLE_PAIR = Refusal("a tall conv then a wide conv stays split: composed, it is the low-rank kernel that "
+                         "low-rank-kernel splits (and costs Kh*Kw instead of Kh + Kw taps)")
+
+
+def _is_separable_pair(first_kernel, second_kernel, first_has_bias: bool) -> bool:
     """Kh x 1 (no bias) then 1 x Kw, Kh and Kw > 1: the pair algebra/separable.py makes."""
-    return (first.nd == second.nd == 2 and first.kernel_shape[1] == 1 < first.kernel_shape[0]
-            and second.kernel_shape[0] == 1 < second.kernel_shape[1] and not first.has_bias)
+    return (len(first_kernel) == len(second_kernel) == 2 and first_kernel[1] == 1 < first_kernel[0]
+            and second_kernel[0] == 1 < second_kernel[1] and not first_has_bias)

@@ -215,9 +215,49 @@ def _decide(match: Match, primitive: Primitive, context: RewriteContext) -> Rewr
     reason = first_failure(match.rule.require, match.values, context.graph)
     if reason:
         return Skip(reason)
-    rule = match.rule
+    result = _called(match.rule, lambda: primitive(match, context))
+    if result is None or isinstance(result, Skip):
+        return result
+    if result.complete is not None and context.strategy != "cost":    # only the estimate judges a prospect
+        result = _completed(result, match.rule)
+    result = _checked(result, context.graph)
+    if isinstance(result, Skip) or context.strategy == "exact":
+        return result
+    key = (match.rule.name, tuple(match.node_names()))
+    judge = by_measurement if context.strategy == "measure" else by_estimate
+    outputs = set(map(id, context.graph.outputs))
+    decision = context.decided.get(key) or judge(result, context.opset, context.device, outputs)
+    if decision.apply and result.complete is not None:      # a prospect that passes: build it, judge that
+        result = _checked(_completed(result, match.rule), context.graph)
+        if isinstance(result, Skip):
+            return result
+        decision = context.decided.get(key) or judge(result, context.opset, context.device, outputs)
+    context.decided[key] = decision      # a replay (the bisection) takes it as it is
+    if not decision.apply:
+        _discard(result)
+        return Skip(decision.reason, decision.numbers)
+    result.extra["decision"] = decision.numbers
+    return result
+
+
+def _completed(prospect: Rewrite, rule: Rule) -> Rewrite | Skip | None:
+    _discard(prospect)
+    return _called(rule, prospect.complete)
+
+
+def _discard(rewrite: Rewrite) -> None:
+    """Unhook a rewrite that will not be applied from the graph's tensors: building a gs.Node
+    adds it to the readers of its inputs, where it would count as a reader of x (`private`
+    would fail) and keep x's producer alive."""
+    for node in rewrite.nodes:
+        _disconnect_inputs(node)
+
+
+def _called(rule: Rule, call) -> Rewrite | Skip | None:
+    """A primitive's (or a prospect's completion's) result: a Refusal as a Skip, the algebra's
+    ValueError as a Skip, a plugin's error or wrong return type as a ConvexportError."""
     try:
-        result = primitive(match, context)
+        result = call()
     except Exception as exc:
         if rule.plugin is not None:     # the user's code: a clear error naming the rule
             raise ConvexportError(f"{rule.file}:{rule.line}: rule {rule.name!r}: primitive {rule.apply} raised "
@@ -232,21 +272,20 @@ def _decide(match: Match, primitive: Primitive, context: RewriteContext) -> Rewr
     if result is not None and not isinstance(result, (Rewrite, Refusal)):
         raise ConvexportError(f"{rule.file}:{rule.line}: rule {rule.name!r}: primitive {rule.apply} returned a "
                               f"{type(result).__name__}, not a Rewrite, a Refusal or None")
-    if result is None or isinstance(result, Refusal):
-        return None if result is None else Skip(result.reason)
-    for old, new in result.replace:
-        if not _takes_over(new, context.graph) and _is_graph_output(old, context.graph):
-            return Skip(f"would rename graph output {old.name!r} to {new.name!r}")
-    if context.strategy == "exact":
+    return Skip(result.reason) if isinstance(result, Refusal) else result
+
+
+def _checked(result: Rewrite | Skip | None, graph: gs.Graph) -> Rewrite | Skip:
+    """The rewrite, or a Skip: the one given, for a completion that returned nothing, or for a
+    rewrite that would rename a graph output."""
+    if result is None:
+        return Skip("the prospect's completion returned nothing")
+    if isinstance(result, Skip):
         return result
-    key = (match.rule.name, tuple(match.node_names()))
-    if key not in context.decided:
-        judge = by_measurement if context.strategy == "measure" else by_estimate
-        context.decided[key] = judge(result, context.opset, context.device, set(map(id, context.graph.outputs)))
-    decision = context.decided[key]
-    if not decision.apply:
-        return Skip(decision.reason, decision.numbers)
-    result.extra["decision"] = decision.numbers
+    for old, new in result.replace:
+        if not _takes_over(new, graph) and _is_graph_output(old, graph):
+            _discard(result)
+            return Skip(f"would rename graph output {old.name!r} to {new.name!r}")
     return result
 
 

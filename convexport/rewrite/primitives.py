@@ -15,12 +15,23 @@ import onnx_graphsurgeon as gs
 
 @dataclass
 class Rewrite:
+    """New nodes and the old tensors they replace.
+
+    A rewrite with `complete` is a prospect: its nodes stand in for the real ones with their
+    ops and shapes (constants of the right shape and dtype, values not meaningful), and
+    complete() builds the real rewrite, or the Refusal that its exactness checks give. Under
+    --strategy cost the engine judges the prospect first and builds only what would pass, then
+    judges the real rewrite too (which may add nodes, such as a border map). The prospect must
+    cost what its completion's own nodes cost: a primitive offers one only where the shapes
+    are known without the weights."""
+
     nodes: list[gs.Node]
     replace: list            # (old gs.Variable, new tensor made by `nodes` or existing) pairs
     note: str                # what was done, for the report
     flops_before: float | None = None
     flops_after: float | None = None
     extra: dict = field(default_factory=dict)   # more report fields (e.g. a border map size)
+    complete: Callable[[], object] | None = None   # -> Rewrite | Refusal, for a prospect
 
 
 Primitive = Callable[..., object]
