@@ -23,7 +23,7 @@ import onnx
 from .errors import ConvexportError, first_line
 from .graph import proto_scopes, proto_subgraphs
 from .inputs import InputSpec
-from .largemodels import infer_on_skeleton
+from .largemodels import infer_on_skeleton, worth_a_skeleton
 from .loading import LoadedModel
 
 DEFAULT_OPSET = 18
@@ -78,7 +78,7 @@ def infer_shapes(model: onnx.ModelProto, source: str) -> onnx.ModelProto:
             inferred = again
         return inferred
     try:
-        return infer_on_skeleton(model, infer)       # without the weights: see largemodels.py
+        return infer_on_skeleton(model, infer) if worth_a_skeleton(model) else infer(model)   # see largemodels.py
     except Exception as exc:
         raise ConvexportError(f"{source}: ONNX shape inference failed: {str(exc).splitlines()[0]}") from exc
 

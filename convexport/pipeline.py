@@ -172,6 +172,7 @@ def _validation_inputs(exported: ExportResult, specs: list[InputSpec]) -> list[I
 
 
 def _report(loaded: LoadedModel, destination: Path | None, exported: ExportResult, outcome) -> dict:
+    before = graph_stats(exported.model)
     return {
         "convexport_version": __version__,
         "model": loaded.source,
@@ -179,8 +180,8 @@ def _report(loaded: LoadedModel, destination: Path | None, exported: ExportResul
         "exporter": exported.exporter,
         "opset": next((o.version for o in exported.model.opset_import if o.domain in ("", "ai.onnx")), None),
         "inputs": [str(spec) for spec in exported.inputs],
-        "before": graph_stats(exported.model),
-        "after": graph_stats(outcome.model),
+        "before": before,
+        "after": before if outcome.model is exported.model else graph_stats(outcome.model),   # unchanged: the same
         "rewrites": outcome.applied,
         "skipped": outcome.skipped,
         "validation": None,

@@ -102,6 +102,25 @@ def test_loop_and_scan_bodies_are_rewritten_inside(build, op, shape):
     np.testing.assert_allclose(run(outcome.model, {"x": x})[0], run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
 
 
+def test_the_onnx_ops_said_to_hold_graphs_are_those_whose_schemas_have_graph_attributes():
+    """proto_subgraphs reads no attribute of an ONNX-domain op outside OPS_WITH_GRAPHS."""
+    from convexport.graph import OPS_WITH_GRAPHS
+
+    graph_types = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    assert OPS_WITH_GRAPHS == {schema.name for schema in onnx.defs.get_all_schemas_with_history()
+                               if schema.domain in ("", "ai.onnx")
+                               and any(attr.type in graph_types for attr in schema.attributes.values())}
+
+
+def test_a_custom_op_with_a_graph_attribute_has_its_subgraph_walked():
+    from convexport.graph import proto_scopes
+
+    body = helper.make_graph([helper.make_node("Relu", ["a"], ["b"])], "body", [tensor("a", [1])], [tensor("b", [1])])
+    graph = helper.make_graph([helper.make_node("Loopish", ["x"], ["y"], domain="my.domain", body=body)], "g",
+                              [tensor("x", [1])], [tensor("y", [1])])
+    assert [scope.name for scope in proto_scopes(graph)] == ["g", "body"]
+
+
 def test_a_shared_initializer_keeps_its_value_for_its_other_readers():
     """Two Convs read one weight; folding a Mul into the first must not touch the second."""
     nodes = [helper.make_node("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1]), helper.make_node("Mul", ["h", "k"], ["y1"]),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -67,9 +69,9 @@ def node_flops(node: gs.Node, output_shape=None) -> float | None:
     shape = node.outputs[0].shape if output_shape is None else output_shape
     if shape is None or len(shape) < 2 or any(not isinstance(d, int) for d in shape[1:]):
         return None
-    elements = float(np.prod(shape[1:]))
+    elements = float(math.prod(shape[1:]))
     weight = node.inputs[1].shape if node.op == "Conv" and len(node.inputs) > 1 else None
-    return 2.0 * elements * float(np.prod(weight[1:])) if weight is not None else elements
+    return 2.0 * elements * float(math.prod(weight[1:])) if weight is not None else elements
 
 
 def conv_flops(spec: ConvSpec, output_shape) -> float | None:

@@ -72,12 +72,13 @@ class PatternMatcher:
         """Every node that matches the group's element pattern reading `anchor` as the shared
         tensor, in breadth-first order from it; a Match when there are two or more."""
         root = self.rule.root
+        candidates = [node for node in _downstream(anchor, len(self.rule.pattern)) if node.op == root.op_type]
+        if len(candidates) < 2:         # most tensors: one reader, no group to match
+            return None
         state = _State()
         state.values[self.rule.anchor] = anchor
         members = 0
-        for node in _downstream(anchor, len(self.rule.pattern)):
-            if node.op != root.op_type:
-                continue
+        for node in candidates:
             trial = state.copy()
             if self._node(root, node, trial, members):
                 state, members = trial, members + 1
