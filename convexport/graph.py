@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -152,6 +153,16 @@ def is_absent(tensor) -> bool:
     return tensor is None or (isinstance(tensor, gs.Variable) and not tensor.name)
 
 
+def is_constant(tensor) -> bool:
+    """Whether constant_value(tensor) is not None, without loading or viewing the value."""
+    if isinstance(tensor, gs.Constant):
+        return True
+    if isinstance(tensor, gs.Variable) and len(tensor.inputs) == 1:
+        producer = tensor.inputs[0]
+        return producer.op == "Constant" and producer.attrs.get("value") is not None
+    return False
+
+
 def constant_value(tensor) -> np.ndarray | None:
     """The value of an initializer or a Constant node's output, read-only (a constant may be
     shared by other nodes: a fold computes new arrays, it never edits one in place); None for
@@ -180,8 +191,15 @@ def attribute(node: gs.Node, name: str, opset: int):
     if name in node.attrs:
         value = node.attrs[name]
         return tuple(value) if isinstance(value, list) else value
+    return _schema_default(node.op, opset, node.domain or "", name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_default(op: str, opset: int, domain: str, name: str):
+    """attribute()'s answer for an attribute the node does not set (cached: a schema lookup
+    costs more than matching the node)."""
     try:
-        schema = onnx.defs.get_schema(node.op, opset, node.domain or "")
+        schema = onnx.defs.get_schema(op, opset, domain)
     except onnx.defs.SchemaError:
         return None
     proto = schema.attributes.get(name)

@@ -225,3 +225,22 @@ def test_a_dead_node_is_disconnected_from_what_it_read_and_other_readers_stay_in
     assert list(dead.inputs) == []
     assert [n.name for n in a.outputs] == ["before", "after"] and list(b.outputs) == []
     assert before.inputs[0] is a and after.inputs[0] is a
+
+
+def test_is_constant_agrees_with_constant_value_without_loading_it():
+    """An initializer, a Constant node's output, a run-time tensor, a Constant node without
+    `value` (value_float): is_constant says what constant_value finds, and leaves a lazily
+    imported initializer unloaded."""
+    from onnx_graphsurgeon.ir.tensor import LazyValues
+
+    from convexport.graph import constant_value, import_graph, is_constant
+    nodes = [helper.make_node("Constant", [], ["k"], value=helper.make_tensor("kv", 1, [2], [1.0, 2.0])),
+             helper.make_node("Constant", [], ["f"], value_float=3.0),
+             helper.make_node("Add", ["x", "w"], ["a"]), helper.make_node("Mul", ["a", "k"], ["m"]),
+             helper.make_node("Mul", ["m", "f"], ["y"])]
+    graph = import_graph(make_model(nodes, [tensor("x", [2])], [tensor("y", [2])], {"w": np.ones(2, np.float32)}))
+    tensors = graph.tensors()
+    said = {name: is_constant(tensors[name]) for name in ("x", "w", "k", "f", "a")}
+    assert isinstance(tensors["w"]._values, LazyValues)
+    assert said == {name: constant_value(tensors[name]) is not None for name in said}
+    assert [name for name, constant in said.items() if constant] == ["w", "k"]

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import onnx_graphsurgeon as gs
 
-from ..graph import constant_value, is_absent
+from ..graph import constant_value, is_absent, is_constant
 
 
 def _each(values: dict, names) -> list[tuple[str, object]]:
@@ -42,7 +42,7 @@ def _label(name: str, tensor) -> str:
 
 def constant(values: dict, names, graph: gs.Graph) -> str | None:
     for name, tensor in _each(values, names):
-        if not is_absent(tensor) and constant_value(tensor) is None:
+        if not is_absent(tensor) and not is_constant(tensor):
             return f"{_label(name, tensor)} is computed at run time, not a constant"
     return None
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
 
-from ..graph import NOT_IN_SCHEMA, attribute, constant_value, is_absent
+from ..graph import NOT_IN_SCHEMA, attribute, is_absent, is_constant
 from .pattern import COMMUTATIVE, PatternNode, ValueRef
 from .rulefile import Rule
 
@@ -115,10 +115,10 @@ class PatternMatcher:
         variadic = line.variadic_input
         fixed = [ref for ref in line.inputs if not ref.variadic]
         if variadic is None:
-            orders = [tensors]
-            if line.op_type in COMMUTATIVE and len(tensors) == 2:
-                orders.append(tensors[::-1])
-            for order in orders:
+            if line.op_type not in COMMUTATIVE or len(tensors) != 2:
+                # one order: a failure fails the whole match, whose state is dropped, so no copy
+                return self._fixed(fixed, tensors, state, element, exact=True)
+            for order in (tensors, tensors[::-1]):
                 trial = state.copy()
                 if self._fixed(fixed, order, trial, element, exact=True):
                     state.values, state.nodes = trial.values, trial.nodes
@@ -159,7 +159,7 @@ class PatternMatcher:
         key = _key(ref, element)
         if key in state.values:
             return state.values[key] is tensor
-        if ref.constant and constant_value(tensor) is None:
+        if ref.constant and not is_constant(tensor):
             return False
         state.values[key] = tensor
         line = self.producers.get(ref.name)
