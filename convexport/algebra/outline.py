@@ -70,10 +70,15 @@ def _reads(weight: np.ndarray) -> np.ndarray:
 def _composite_links(first_weight, first_group, second_weight, second_group) -> np.ndarray:
     """[O, C] bool: whether output o reads input c through some middle channel. W2's links
     are expanded to [O, M]; W1's stay in their g1 diagonal blocks [M/g1, C/g1], so the
-    product is g1 block products."""
-    second = _dense_links(_reads(second_weight), second_group).astype(np.float32)          # [O, M]
-    first = _reads(first_weight).astype(np.float32)                                        # [M, C/g1]
-    out_channels, middle = second.shape
+    product is g1 block products. When every output reads every middle channel (a dense
+    second conv, the usual case), o reads c exactly when some middle channel does: O(M*C/g1)."""
+    second_reads, first = _reads(second_weight), _reads(first_weight).astype(np.float32)   # [O, M/g2], [M, C/g1]
+    middle = first.shape[0]
+    if second_group == 1 and second_reads.all():
+        read_at_all = first.reshape(first_group, middle // first_group, -1).any(axis=1).reshape(-1)   # [C]
+        return np.broadcast_to(read_at_all, (second_reads.shape[0], read_at_all.size))
+    second = _dense_links(second_reads, second_group).astype(np.float32)                   # [O, M]
+    out_channels = second.shape[0]
     blocks = second.reshape(out_channels, first_group, middle // first_group).transpose(1, 0, 2)
     products = blocks @ first.reshape(first_group, middle // first_group, -1)              # [g1, O, C/g1]
     return products.transpose(1, 0, 2).reshape(out_channels, -1) > 0
