@@ -33,7 +33,7 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
 
 def node_subgraphs(node: gs.Node) -> list[gs.Graph]:
     """The graphs a node holds in its attributes (If branches, a Loop or Scan body)."""
-    if node.op not in OPS_WITH_GRAPHS and node.domain in (None, "", "ai.onnx"):
+    if not may_hold_graphs(node.op, node.domain):
         return []
     return [sub for value in node.attrs.values() for sub in (value if isinstance(value, list) else [value])
             if isinstance(sub, gs.Graph)]
@@ -41,7 +41,7 @@ def node_subgraphs(node: gs.Node) -> list[gs.Graph]:
 
 def proto_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     """node_subgraphs for a NodeProto."""
-    if node.op_type not in OPS_WITH_GRAPHS and node.domain in ("", "ai.onnx"):
+    if not may_hold_graphs(node.op_type, node.domain):
         return []
     return [sub for attr in node.attribute if attr.type in _GRAPH_ATTRIBUTES
             for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)]
@@ -55,6 +55,11 @@ _GRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 # (half the cost of walking a 4,678-node graph's scopes). Ops of other domains are always
 # read (com.microsoft's BeamSearch has graph attributes).
 OPS_WITH_GRAPHS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+
+def may_hold_graphs(op: str, domain: str | None) -> bool:
+    """Whether a node of this op and domain can have graph attributes (see OPS_WITH_GRAPHS)."""
+    return op in OPS_WITH_GRAPHS or (domain or "") not in ("", "ai.onnx")
 
 
 def nodes_as_model(nodes: list[gs.Node], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],

@@ -85,12 +85,16 @@ def _channel_diagonal(weight: np.ndarray) -> np.ndarray | None:
     return diagonal if np.count_nonzero(weight) == np.count_nonzero(diagonal) else None
 
 
-def _active_pairs(first: ConvSpec, second: ConvSpec) -> np.ndarray:
+def active_pairs(first_weight: np.ndarray, second_weight: np.ndarray, second_group: int = 1) -> np.ndarray:
     """[*k2, *k1] bool: whether W2[:, :, u] @ W1[:, :, t] can be nonzero (a middle channel m
-    with W2[:, m, u] and W1[m, :, t] both nonzero)."""
-    second_taps = np.any(second.weight != 0, axis=0).astype(np.float64)   # [M, *k2]
-    first_taps = np.any(first.weight != 0, axis=1).astype(np.float64)     # [M, *k1]
-    return np.tensordot(second_taps, first_taps, axes=(0, 0)) > 0
+    with W2[:, m, u] and W1[m, :, t] both nonzero). W1 [M, I/g1, *k1] (any group: its rows are
+    the middle channels), W2 [O, M/g2, *k2] with group g2 (1 for a ConvSpec's dense kernel)."""
+    first_taps = np.any(first_weight != 0, axis=1)                                        # [M, *k1]
+    out_channels, per_group = second_weight.shape[:2]
+    kernel = second_weight.shape[2:]
+    by_group = second_weight.reshape(second_group, out_channels // second_group, per_group, *kernel)
+    second_taps = np.any(by_group != 0, axis=1).reshape(second_group * per_group, *kernel)   # [M, *k2]
+    return np.tensordot(second_taps.astype(np.float64), first_taps.astype(np.float64), axes=(0, 0)) > 0
 
 
 def composite_conv(first: ConvSpec, second: ConvSpec) -> ConvSpec:
@@ -123,7 +127,7 @@ def compose(first: ConvSpec, second: ConvSpec, input_spatial: Sequence[int | Non
     if None not in lengths:
         second.output_shape(first.output_shape(lengths))  # raises for an empty output
     reads = [padding_reads.axis_reads(f, s, length) for f, s, length in zip(first.axes(), second.axes(), lengths)]
-    leak = padding_reads.window_leak(reads, _active_pairs(first, second))
+    leak = padding_reads.window_leak(reads, active_pairs(first.weight, second.weight))
     if leak is not None:
         axis, u, t = leak
         return Refusal(f"the second conv reads the intermediate's zero padding on spatial axis {axis} where the "

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .compose import compose_axis
+from .compose import active_pairs, compose_axis
 from .groups import largest_group_count
 from .spec import AxisGeometry, ConvSpec
 from .taps import normalize_taps
@@ -53,7 +53,7 @@ def composite_outline(first_weight: np.ndarray, first_group: int, first_axes: Se
     group = largest_group_count(links[:, :, None])
     axes = [compose_axis(f, s) for f, s in zip(first_axes, second_axes)]
     taps = np.zeros([axis.geometry.kernel for axis in axes], dtype=np.float64)
-    for pair in np.argwhere(_active_pairs(first_weight, second_weight, second_group)):
+    for pair in np.argwhere(active_pairs(first_weight, second_weight, second_group)):
         u, t = pair[:len(axes)], pair[len(axes):]
         taps[tuple(int(ui) * axis.step_second + int(ti) * axis.step_first for ui, ti, axis in zip(u, t, axes))] = 1.0
     shape = ConvSpec(taps[None, None], np.zeros(1), False, tuple(a.geometry.stride for a in axes),
@@ -92,13 +92,3 @@ def _dense_links(reads: np.ndarray, group: int) -> np.ndarray:
     index = np.arange(group)
     dense[index, :, index, :] = reads.reshape(group, rows, per_group)
     return dense.reshape(out_channels, group * per_group)
-
-
-def _active_pairs(first_weight, second_weight, second_group) -> np.ndarray:
-    """[*k2, *k1] bool: whether some middle channel m has W2[:, m, u] and W1[m, :, t] nonzero."""
-    first_taps = np.any(first_weight != 0, axis=1)                                        # [M, *k1]
-    out_channels, per_group = second_weight.shape[:2]
-    kernel = second_weight.shape[2:]
-    by_group = second_weight.reshape(second_group, out_channels // second_group, per_group, *kernel)
-    second_taps = np.any(by_group != 0, axis=1).reshape(second_group * per_group, *kernel)   # [M, *k2]
-    return np.tensordot(second_taps.astype(np.float32), first_taps.astype(np.float32), axes=(0, 0)) > 0
