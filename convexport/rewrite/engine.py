@@ -153,22 +153,23 @@ def _run_scope(graph: gs.Graph, rules: list[Rule], base: RewriteContext, state: 
         if state.full():
             break
         primitive = rule.plugin or state.primitives[rule.apply]
-        candidates = [node for node in (graph.nodes if rule.is_group else by_op.get(rule.root.op_type, ()))
+        group = rule.is_group
+        candidates = [node for node in (graph.nodes if group else by_op.get(rule.root.op_type, ()))
                       if not dead(node)]
         region = state.changes.region(graph, rule, candidates, reach_of(primitive))
         state.changes.start_looking(graph, rule)
         if region is not None and not region:
             continue                # nothing it could see changed since it last looked
         matcher = PatternMatcher(rule, base.opset, set(map(id, graph.outputs)), members)
+        context = replace(base, params=rule.params)
         for anchor in _anchors(graph, rule, candidates, region):
             if state.full():
                 break
-            if any(dead(node) for node in _anchor_nodes(anchor)):
+            if dead(anchor) if not group else any(dead(node) for node in anchor.inputs):
                 continue
-            match = matcher.match_group(anchor) if rule.is_group else matcher.match(anchor)
+            match = matcher.match_group(anchor) if group else matcher.match(anchor)
             if match is None or first_failure(rule.where, match.values, graph):
                 continue
-            context = replace(base, params=rule.params)
             verdict = _decide(match, primitive, context)
             if verdict is None:
                 continue
@@ -204,10 +205,6 @@ def _anchors(graph: gs.Graph, rule: Rule, candidates: list[gs.Node], region: set
             seen.add(id(tensor))
             tensors.append(tensor)
     return tensors
-
-
-def _anchor_nodes(anchor) -> list:
-    return [anchor] if isinstance(anchor, gs.Node) else list(anchor.inputs)
 
 
 def _decide(match: Match, primitive: Primitive, context: RewriteContext) -> Rewrite | Skip | None:

@@ -60,7 +60,8 @@ class PatternMatcher:
                              if not ref.variadic and ref.name in self.producers}
 
     def match(self, root: gs.Node) -> Match | None:
-        if self.root_feeders - {t.inputs[0].op for t in root.inputs if isinstance(t, gs.Variable) and len(t.inputs) == 1}:
+        if self.root_feeders and not self.root_feeders <= {
+                t.inputs[0].op for t in root.inputs if isinstance(t, gs.Variable) and len(t.inputs) == 1}:
             return None
         state = _State()
         if not self._node(self.rule.root, root, state, None):
