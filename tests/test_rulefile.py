@@ -68,6 +68,10 @@ def test_valid_user_rule(tmp_path):
     ("rules:\n  - name: a\n    match: [y = Identity(x)]\n    apply: forward_input\n", 2, "lacks 'doc'"),
     ("rules:\n  - name: a\n    doc: d\n    colour: red\n    match: [y = Identity(x)]\n    apply: forward_input\n", 4, "unknown key 'colour'"),
     ("rules:\n  - name: a\n    doc: d\n    match: [y = Identity(x)\n    apply: forward_input\n", 5, "not valid YAML"),
+    ("rules:\n  - name: a\n    doc: d\n    match: [y = Identity(x)]\n    apply: forward_input\n"
+     "    with: {k: !!python/object:os.system {}}\n", 6, "not valid YAML"),
+    ("rules:\n  - name: a\n    doc: d\n    match: [y = Identity(x)]\n    require: {constant: !!binary x}\n"
+     "    apply: forward_input\n", 5, "not valid YAML"),
     ("rules:\n  - name: a\n    doc: d\n    match: [y = Identity(x]\n    apply: forward_input\n", 4, "inputs in parentheses"),
     ("rules:\n  - name: a\n    doc: d\n    match:\n      - y = Identity x\n    apply: forward_input\n", 5, "expected"),
     ("rules:\n  - name: a\n    doc: d\n    match:\n      - y = Conv[colour=1](x, w)\n    apply: forward_input\n", 5,

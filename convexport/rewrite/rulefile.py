@@ -160,7 +160,7 @@ def _parse_rule(file: str, node, primitives: set[str]) -> Rule:
     pattern = _parse_match(file, name, fields["match"][1])
     where, require = (_parse_conditions(file, name, key, fields[key][1], pattern) if key in fields else ()
                       for key in ("where", "require"))
-    params = _value(fields["with"][1]) if "with" in fields else {}
+    params = _value(file, fields["with"][1]) if "with" in fields else {}
     if not isinstance(params, dict):
         raise RuleFileError(file, _line(fields["with"][1]), _column(fields["with"][1]), "'with' must be a mapping")
     return Rule(name, _scalar(file, fields["doc"][1], "doc"), pattern, tuple(where), tuple(require), apply, params,
@@ -274,7 +274,7 @@ def _parse_conditions(file: str, rule: str, section: str, node, pattern: tuple[P
         if key not in CONDITIONS:
             raise RuleFileError(file, _line(key_node), _column(key_node),
                                 f"rule {rule!r}: unknown condition {key!r} (known: {', '.join(sorted(CONDITIONS))})")
-        value = _value(value_node)
+        value = _value(file, value_node)
         if isinstance(value, dict):
             referenced = [*value, *(v for v in value.values() if isinstance(v, str))] if key == "per_channel" else list(value)
         else:
@@ -287,10 +287,14 @@ def _parse_conditions(file: str, rule: str, section: str, node, pattern: tuple[P
     return tuple(conditions)
 
 
-def _value(node) -> object:
+def _value(file: str, node) -> object:
     """The Python value of a composed node, as yaml.safe_load would give it (the node keeps
     its marks for error messages; constructing it directly skips a serialize-and-parse)."""
-    return yaml.constructor.SafeConstructor().construct_document(node)
+    try:
+        return yaml.constructor.SafeConstructor().construct_document(node)
+    except yaml.constructor.ConstructorError as exc:     # a tag safe YAML does not build, say !!python/object
+        mark = exc.problem_mark or node.start_mark
+        raise RuleFileError(file, mark.line + 1, mark.column + 1, f"not valid YAML: {exc.problem}") from None
 
 
 def _mapping(node: yaml.MappingNode) -> dict[str, tuple]:
