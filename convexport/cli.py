@@ -140,9 +140,11 @@ def profile(
     runs: Annotated[Optional[int], typer.Option("--runs", help="Timed runs (default: about 2 s worth, 10 to 200).")] = None,
     warmup: Annotated[int, typer.Option("--warmup")] = 3,
     report: Annotated[Optional[Path], typer.Option("--report")] = None,
+    input: InputOpt = None,
 ):
     """Time an ONNX model on ONNX Runtime."""
     from .export import graph_input_specs
+    from .inputs import parse_input_spec, with_overrides
     from .loading import load_model
     from .profile import profile_models
     from .report import write_json
@@ -154,8 +156,8 @@ def profile(
         if (runs is not None and runs < 1) or warmup < 0:
             raise ConvexportError("--runs must be >= 1 and --warmup >= 0")
         onnx_model = load_model(str(model)).onnx_model
-        measured = profile_models({"model": onnx_model}, graph_input_specs(onnx_model), resolve_device(device),
-                                  runs, warmup)
+        specs = with_overrides(graph_input_specs(onnx_model), [parse_input_spec(text) for text in input or []], model)
+        measured = profile_models({"model": onnx_model}, specs, resolve_device(device), runs, warmup)
         if report is not None:
             write_json(measured, report)
         entry = measured["model"]

@@ -18,11 +18,12 @@ import logging
 import warnings
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 
 from .errors import ConvexportError, first_line
 from .graph import proto_scopes, proto_subgraphs
-from .inputs import InputSpec
+from .inputs import DTYPES, InputSpec
 from .largemodels import infer_on_skeleton, worth_a_skeleton
 from .loading import LoadedModel
 
@@ -116,9 +117,21 @@ def graph_input_specs(model: onnx.ModelProto) -> list[InputSpec]:
             d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or f"{value.name}_{i}")
             for i, d in enumerate(tensor_type.shape.dim)
         )
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
-        specs.append(InputSpec(value.name, dims, str(dtype)))
+        specs.append(InputSpec(value.name, dims, _dtype_name(value.type)))
     return specs
+
+
+def _dtype_name(value_type: onnx.TypeProto) -> str:
+    """The numpy name of a tensor's element type where convexport makes data of it (float32,
+    int64, ...), else the ONNX name (string, float8e4m3fn; sequence_type for a non-tensor)."""
+    if value_type.WhichOneof("value") != "tensor_type":
+        return value_type.WhichOneof("value") or "undefined"
+    element = value_type.tensor_type.elem_type
+    name = onnx.TensorProto.DataType.Name(element).lower()
+    if element == onnx.TensorProto.STRING:
+        return name
+    numpy_name = str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(element)))
+    return numpy_name if numpy_name in DTYPES else name
 
 
 def _apply_input_specs(model: onnx.ModelProto, specs: list[InputSpec], dynamic_batch: bool, source: str) -> None:

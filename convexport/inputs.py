@@ -34,6 +34,10 @@ class InputSpec:
 
     @property
     def numpy_dtype(self) -> np.dtype:
+        if self.dtype not in DTYPES:        # an ONNX input of a type convexport makes no data for
+            raise ConvexportError(f"input {self.name!r} is {self.dtype}: convexport makes test data only for "
+                                  f"{', '.join(sorted({str(np.dtype(t)) for t in DTYPES.values()}))} inputs; "
+                                  "(optimize --no-validate --no-profile skips the runs that need it)")
         return np.dtype(DTYPES[self.dtype])
 
     @property
@@ -87,3 +91,20 @@ def random_inputs(specs: list[InputSpec], seed: int, dynamic_size: int = DEFAULT
         else:
             feeds[spec.name] = rng.integers(0, 4, shape).astype(dtype)
     return feeds
+
+
+def with_overrides(specs: list[InputSpec], given: list[InputSpec], source) -> list[InputSpec]:
+    """A model's input specs with those given by --input (by name) in their place."""
+    by_name = {spec.name: spec for spec in given}
+    unknown = set(by_name) - {spec.name for spec in specs}
+    if unknown:
+        raise ConvexportError(f"--input {', '.join(sorted(unknown))}: {source} has no such input "
+                              f"(inputs: {', '.join(s.name for s in specs)})")
+    return [by_name.get(spec.name, spec) for spec in specs]
+
+
+def dynamic_dims_note(specs: list[InputSpec], sizes: str) -> str:
+    """For an error on made-up input data: the dynamic dims and the sizes they were given
+    (`sizes`, e.g. "made 1"), and how to fix them; empty when no dim is dynamic."""
+    dynamic = [str(spec) for spec in specs if spec.is_dynamic]
+    return f" (dynamic dims {sizes}: {', '.join(dynamic)}; fix them with --input NAME:DIMS)" if dynamic else ""

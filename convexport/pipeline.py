@@ -68,7 +68,8 @@ def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str
     inputs_for_check = _validation_inputs(exported, specs)
     if validate:
         say("validating")
-        result = compare_models(exported.model, outcome.model, inputs_for_check, DEFAULT_RUNS, tolerances)
+        result = compare_models(exported.model, outcome.model, inputs_for_check, DEFAULT_RUNS, tolerances,
+                                labels=(f"{loaded.source} (as exported)", "the optimized graph"))
         report["validation"] = result.to_report()
         if not result.passed:
             say("finding the rewrite that broke it")

@@ -27,9 +27,9 @@ from collections import defaultdict
 import numpy as np
 import onnx
 
-from .inputs import InputSpec, random_inputs
+from .inputs import DEFAULT_DYNAMIC_SIZE, InputSpec, dynamic_dims_note, random_inputs
 from .largemodels import needs_external_data, save_with_external_data
-from .runtime import CPU, CUDA, create_session
+from .runtime import CPU, CUDA, checked_run, create_session
 
 DEFAULT_RUNS = None         # chosen so that each model is timed for about TIME_BUDGET_S
 TIME_BUDGET_S = 2.0
@@ -46,7 +46,8 @@ def profile_models(models: dict[str, onnx.ModelProto], inputs: list[InputSpec], 
     """Per model label: latency_ms, throughput, peak_memory_bytes, op_time_ms; measured on one device."""
     feeds = random_inputs(inputs, seed=0)
     batch = next((int(v.shape[0]) for v in feeds.values() if v.ndim), 1)
-    latencies, runs = _block_latency(models, feeds, device, runs, warmup)
+    hint = dynamic_dims_note(inputs, f"made {DEFAULT_DYNAMIC_SIZE}")
+    latencies, runs = _block_latency(models, feeds, device, runs, warmup, hint=hint)
     result = {"device": device, "provider": CUDA if device == "cuda" else CPU, "runs": runs, "warmup": warmup,
               "batch": batch}
     for label, model in models.items():
@@ -67,13 +68,14 @@ def time_models(models: dict[str, onnx.ModelProto], feeds: dict, device: str, bu
     return {"runs": runs, **{label: float(np.median(samples)) for label, samples in latencies.items()}}
 
 
-def _block_latency(models, feeds, device, runs, warmup, budget_s=TIME_BUDGET_S) -> tuple[dict[str, list[float]], int]:
+def _block_latency(models, feeds, device, runs, warmup, budget_s=TIME_BUDGET_S, hint: str = ""
+                   ) -> tuple[dict[str, list[float]], int]:
     runners = {label: _runner(create_session(model, device), feeds, device) for label, model in models.items()}
     slowest = 0.0
-    for run in runners.values():
-        for _ in range(max(warmup, 1)):
+    for label, run in runners.items():
+        for _ in range(max(warmup, 1)):     # a model that cannot run on `feeds` fails here, in one line
             start = time.perf_counter()
-            run()
+            checked_run(run, feeds, f"the model profiled as {label!r}", hint)
             slowest = max(slowest, time.perf_counter() - start)
     if runs is None:
         runs = int(min(MAX_RUNS, max(MIN_RUNS, budget_s / max(slowest, 1e-6))))

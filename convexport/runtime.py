@@ -60,7 +60,7 @@ def resolve_device(device: str) -> str:
 def create_session(model: onnx.ModelProto | str, device: str = "cpu", optimize: bool = True,
                    profile_path: str | None = None) -> ort.InferenceSession:
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4       # fatal only: a failure reaches the user once, as checked_run's one line
     options.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )
@@ -83,6 +83,22 @@ def create_session(model: onnx.ModelProto | str, device: str = "cpu", optimize: 
 
 class MissingKernel(ConvexportError):
     """A valid model that ONNX Runtime's provider cannot run (bfloat16 on the CPU provider)."""
+
+
+class RunFailure(ConvexportError):
+    """ONNX Runtime loaded a model but failed to run it on the inputs given (a Conv whose
+    kernel is larger than an input whose dynamic dims were made 1, a model that is wrong)."""
+
+
+def checked_run(call, feeds: dict, what: str, hint: str = ""):
+    """call() (a session run on `feeds`), with a failure as one RunFailure line naming `what`
+    and the inputs' shapes."""
+    try:
+        return call()
+    except Exception as exc:       # ORT's Fail, InvalidArgument, ... derive from Exception alone
+        shapes = ", ".join(f"{name}:{'x'.join(map(str, value.shape)) or 'scalar'}:{value.dtype}"
+                           for name, value in feeds.items())
+        raise RunFailure(f"ONNX Runtime cannot run {what} on {shapes}: {first_line(exc)}{hint}") from exc
 
 
 def _session_from_files(model: onnx.ModelProto, options, providers) -> ort.InferenceSession:

@@ -29,8 +29,8 @@ import numpy as np
 import onnx
 
 from .errors import ConvexportError
-from .inputs import InputSpec, random_inputs
-from .runtime import MissingKernel, create_session
+from .inputs import InputSpec, dynamic_dims_note, random_inputs, with_overrides
+from .runtime import MissingKernel, RunFailure, checked_run, create_session
 
 DEFAULT_RTOL = 1e-4
 DEFAULT_ATOL = 1e-5
@@ -148,8 +148,12 @@ class ValidationResult:
 
 def compare_models(reference: onnx.ModelProto, candidate: onnx.ModelProto, inputs: list[InputSpec],
                    runs: int = DEFAULT_RUNS, tolerances: Tolerances = Tolerances(), seed: int = 0,
-                   extra_feeds: list[dict] = ()) -> ValidationResult:
-    """Run both models on `runs` seeded input sets (and `extra_feeds`), compare every output."""
+                   extra_feeds: list[dict] = (), labels: tuple[str, str] = ("the reference model", "the candidate")
+                   ) -> ValidationResult:
+    """Run both models on `runs` seeded input sets (and `extra_feeds`), compare every output.
+    The reference failing to run is a RunFailure (the inputs do not suit the model); the
+    candidate failing where the reference runs fails the validation. `labels` name the two
+    models in those messages."""
     ref_session, cand_session = _evaluator(reference), _evaluator(candidate)
     names = [out.name for out in ref_session.get_outputs()]
     result = ValidationResult(True, runs + len(extra_feeds), tolerances, inputs=[str(spec) for spec in inputs])
@@ -159,9 +163,14 @@ def compare_models(reference: onnx.ModelProto, candidate: onnx.ModelProto, input
         return result
     # run r gives dynamic dims the size r + 1, so a graph that only works at one size fails
     all_feeds = [random_inputs(inputs, seed + run, dynamic_size=run + 1) for run in range(runs)] + list(extra_feeds)
+    hint = dynamic_dims_note(inputs, f"take the sizes 1 to {runs}")
     for feeds in all_feeds:
-        expected = ref_session.run(names, feeds)
-        actual = cand_session.run(names, feeds)
+        expected = checked_run(lambda: ref_session.run(names, feeds), feeds, labels[0], hint)
+        try:
+            actual = checked_run(lambda: cand_session.run(names, feeds), feeds, labels[1])
+        except RunFailure as exc:       # the reference runs on these inputs: the candidate is wrong
+            result.passed, result.problem = False, str(exc)
+            return result
         for name, ref, cand in zip(names, expected, actual):
             if ref.shape != cand.shape:
                 result.passed = False
@@ -242,20 +251,11 @@ def validate_files(reference: Path, candidate: Path, inputs_npz: Path | None, ru
         if path.suffix.lower() != ".onnx":
             raise ConvexportError(f"{path}: validate compares ONNX models")
     models = [load_model(str(path)).onnx_model for path in (reference, candidate)]
-    specs = _with_overrides(graph_input_specs(models[0]), list(input_specs), reference)
+    specs = with_overrides(graph_input_specs(models[0]), list(input_specs), reference)
     feeds = [] if inputs_npz is None else [_load_npz(inputs_npz, specs)]
     if runs == 0 and not feeds:
         raise ConvexportError("--runs 0 without --inputs compares nothing")
     return compare_models(models[0], models[1], specs, runs, tolerances, extra_feeds=feeds)
-
-
-def _with_overrides(specs: list[InputSpec], given: list[InputSpec], source: Path) -> list[InputSpec]:
-    by_name = {spec.name: spec for spec in given}
-    unknown = set(by_name) - {spec.name for spec in specs}
-    if unknown:
-        raise ConvexportError(f"--input {', '.join(sorted(unknown))}: {source} has no such input "
-                              f"(inputs: {', '.join(s.name for s in specs)})")
-    return [by_name.get(spec.name, spec) for spec in specs]
 
 
 def _load_npz(path: Path, inputs: list[InputSpec]) -> dict[str, np.ndarray]:

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import numpy as np
+import onnx
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -215,3 +217,57 @@ def test_internal_error_is_one_line_with_exit_70(small_net_path, monkeypatch):
     result = invoke("optimize", f"{small_net_path}:build")
     assert result.exit_code == 70 and "internal error" in result.stderr and "Traceback" not in result.output
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def _conv_model(path, input_dims, input_type=onnx.TensorProto.FLOAT, channels=3, external_weight=False):
+    """x -> Conv(4 filters, 3x3, no padding) -> y, built by hand (weights for `channels` inputs)."""
+    weight = onnx.numpy_helper.from_array(np.ones((4, channels, 3, 3), np.float32), "w")
+    if external_weight:                 # points at a data file that is not there
+        weight.ClearField("raw_data")
+        weight.data_location = onnx.TensorProto.EXTERNAL
+        entry = weight.external_data.add()
+        entry.key, entry.value = "location", "missing.bin"
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Conv", ["x", "w"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info("x", input_type, input_dims)],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 4, "h", "w"])], [weight])
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)], ir_version=9), path)
+    return path
+
+
+def test_missing_external_data_is_a_user_error(tmp_path):
+    model = _conv_model(tmp_path / "m.onnx", [1, 3, 8, 8], external_weight=True)
+    assert_user_error(invoke("optimize", model), "m.onnx", "not a readable ONNX model", "missing.bin")
+
+
+def test_dynamic_dims_too_small_for_the_model_ask_for_input_sizes(tmp_path):
+    """Made-up sizes (dynamic dims 1) that the model cannot run on: one line on stderr, ONNX
+    Runtime's own log included, naming the shapes and --input; with --input it works."""
+    model = _conv_model(tmp_path / "m.onnx", ["N", 3, "H", "W"])
+    completed = subprocess.run([sys.executable, "-m", "convexport", "optimize", str(model), "--no-profile"],
+                               capture_output=True, text=True)
+    assert completed.returncode == 1, completed.stderr
+    assert completed.stderr.count("\n") == 1 and "Traceback" not in completed.stderr, completed.stderr
+    assert "cannot run" in completed.stderr and "x:1x3x1x1" in completed.stderr and "--input" in completed.stderr
+    assert invoke("optimize", model, "--input", "x:1x3x9x9", "--no-profile").exit_code == 0
+    assert_user_error(invoke("profile", model, "--runs", "1"), "the model profiled as 'model'", "--input")
+    assert invoke("profile", model, "--runs", "1", "--input", "x:1x3x9x9").exit_code == 0
+    assert_user_error(invoke("validate", model, model), "cannot run the reference model", "--input")
+    assert invoke("validate", model, model, "--input", "x:2x3x9x9").exit_code == 0
+
+
+def test_a_model_that_cannot_run_is_a_user_error(tmp_path):
+    model = _conv_model(tmp_path / "m.onnx", [1, 5, 8, 8])      # 5 input channels, weights for 3
+    assert_user_error(invoke("optimize", model), "m.onnx (as exported)", "cannot run", "x:1x5x8x8")
+
+
+def test_an_input_convexport_makes_no_data_for(tmp_path):
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["x"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.STRING, [2])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.STRING, [2])])
+    model = tmp_path / "s.onnx"
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)], ir_version=9), model)
+    assert_user_error(invoke("optimize", model), "input 'x' is string", "--no-validate --no-profile")
+    assert_user_error(invoke("profile", model), "input 'x' is string")
+    assert invoke("optimize", model, "--no-validate", "--no-profile").exit_code == 0

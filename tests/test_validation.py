@@ -173,3 +173,12 @@ def test_fp16_model_folds_in_float64_and_validates_at_fp16_tolerance(tmp_path):
     assert output["rtol"] == 5e-3 and output["max_rel"] < 5e-3
     weights = [init for init in onnx.load(str(result.output)).graph.initializer if len(init.dims) == 4]
     assert all(init.data_type == onnx.TensorProto.FLOAT16 for init in weights)
+
+
+def test_a_candidate_that_cannot_run_where_the_reference_runs_fails_validation():
+    """Not an error of the inputs: the reference runs on them, so the candidate is wrong."""
+    relu = make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [1, 3, 8, 8])], [tensor("y", [1, 3, 8, 8])])
+    broken = make_model([helper.make_node("Conv", ["x", "w"], ["y"])], [tensor("x", [1, 3, 8, 8])],
+                        [tensor("y", [1, 3, 8, 8])], {"w": np.ones((3, 5, 1, 1), np.float32)})
+    result = compare_models(relu, broken, [InputSpec("x", (1, 3, 8, 8))])
+    assert not result.passed and "cannot run the candidate on x:1x3x8x8:float32" in result.problem, result.problem
