@@ -11,11 +11,8 @@ ONNX Runtime >= 1.14, and the one the built-in rules are tested at.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import io
-import logging
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +23,7 @@ from .graph import proto_scopes, proto_subgraphs
 from .inputs import DTYPES, InputSpec
 from .largemodels import infer_on_skeleton, worth_a_skeleton
 from .loading import LoadedModel
+from .quiet import quiet_libraries
 
 DEFAULT_OPSET = 18
 MIN_OPSET = 13
@@ -238,7 +236,7 @@ def _export_dynamo(loaded: LoadedModel, args: tuple, names: list[str], opset: in
     if dynamic:
         batch = torch.export.Dim(_BATCH_DIM)
         dynamic_shapes = tuple({0: batch} if t.dim() else None for t in args)
-    with _quiet():
+    with quiet_libraries():
         program = torch.onnx.export(
             loaded.program, args, dynamo=True, opset_version=opset, input_names=names,
             dynamic_shapes=dynamic_shapes, verbose=False, optimize=True,
@@ -251,26 +249,9 @@ def _export_torchscript(loaded: LoadedModel, args: tuple, names: list[str], opse
 
     buffer = io.BytesIO()
     dynamic_axes = {name: {0: _BATCH_DIM} for name, t in zip(names, args) if t.dim()} if dynamic else None
-    with _quiet():
+    with quiet_libraries():
         torch.onnx.export(
             loaded.program, args, buffer, dynamo=False, opset_version=opset, input_names=names,
             dynamic_axes=dynamic_axes, do_constant_folding=True,
         )
     return onnx.load_from_string(buffer.getvalue())
-
-
-@contextlib.contextmanager
-def _quiet():
-    """The exporters print progress and warnings; convexport reports on its own."""
-    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "torch._export", "onnxscript")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
-

@@ -16,7 +16,10 @@ def write_atomically(destination: str | Path, write: Callable[[str], None]) -> N
     destination = Path(destination)
     if not destination.parent.is_dir():
         raise ConvexportError(f"{destination}: folder {destination.parent} does not exist")
-    handle, temporary = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
+    except OSError as exc:          # a folder one may not write in (read-only, /proc)
+        raise ConvexportError(f"{destination}: cannot write ({exc.strerror or exc})") from exc
     os.close(handle)
     try:
         write(temporary)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConvexportError, first_line
+from .quiet import quiet_libraries
 
 DEFAULT_FACTORY = "build"
 
@@ -90,7 +91,8 @@ def _load_exported_program(path: Path, default_output: Path) -> LoadedModel:
     import torch
 
     try:
-        program = torch.export.load(str(path))
+        with quiet_libraries():
+            program = torch.export.load(str(path))
     except Exception as exc:  # torch raises many types for a bad archive
         raise ConvexportError(
             f"{path}: not a torch.export archive ({first_line(exc)}); save one with "
@@ -126,7 +128,8 @@ def _load_torch_archive(path: Path, default_output: Path, trust_pickle: bool) ->
         )
     if _is_torchscript_archive(path):
         try:
-            program = torch.jit.load(str(path), map_location="cpu")
+            with quiet_libraries():
+                program = torch.jit.load(str(path), map_location="cpu")
         except Exception as exc:
             raise ConvexportError(f"{path}: unreadable TorchScript archive ({first_line(exc)})") from exc
         return LoadedModel(str(path), "torchscript", default_output, program=program.eval())

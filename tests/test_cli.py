@@ -271,3 +271,31 @@ def test_an_input_convexport_makes_no_data_for(tmp_path):
     assert_user_error(invoke("optimize", model), "input 'x' is string", "--no-validate --no-profile")
     assert_user_error(invoke("profile", model), "input 'x' is string")
     assert invoke("optimize", model, "--no-validate", "--no-profile").exit_code == 0
+
+
+@pytest.mark.parametrize("name, text, fragment", [
+    ("wrong_shapes.py", "import torch\ndef build():\n    return torch.nn.Linear(3, 4), (torch.randn(2, 5),)\n",
+     "ONNX export failed"),
+    ("garbage.pt2", "not an archive", "not a torch.export archive"),
+])
+def test_torch_failures_print_one_line_and_no_log_of_torchs_own(tmp_path, name, text, fragment):
+    """torch logs a traceback (fake tensors, archive loading) and prints graphs to stderr when
+    an export or a load fails: none of it may reach the terminal beside convexport's line."""
+    path = tmp_path / name
+    path.write_text(text)
+    completed = subprocess.run([sys.executable, "-m", "convexport", "optimize", str(path)], capture_output=True, text=True)
+    assert completed.returncode == 1 and completed.stderr.count("\n") == 1, completed.stderr
+    assert fragment in completed.stderr and "Traceback" not in completed.stderr
+
+
+def test_outputs_that_cannot_be_written_are_user_errors(small_net_path, tmp_path, monkeypatch):
+    """A folder given as the output, and a folder no file can be made in (read-only, /proc):
+    one line each, and nothing left behind."""
+    assert_user_error(invoke("optimize", f"{small_net_path}:build", "-o", tmp_path, "--no-profile"), "cannot write")
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr("convexport.files.tempfile.mkstemp", refused)
+    assert_user_error(invoke("optimize", f"{small_net_path}:build", "-o", tmp_path / "m.onnx", "--no-profile"),
+                      "m.onnx: cannot write (Permission denied)")
+    assert list(tmp_path.iterdir()) == []
