@@ -299,3 +299,13 @@ def test_outputs_that_cannot_be_written_are_user_errors(small_net_path, tmp_path
     assert_user_error(invoke("optimize", f"{small_net_path}:build", "-o", tmp_path / "m.onnx", "--no-profile"),
                       "m.onnx: cannot write (Permission denied)")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_validate_with_arrays_the_model_cannot_take(tmp_path):
+    """The user's own arrays: the line names their shapes and does not suggest --input."""
+    model = _conv_model(tmp_path / "m.onnx", ["N", 3, "H", "W"])
+    data = tmp_path / "d.npz"
+    np.savez(data, x=np.zeros((2, 2), np.float32))
+    result = invoke("validate", model, model, "--inputs", data, "--runs", "0")
+    assert_user_error(result, "cannot run the reference model on x:2x2:float32", "Invalid rank")
+    assert "--input" not in result.stderr
