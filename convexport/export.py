@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -35,6 +35,7 @@ class ExportResult:
     model: onnx.ModelProto
     inputs: list[InputSpec]      # one per graph input, in order; dynamic dims by name
     exporter: str                # onnx (no export) | dynamo | torchscript
+    warnings: list[str] = field(default_factory=list)    # the TorchScript tracer's, when it traced
 
 
 def export_model(loaded: LoadedModel, input_specs: list[InputSpec] | None = None,
@@ -57,8 +58,8 @@ def export_model(loaded: LoadedModel, input_specs: list[InputSpec] | None = None
     if dynamic:
         args = tuple(_at_least_two_in_batch(t) for t in args)
     opset = opset or DEFAULT_OPSET
-    model, exporter = _run_exporter(loaded, args, names, opset, dynamic)
-    return ExportResult(infer_shapes(model, loaded.source), graph_input_specs(model), exporter)
+    model, exporter, tracer_warnings = _run_exporter(loaded, args, names, opset, dynamic)
+    return ExportResult(infer_shapes(model, loaded.source), graph_input_specs(model), exporter, tracer_warnings)
 
 
 def infer_shapes(model: onnx.ModelProto, source: str) -> onnx.ModelProto:
@@ -212,16 +213,18 @@ def _run_exporter(loaded: LoadedModel, args: tuple, names: list[str], opset: int
     import torch
 
     if loaded.kind == "torchscript":
-        return _export_torchscript(loaded, args, names, opset, dynamic), "torchscript"
+        model, tracer_warnings = _export_torchscript(loaded, args, names, opset, dynamic)
+        return model, "torchscript", tracer_warnings
     try:
-        return _export_dynamo(loaded, args, names, opset, dynamic), "dynamo"
+        return _export_dynamo(loaded, args, names, opset, dynamic), "dynamo", []
     except ConvexportError:
         raise
     except Exception as dynamo_error:
         if loaded.kind != "module" or isinstance(loaded.program, torch.export.ExportedProgram):
             raise ConvexportError(f"{loaded.source}: ONNX export failed: {first_line(dynamo_error)}") from dynamo_error
         try:
-            return _export_torchscript(loaded, args, names, opset, dynamic), "torchscript"
+            model, tracer_warnings = _export_torchscript(loaded, args, names, opset, dynamic)
+            return model, "torchscript", tracer_warnings
         except Exception as script_error:
             raise ConvexportError(
                 f"{loaded.source}: ONNX export failed (torch.export: {first_line(dynamo_error)}; "
@@ -244,14 +247,19 @@ def _export_dynamo(loaded: LoadedModel, args: tuple, names: list[str], opset: in
     return program.model_proto
 
 
-def _export_torchscript(loaded: LoadedModel, args: tuple, names: list[str], opset: int, dynamic: bool) -> onnx.ModelProto:
+def _export_torchscript(loaded: LoadedModel, args: tuple, names: list[str], opset: int, dynamic: bool
+                        ) -> tuple[onnx.ModelProto, list[str]]:
+    """The model and the tracer's warnings (each once): a module that is traced, not scripted,
+    runs once on `args`, and where its Python code branched on a tensor's value the graph holds
+    only the branch taken, which the tracer warns about and nothing else would notice."""
     import torch
 
     buffer = io.BytesIO()
     dynamic_axes = {name: {0: _BATCH_DIM} for name, t in zip(names, args) if t.dim()} if dynamic else None
-    with quiet_libraries():
+    with quiet_libraries() as caught:
         torch.onnx.export(
             loaded.program, args, buffer, dynamo=False, opset_version=opset, input_names=names,
             dynamic_axes=dynamic_axes, do_constant_folding=True,
         )
-    return onnx.load_from_string(buffer.getvalue())
+    tracer = [first_line(w.message) for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+    return onnx.load_from_string(buffer.getvalue()), list(dict.fromkeys(tracer))

@@ -179,6 +179,7 @@ def _report(loaded: LoadedModel, destination: Path | None, exported: ExportResul
         "model": loaded.source,
         "output": str(destination) if destination else None,
         "exporter": exported.exporter,
+        "export_warnings": exported.warnings,
         "opset": next((o.version for o in exported.model.opset_import if o.domain in ("", "ai.onnx")), None),
         "inputs": [str(spec) for spec in exported.inputs],
         "before": before,

@@ -15,8 +15,8 @@ _LIBRARIES = ("torch", "onnxscript")
 @contextlib.contextmanager
 def quiet_libraries():
     """Every logger of torch and onnxscript held at CRITICAL (those torch._logging set a level
-    on too, which would not inherit one from "torch"), warnings ignored, what is printed to
-    stdout and stderr swallowed."""
+    on too, which would not inherit one from "torch"), what is printed to stdout and stderr
+    swallowed, and the warnings kept in the list it yields instead of shown."""
     manager = logging.Logger.manager
     loggers = [logging.getLogger(name) for name in _LIBRARIES] + [
         logger for name, logger in list(manager.loggerDict.items())
@@ -25,10 +25,10 @@ def quiet_libraries():
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
     try:
-        with (warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()),
+        with (warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()),
               contextlib.redirect_stderr(io.StringIO())):     # torch.export prints graphs there on failure
-            warnings.simplefilter("ignore")
-            yield
+            warnings.simplefilter("always")
+            yield caught
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)

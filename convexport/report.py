@@ -45,6 +45,9 @@ def print_optimize_summary(report: dict, console: Console) -> None:
             table.add_row("peak memory MiB", f"{profile['before']['peak_memory_bytes'] / 2**20:.1f}",
                           f"{profile['after']['peak_memory_bytes'] / 2**20:.1f}")
     console.print(table)
+    for warning in report.get("export_warnings", []):
+        console.print(f"export: the TorchScript tracer warned: {warning}",
+                      markup=False)
     rules: dict[str, int] = {}
     for entry in report["rewrites"]:
         rules[entry["rule"]] = rules.get(entry["rule"], 0) + 1

@@ -8,9 +8,11 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from rich.console import Console
 
 import convexport
 from convexport.largemodels import needs_external_data
+from convexport.report import print_optimize_summary
 from helpers import op_counts, run
 from small_net import example_inputs, make_module
 
@@ -148,6 +150,22 @@ def test_report_fields(small_net_path, tmp_path):
     assert profile["device"] == "cpu" and profile["provider"] == "CPUExecutionProvider"
     assert profile["before"]["latency_ms"]["median"] > 0 and profile["after"]["latency_ms"]["p90"] > 0
     assert profile["speedup"] > 0
+    assert report["exporter"] == "dynamo" and report["export_warnings"] == []
+
+
+def test_a_traced_branch_on_a_tensor_value_is_reported(tmp_path):
+    """torch.export refuses data-dependent control flow, the TorchScript tracer then keeps only
+    the branch the example input took and warns: the report and the summary carry the warning."""
+    path = tmp_path / "branchy.py"
+    path.write_text("import torch\n\nclass Branchy(torch.nn.Module):\n    def forward(self, x):\n"
+                    "        return x.relu() if x.sum() > 0 else x\n\n"
+                    "def build():\n    return Branchy(), (torch.ones(1, 3),)\n")
+    report = convexport.optimize(str(path), write=False, profile=False).report
+    assert report["exporter"] == "torchscript"
+    assert len(report["export_warnings"]) == 1 and "might not generalize" in report["export_warnings"][0]
+    console = Console(record=True, width=200)
+    print_optimize_summary(report, console)
+    assert "the TorchScript tracer warned: Converting a tensor to a Python boolean" in console.export_text()
 
 
 def test_shape_inference_runs_without_the_weights_and_gives_them_back(monkeypatch):
