@@ -118,12 +118,12 @@ def validate_command(
 ):
     """Compare two ONNX models on the same inputs (exit 3 when they differ)."""
     from . import validate as checks
-    from .inputs import parse_input_spec
+    from .inputs import input_specs
     from .report import write_json
 
     def run():
         result = checks.validate_files(reference, candidate, inputs, runs, checks.Tolerances.parse(rtol, atol),
-                                       [parse_input_spec(text) for text in input or []])
+                                       input_specs(input))
         if report is not None:
             write_json(result.to_report(), report)
         verdict = "passed" if result.passed else "FAILED"
@@ -144,7 +144,7 @@ def profile(
 ):
     """Time an ONNX model on ONNX Runtime."""
     from .export import graph_input_specs
-    from .inputs import parse_input_spec, with_overrides
+    from .inputs import input_specs, with_overrides
     from .loading import load_model
     from .profile import profile_models
     from .report import write_json
@@ -156,7 +156,7 @@ def profile(
         if (runs is not None and runs < 1) or warmup < 0:
             raise ConvexportError("--runs must be >= 1 and --warmup >= 0")
         onnx_model = load_model(str(model)).onnx_model
-        specs = with_overrides(graph_input_specs(onnx_model), [parse_input_spec(text) for text in input or []], model)
+        specs = with_overrides(graph_input_specs(onnx_model), input_specs(input), model)
         measured = profile_models({"model": onnx_model}, specs, resolve_device(device), runs, warmup)
         if report is not None:
             write_json(measured, report)

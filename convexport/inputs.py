@@ -76,6 +76,16 @@ def parse_input_spec(text: str) -> InputSpec:
     return InputSpec(name, tuple(dims), str(np.dtype(DTYPES[dtype])))
 
 
+def input_specs(given) -> list[InputSpec]:
+    """The --input values (texts or InputSpecs) as InputSpecs; a name given twice is an error."""
+    specs = [spec if isinstance(spec, InputSpec) else parse_input_spec(spec) for spec in given or ()]
+    names = [spec.name for spec in specs]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ConvexportError(f"--input {', '.join(twice)}: given more than once")
+    return specs
+
+
 def random_inputs(specs: list[InputSpec], seed: int, dynamic_size: int = DEFAULT_DYNAMIC_SIZE
                   ) -> dict[str, np.ndarray]:
     """Seeded data for each input: standard normal floats, small non-negative integers."""

@@ -12,7 +12,7 @@ from . import __version__
 from .errors import ConvexportError, ValidationError
 from .export import ExportResult, export_model
 from .files import give_default_permissions, write_atomically
-from .inputs import InputSpec, parse_input_spec
+from .inputs import InputSpec, input_specs
 from .largemodels import needs_external_data, save_with_external_data
 from .loading import LoadedModel, load_model
 from .profile import profile_models
@@ -51,7 +51,7 @@ def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str
     if strategy not in STRATEGIES:
         raise ConvexportError(f"--strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
     device = resolve_device(device)       # where the model will run: what cost and measure decide for
-    specs = [spec if isinstance(spec, InputSpec) else parse_input_spec(spec) for spec in inputs or ()]
+    specs = input_specs(inputs)
     loaded = _load(model, trust_pickle)
     rule_list = _rules(rules, builtin_rules)
     destination = _destination(loaded, output) if write else None
@@ -124,7 +124,7 @@ def find_bad_rewrite(reference: onnx.ModelProto, applied: list[dict], inputs: li
 
 def export_only(model, output: str | Path, inputs: Sequence[str | InputSpec] | None = None,
                 opset: int | None = None, dynamic_batch: bool = False, trust_pickle: bool = False) -> Path:
-    specs = [spec if isinstance(spec, InputSpec) else parse_input_spec(spec) for spec in inputs or ()]
+    specs = input_specs(inputs)
     loaded = _load(model, trust_pickle)
     destination = _destination(loaded, output)
     save_atomically(export_model(loaded, specs, opset, dynamic_batch).model, destination)

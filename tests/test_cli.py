@@ -63,6 +63,15 @@ def test_malformed_input_spec(small_net_path, spec, fragment):
     assert_user_error(invoke("optimize", f"{small_net_path}:build", "--input", spec), f"--input {spec!r}", fragment)
 
 
+def test_an_input_given_twice(small_net_path, tmp_path):
+    assert_user_error(invoke("optimize", f"{small_net_path}:build", "--input", "x:1x3x8x8", "--input", "x:1x3x9x9"),
+                      "--input x: given more than once")
+    model = _conv_model(tmp_path / "m.onnx", ["N", 3, "H", "W"])
+    for command in ("validate", "profile"):
+        args = [model, model] if command == "validate" else [model]
+        assert_user_error(invoke(command, *args, "--input", "x:1x3x9x9", "--input", "x:1x3x9x9"), "given more than once")
+
+
 def test_pickled_module_needs_trust(tmp_path):
     path = tmp_path / "pickled.pt"
     torch.save(make_module(), path)
