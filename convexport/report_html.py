@@ -31,7 +31,10 @@ def render(report: dict) -> str:
     parts = [f"<h1>convexport: {_e(report['model'])}</h1>",
              f"<p class=sub>written to <code>{_e(report.get('output') or '(not written)')}</code> · convexport "
              f"{_e(report['convexport_version'])} · exporter {_e(report.get('exporter'))} · opset {_e(report.get('opset'))}</p>",
-             _badges(report), "<h2>Graph</h2>", _summary_table(report)]
+             _badges(report)]
+    parts += [f"<p class=sub>export: the TorchScript tracer warned: {_e(warning)}</p>"
+              for warning in report.get("export_warnings", [])]
+    parts += ["<h2>Graph</h2>", _summary_table(report)]
     parts += ["<h2>Operators</h2>", _legend(), _grouped_bars(_op_rows(before["ops"], after["ops"]), unit="")]
     if profile:
         parts += [f"<h2>Latency on {_e(profile['provider'])}</h2>", _legend(), _latency_chart(profile),

@@ -13,6 +13,7 @@ from rich.console import Console
 import convexport
 from convexport.largemodels import needs_external_data
 from convexport.report import print_optimize_summary
+from convexport.report_html import render
 from helpers import op_counts, run
 from small_net import example_inputs, make_module
 
@@ -166,6 +167,7 @@ def test_a_traced_branch_on_a_tensor_value_is_reported(tmp_path):
     console = Console(record=True, width=200)
     print_optimize_summary(report, console)
     assert "the TorchScript tracer warned: Converting a tensor to a Python boolean" in console.export_text()
+    assert "the TorchScript tracer warned: Converting a tensor to a Python boolean" in render(report)
 
 
 def test_shape_inference_runs_without_the_weights_and_gives_them_back(monkeypatch):
