@@ -36,7 +36,7 @@ class InputSpec:
     def numpy_dtype(self) -> np.dtype:
         if self.dtype not in DTYPES:        # an ONNX input of a type convexport makes no data for
             raise ConvexportError(f"input {self.name!r} is {self.dtype}: convexport makes test data only for "
-                                  f"{', '.join(sorted({str(np.dtype(t)) for t in DTYPES.values()}))} inputs; "
+                                  f"{', '.join(sorted({str(np.dtype(t)) for t in DTYPES.values()}))} inputs "
                                   "(optimize --no-validate --no-profile skips the runs that need it)")
         return np.dtype(DTYPES[self.dtype])
 

@@ -73,7 +73,8 @@ def _load_onnx(path: Path):
 
     try:
         model = onnx.load(str(path), load_external_data=True)
-    except (DecodeError, ValueError, OSError, RuntimeError, onnx.checker.ValidationError) as exc:   # the last: external data missing
+    # onnx.checker.ValidationError: an external-data file that is missing
+    except (DecodeError, ValueError, OSError, RuntimeError, onnx.checker.ValidationError) as exc:
         raise ConvexportError(
             f"{path}: not a readable ONNX model ({first_line(exc)}); re-export it or check the "
             "file was copied whole"
