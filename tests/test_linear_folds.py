@@ -7,6 +7,7 @@ engine and ONNX Runtime (float32, rtol 1e-4 / atol 1e-5 relative to the output's
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx import helper
 
@@ -394,6 +395,22 @@ def test_measure_strategy_leaves_noise_to_the_estimate():
     decision = rewrite(chain.model([y]), "measure").applied[0]["decision"]
     assert decision["method"] == "estimate" and "noise floor" in decision["note"]
     assert decision["before_ms"] < 0.05 and decision["after_us"] <= decision["before_us"]
+
+
+
+def test_measure_leaves_to_the_estimate_what_cannot_run_cut_out():
+    """Symbolic dims are 1 in a cut-out, too small for a 3x3 conv without padding: the
+    estimate decides, and the note says why (not a failed run, not an internal error)."""
+    chain = GraphBuilder([1, 3, 9, 9])
+    y = chain.conv(chain.conv("x", 4, 3), 2, 1)
+    model = chain.model([y])
+    for value in (model.graph.input[0], model.graph.output[0]):
+        for index, dim in enumerate(value.type.tensor_type.shape.dim[2:]):
+            dim.dim_param = f"s{index}"
+    del model.graph.value_info[:]
+    model = onnx.shape_inference.infer_shapes(model)
+    decision = rewrite(model, "measure").applied[0]["decision"]
+    assert decision["method"] == "estimate" and decision["note"].startswith("not measurable (ONNX Runtime cannot run")
 
 
 # --- constant maps left by border corrections --------------------------------------------------

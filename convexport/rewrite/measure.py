@@ -8,6 +8,7 @@ from __future__ import annotations
 import onnx
 import onnx_graphsurgeon as gs
 
+from ..errors import ConvexportError
 from ..graph import nodes_as_model, tensor_dtype
 from ..inputs import InputSpec, random_inputs
 from ..profile import time_models
@@ -16,7 +17,8 @@ MEASURE_BUDGET_S = 0.25
 
 
 class Unmeasurable(Exception):
-    """The nodes cannot be cut out and run on their own (an input of unknown shape)."""
+    """The nodes cannot be cut out and run on their own (an input of unknown shape, a
+    symbolic dim whose stand-in 1 is too small for them)."""
 
 
 def measure(old_nodes: list[gs.Node], old_outputs: list, new_nodes: list[gs.Node], new_outputs: list,
@@ -26,7 +28,10 @@ def measure(old_nodes: list[gs.Node], old_outputs: list, new_nodes: list[gs.Node
     inputs = old_inputs + [t for t in _outside_inputs(new_nodes) if all(t is not seen for seen in old_inputs)]
     specs = [InputSpec(t.name, _static(t), str(tensor_dtype(t))) for t in inputs]
     models = {"before": _cut(old_nodes, inputs, old_outputs, opset), "after": _cut(new_nodes, inputs, new_outputs, opset)}
-    timed = time_models(models, random_inputs(specs, seed=0), device, MEASURE_BUDGET_S)
+    try:
+        timed = time_models(models, random_inputs(specs, seed=0), device, MEASURE_BUDGET_S)
+    except ConvexportError as exc:      # no session, or no run: a 3x3 conv without padding at size 1, say
+        raise Unmeasurable(str(exc)) from exc
     return {"before_ms": timed["before"], "after_ms": timed["after"], "runs": timed["runs"]}
 
 
