@@ -17,8 +17,10 @@ G_LOGGER.severity = G_LOGGER.ERROR
 
 
 def import_graph(model: onnx.ModelProto) -> gs.Graph:
-    """gs.Graph with every node named (reports name nodes), subgraphs' nodes included."""
+    """gs.Graph with every node named (reports name nodes), subgraphs' nodes included, and
+    the model's overridable initializers as the graph inputs they are (see below)."""
     graph = gs.import_onnx(model)
+    _inputs_with_defaults_stay_inputs(graph, model)
     nodes = [node for scope in all_graphs(graph) for node in scope.nodes]
     taken = {node.name for node in nodes if node.name}
     counter = itertools.count()
@@ -29,6 +31,36 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
             node.name = name
             taken.add(name)
     return graph
+
+
+def overridable_initializers(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """Initializers that are also main-graph inputs: from IR version 4 on, a default value the
+    caller may feed something else in place of (ONNX Runtime does not fold them either), so
+    not a constant; under IR 3 every initializer had to be listed as an input, and is one."""
+    if model.ir_version < 4:
+        return []
+    inputs = {value.name for value in model.graph.input}
+    return [init for init in model.graph.initializer if init.name in inputs]
+
+
+def _inputs_with_defaults_stay_inputs(graph: gs.Graph, model: onnx.ModelProto) -> None:
+    """gs imports an initializer listed as an input as a Constant and drops it from the inputs:
+    put a Variable of its type back in its place among the inputs and in its readers (the
+    export gives it its initializer back, reexport.py)."""
+    defaults = {init.name for init in overridable_initializers(model)}
+    if not defaults:
+        return
+    tensors = graph.tensors()
+    stand_ins = {}
+    for name in defaults:
+        constant = tensors[name]
+        stand_ins[name] = gs.Variable(name, constant.dtype, list(constant.shape))
+        for reader in list(constant.outputs):
+            for index, tensor in enumerate(reader.inputs):
+                if tensor is constant:
+                    reader.inputs[index] = stand_ins[name]
+    imported = {t.name: t for t in graph.inputs}
+    graph.inputs = [stand_ins.get(value.name) or imported[value.name] for value in model.graph.input]
 
 
 def node_subgraphs(node: gs.Node) -> list[gs.Graph]:

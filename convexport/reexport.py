@@ -23,6 +23,8 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 from onnx_graphsurgeon.ir.tensor import SparseValues
 
+from .graph import overridable_initializers
+
 _PLAIN = (int, float, str)
 
 
@@ -99,6 +101,8 @@ def export_graph(graph: gs.Graph, template: onnx.ModelProto, originals: Original
             if copy.name != node.name:      # import_graph names the nodes that had no name
                 copy.name = node.name
     proto.input.extend(OnnxExporter.export_value_info_proto(t, False) for t in graph.inputs)
+    input_names = {t.name for t in graph.inputs}       # an input with a default keeps its initializer
+    proto.initializer.extend(init for init in overridable_initializers(template) if init.name in input_names)
     proto.output.extend(OnnxExporter.export_value_info_proto(t, False) for t in graph.outputs)
     ends = {id(t) for t in (*graph.inputs, *graph.outputs)}
     for tensor in graph.tensors().values():

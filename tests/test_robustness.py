@@ -208,3 +208,23 @@ def test_a_bfloat16_model_is_validated_without_cpu_kernels(tmp_path):
     written = json.loads(report.read_text())
     assert written["validation"]["passed"] and written["validation"]["outputs"]["y"]["rtol"] == 4e-2
     assert written["profile"] is None and "Gemm" in written["profile_skipped"]
+
+
+def test_an_initializer_listed_as_an_input_is_an_input_not_a_constant():
+    """From IR 4 on, an initializer that is also a graph input is a default the caller may
+    override (ONNX Runtime does not fold it either): the conv it feeds is not folded, and the
+    output keeps it as an input with its initializer; the other weights still fold."""
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["h"], pads=[1, 1, 1, 1]), helper.make_node("Conv", ["h", "w2"], ["y"]),
+             helper.make_node("Conv", ["y", "w3"], ["z"])]
+    model = make_model(nodes, [tensor("x", [1, 3, 8, 8]), tensor("w1", [4, 3, 3, 3])], [tensor("z", [1, 2, 8, 8])],
+                       {"w1": weights(4, 3, 3, 3), "w2": weights(4, 4, 1, 1), "w3": weights(2, 4, 1, 1)})
+    result = convexport.optimize(model, write=False, profile=False)
+    (refused,) = [entry for entry in result.report["skipped"] if "w1" in entry["reason"]]
+    assert "is computed at run time, not a constant: a graph input" in refused["reason"]
+    assert [entry["nodes"] for entry in result.report["rewrites"]] == [["Conv_1", "Conv_2"]]    # w2 and w3 fold
+    assert [value.name for value in result.model.graph.input] == ["x", "w1"]
+    assert "w1" in {init.name for init in result.model.graph.initializer}
+    feeds = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32), "w1": weights(4, 3, 3, 3)}
+    np.testing.assert_allclose(run(result.model, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run(result.model, {"x": feeds["x"]})[0], run(model, {"x": feeds["x"]})[0],
+                               rtol=1e-5, atol=1e-5)

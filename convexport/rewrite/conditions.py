@@ -43,7 +43,10 @@ def _label(name: str, tensor) -> str:
 def constant(values: dict, names, graph: gs.Graph) -> str | None:
     for name, tensor in _each(values, names):
         if not is_absent(tensor) and not is_constant(tensor):
-            return f"{_label(name, tensor)} is computed at run time, not a constant"
+            fed = any(tensor is value for value in graph.inputs)
+            return f"{_label(name, tensor)} is computed at run time, not a constant" + (
+                ": a graph input (an initializer listed as an input too is only its default; drop it from the "
+                "inputs to fold it)" if fed else "")
     return None
 
 
