@@ -62,11 +62,15 @@ def optimize(
 ):
     """Export MODEL, fold its linear structure, validate, profile and write the result."""
     from . import pipeline
+    from .files import writable_place
     from .report import print_optimize_summary, write_json
 
     from .report_html import write_html
 
     def run():
+        for destination in (report, html):      # before the work, not after the model is written
+            if destination is not None:
+                writable_place(destination)
         try:
             with _progress() as progress:
                 result = pipeline.optimize(

@@ -13,9 +13,7 @@ from .errors import ConvexportError
 def write_atomically(destination: str | Path, write: Callable[[str], None]) -> None:
     """Call write(temporary_path), then rename it to `destination` with the usual permissions
     (0666 less the umask); a reader never sees a half-written file, a failure leaves none."""
-    destination = Path(destination)
-    if not destination.parent.is_dir():
-        raise ConvexportError(f"{destination}: folder {destination.parent} does not exist")
+    destination = writable_place(destination)
     try:
         handle, temporary = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
     except OSError as exc:          # a folder one may not write in (read-only, /proc)
@@ -31,6 +29,17 @@ def write_atomically(destination: str | Path, write: Callable[[str], None]) -> N
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def writable_place(destination: str | Path) -> Path:
+    """`destination` as a Path, checked before any work is done for it: its folder exists and
+    it is not itself a folder (whether the folder takes a new file shows only on writing)."""
+    destination = Path(destination)
+    if not destination.parent.is_dir():
+        raise ConvexportError(f"{destination}: folder {destination.parent} does not exist")
+    if destination.is_dir():
+        raise ConvexportError(f"{destination}: is a folder; give a file name")
+    return destination
 
 
 def give_default_permissions(path: str | Path) -> None:

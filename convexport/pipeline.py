@@ -11,7 +11,7 @@ import onnx
 from . import __version__
 from .errors import ConvexportError, ValidationError
 from .export import ExportResult, export_model
-from .files import give_default_permissions, write_atomically
+from .files import give_default_permissions, writable_place, write_atomically
 from .inputs import InputSpec, input_specs
 from .largemodels import needs_external_data, save_with_external_data
 from .loading import LoadedModel, load_model
@@ -154,9 +154,7 @@ def _destination(loaded: LoadedModel, output: str | Path | None) -> Path:
     source = Path(loaded.source.rsplit(":", 1)[0]) if loaded.kind == "module" else Path(loaded.source)
     if source.exists() and destination.exists() and destination.resolve() == source.resolve():
         raise ConvexportError(f"{destination}: is the input model; choose another -o (the input is never modified)")
-    if not destination.parent.exists():
-        raise ConvexportError(f"{destination}: folder {destination.parent} does not exist")
-    return destination
+    return writable_place(destination)
 
 
 def _validation_inputs(exported: ExportResult, specs: list[InputSpec]) -> list[InputSpec]:

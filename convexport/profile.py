@@ -70,7 +70,8 @@ def time_models(models: dict[str, onnx.ModelProto], feeds: dict, device: str, bu
 
 def _block_latency(models, feeds, device, runs, warmup, budget_s=TIME_BUDGET_S, hint: str = ""
                    ) -> tuple[dict[str, list[float]], int]:
-    runners = {label: _runner(create_session(model, device), feeds, device) for label, model in models.items()}
+    runners = {label: _runner(create_session(model, device, what=f"the model profiled as {label!r}"), feeds, device)
+               for label, model in models.items()}
     slowest = 0.0
     for label, run in runners.items():
         for _ in range(max(warmup, 1)):     # a model that cannot run on `feeds` fails here, in one line

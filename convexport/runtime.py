@@ -58,7 +58,9 @@ def resolve_device(device: str) -> str:
 
 
 def create_session(model: onnx.ModelProto | str, device: str = "cpu", optimize: bool = True,
-                   profile_path: str | None = None) -> ort.InferenceSession:
+                   profile_path: str | None = None, what: str = "the model") -> ort.InferenceSession:
+    """A session on `device`; a model ONNX Runtime cannot load is a ConvexportError naming
+    `what`, one it has no kernel for a MissingKernel."""
     options = ort.SessionOptions()
     options.log_severity_level = 4       # fatal only: a failure reaches the user once, as checked_run's one line
     options.graph_optimization_level = (
@@ -78,7 +80,7 @@ def create_session(model: onnx.ModelProto | str, device: str = "cpu", optimize: 
         if "NOT_IMPLEMENTED" in str(exc):
             raise MissingKernel(f"ONNX Runtime's {providers[0]} has no kernel for this model "
                                 f"({first_line(exc).split(' : ')[-1]})") from exc
-        raise ConvexportError(f"ONNX Runtime cannot load the model: {first_line(exc)}") from exc
+        raise ConvexportError(f"ONNX Runtime cannot load {what}: {first_line(exc)}") from exc
 
 
 class MissingKernel(ConvexportError):

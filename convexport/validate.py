@@ -154,7 +154,7 @@ def compare_models(reference: onnx.ModelProto, candidate: onnx.ModelProto, input
     The reference failing to run is a RunFailure (the inputs do not suit the model); the
     candidate failing where the reference runs fails the validation. `labels` name the two
     models in those messages."""
-    ref_session, cand_session = _evaluator(reference), _evaluator(candidate)
+    ref_session, cand_session = _evaluator(reference, labels[0]), _evaluator(candidate, labels[1])
     names = [out.name for out in ref_session.get_outputs()]
     result = ValidationResult(True, runs + len(extra_feeds), tolerances, inputs=[str(spec) for spec in inputs])
     missing = [name for name in names if name not in {o.name for o in cand_session.get_outputs()}]
@@ -200,9 +200,9 @@ class _ReferenceSession:
         return self._evaluator.run(names, feeds)
 
 
-def _evaluator(model: onnx.ModelProto):
+def _evaluator(model: onnx.ModelProto, what: str):
     try:
-        return create_session(model, optimize=False)
+        return create_session(model, optimize=False, what=what)
     except MissingKernel:
         return _ReferenceSession(model)
 

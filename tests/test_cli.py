@@ -298,9 +298,15 @@ def test_torch_failures_print_one_line_and_no_log_of_torchs_own(tmp_path, name, 
 
 
 def test_outputs_that_cannot_be_written_are_user_errors(small_net_path, tmp_path, monkeypatch):
-    """A folder given as the output, and a folder no file can be made in (read-only, /proc):
-    one line each, and nothing left behind."""
-    assert_user_error(invoke("optimize", f"{small_net_path}:build", "-o", tmp_path, "--no-profile"), "cannot write")
+    """A folder given as the output, a report whose folder is missing (found before the model
+    is written), and a folder no file can be made in (read-only, /proc): one line each, and
+    nothing left behind."""
+    assert_user_error(invoke("optimize", f"{small_net_path}:build", "-o", tmp_path, "--no-profile"),
+                      "is a folder; give a file name")
+    for option in ("--report", "--html"):
+        assert_user_error(invoke("optimize", f"{small_net_path}:build", "-o", tmp_path / "m.onnx", "--no-profile",
+                                 option, tmp_path / "no" / "r"), "folder", "does not exist")
+    assert list(tmp_path.iterdir()) == []
 
     def refused(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
@@ -318,3 +324,16 @@ def test_validate_with_arrays_the_model_cannot_take(tmp_path):
     result = invoke("validate", model, model, "--inputs", data, "--runs", "0")
     assert_user_error(result, "cannot run the reference model on x:2x2:float32", "Invalid rank")
     assert "--input" not in result.stderr
+
+
+def test_a_model_onnx_runtime_cannot_load_is_named(tmp_path):
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Foo", ["x"], ["y"], domain="my.ops")], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 3])])
+    model = tmp_path / "custom.onnx"
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18),
+                                                           onnx.helper.make_opsetid("my.ops", 1)], ir_version=9), model)
+    assert_user_error(invoke("optimize", model), "ONNX Runtime cannot load", "custom.onnx (as exported)", "my.ops:Foo")
+    assert_user_error(invoke("profile", model), "ONNX Runtime cannot load the model profiled as 'model'")
+    assert invoke("optimize", model, "--no-validate", "--no-profile", "-o", tmp_path / "o.onnx").exit_code == 0
