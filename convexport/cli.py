@@ -105,8 +105,13 @@ def export(
 ):
     """Export MODEL to ONNX without rewriting it."""
     from .pipeline import export_only
+    from .report import tracer_warning
 
-    _guarded(lambda: stdout.print(f"wrote {export_only(model, output, input or [], opset, dynamic_batch, trust_pickle)}"))
+    def warn(warning: str) -> None:
+        stdout.print(tracer_warning(warning), markup=False)
+
+    _guarded(lambda: stdout.print(
+        f"wrote {export_only(model, output, input or [], opset, dynamic_batch, trust_pickle, warn=warn)}"))
 
 
 @app.command("validate")

@@ -123,11 +123,17 @@ def find_bad_rewrite(reference: onnx.ModelProto, applied: list[dict], inputs: li
 
 
 def export_only(model, output: str | Path, inputs: Sequence[str | InputSpec] | None = None,
-                opset: int | None = None, dynamic_batch: bool = False, trust_pickle: bool = False) -> Path:
+                opset: int | None = None, dynamic_batch: bool = False, trust_pickle: bool = False, *,
+                warn: Callable[[str], None] | None = None) -> Path:
+    """Export MODEL to `output` and return where it went; `warn` gets each of the TorchScript
+    tracer's warnings (see the report's export_warnings)."""
     specs = input_specs(inputs)
     loaded = _load(model, trust_pickle)
     destination = _destination(loaded, output)
-    save_atomically(export_model(loaded, specs, opset, dynamic_batch).model, destination)
+    exported = export_model(loaded, specs, opset, dynamic_batch)
+    for warning in exported.warnings if warn else ():
+        warn(warning)
+    save_atomically(exported.model, destination)
     return destination
 
 

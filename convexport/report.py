@@ -24,6 +24,11 @@ def _jsonable(value):
     return str(value)
 
 
+def tracer_warning(warning: str) -> str:
+    """How one of the report's export_warnings is shown (terminal, HTML, `convexport export`)."""
+    return f"export: the TorchScript tracer warned: {warning}"
+
+
 def print_optimize_summary(report: dict, console: Console) -> None:
     before, after = report["before"], report["after"]
     console.print(f"[bold]{report['model']}[/bold] -> {report.get('output') or '(not written)'}", highlight=False)
@@ -46,8 +51,7 @@ def print_optimize_summary(report: dict, console: Console) -> None:
                           f"{profile['after']['peak_memory_bytes'] / 2**20:.1f}")
     console.print(table)
     for warning in report.get("export_warnings", []):
-        console.print(f"export: the TorchScript tracer warned: {warning}",
-                      markup=False)
+        console.print(tracer_warning(warning), markup=False)
     rules: dict[str, int] = {}
     for entry in report["rewrites"]:
         rules[entry["rule"]] = rules.get(entry["rule"], 0) + 1

@@ -6,7 +6,7 @@ import html
 from pathlib import Path
 
 from .files import write_text_atomically
-from .report import si
+from .report import si, tracer_warning
 
 BEFORE, AFTER = "#9aa5b1", "#2f7de1"
 STYLE = """
@@ -32,8 +32,7 @@ def render(report: dict) -> str:
              f"<p class=sub>written to <code>{_e(report.get('output') or '(not written)')}</code> · convexport "
              f"{_e(report['convexport_version'])} · exporter {_e(report.get('exporter'))} · opset {_e(report.get('opset'))}</p>",
              _badges(report)]
-    parts += [f"<p class=sub>export: the TorchScript tracer warned: {_e(warning)}</p>"
-              for warning in report.get("export_warnings", [])]
+    parts += [f"<p class=sub>{_e(tracer_warning(warning))}</p>" for warning in report.get("export_warnings", [])]
     parts += ["<h2>Graph</h2>", _summary_table(report)]
     parts += ["<h2>Operators</h2>", _legend(), _grouped_bars(_op_rows(before["ops"], after["ops"]), unit="")]
     if profile:

@@ -168,6 +168,9 @@ def test_a_traced_branch_on_a_tensor_value_is_reported(tmp_path):
     print_optimize_summary(report, console)
     assert "the TorchScript tracer warned: Converting a tensor to a Python boolean" in console.export_text()
     assert "the TorchScript tracer warned: Converting a tensor to a Python boolean" in render(report)
+    warned = []
+    convexport.export_only(str(path), tmp_path / "branchy.onnx", warn=warned.append)
+    assert warned == report["export_warnings"] and (tmp_path / "branchy.onnx").exists()
 
 
 def test_shape_inference_runs_without_the_weights_and_gives_them_back(monkeypatch):
