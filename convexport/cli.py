@@ -58,6 +58,8 @@ def optimize(
     atol: Annotated[Optional[list[str]], typer.Option("--atol", help="Absolute tolerance; NAME:F for one output (repeatable).")] = None,
     opset: OpsetOpt = None,
     dynamic_batch: DynamicOpt = False,
+    freeze_input_defaults: Annotated[bool, typer.Option(
+        "--freeze-input-defaults", help="Treat initializers also listed as graph inputs as constants (drops them from the inputs).")] = False,
     trust_pickle: TrustOpt = False,
 ):
     """Export MODEL, fold its linear structure, validate, profile and write the result."""
@@ -76,7 +78,8 @@ def optimize(
                 result = pipeline.optimize(
                     model, input or [], output, rules or [], strategy, device, not no_validate, not no_profile,
                     builtin_rules=not no_builtin_rules, rtol=rtol, atol=atol, opset=opset,
-                    dynamic_batch=dynamic_batch, trust_pickle=trust_pickle, progress=progress,
+                    dynamic_batch=dynamic_batch, freeze_input_defaults=freeze_input_defaults,
+                    trust_pickle=trust_pickle, progress=progress,
                 )
         except ValidationError as exc:
             if exc.report is not None:

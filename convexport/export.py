@@ -39,8 +39,12 @@ class ExportResult:
 
 
 def export_model(loaded: LoadedModel, input_specs: list[InputSpec] | None = None,
-                 opset: int | None = None, dynamic_batch: bool = False) -> ExportResult:
-    """Export (or, for ONNX, take) the model and return it shape-inferred with its inputs."""
+                 opset: int | None = None, dynamic_batch: bool = False,
+                 freeze_input_defaults: bool = False) -> ExportResult:
+    """Export (or, for ONNX, take) the model and return it shape-inferred with its inputs.
+    `freeze_input_defaults`: an ONNX model's initializers that are also listed as inputs (old
+    exports with keep_initializers_as_inputs) leave the inputs and become the constants they
+    were meant to be (graph.overridable_initializers)."""
     input_specs = list(input_specs or [])
     if opset is not None and opset < MIN_OPSET:
         raise ConvexportError(f"--opset {opset}: convexport needs opset >= {MIN_OPSET}")
@@ -51,6 +55,11 @@ def export_model(loaded: LoadedModel, input_specs: list[InputSpec] | None = None
                                   "convert it first (onnx.version_converter.convert_version(model, 18))")
         model = onnx.ModelProto()
         model.CopyFrom(loaded.onnx_model)
+        if freeze_input_defaults:
+            defaults = {init.name for init in model.graph.initializer}
+            kept = [value for value in model.graph.input if value.name not in defaults]
+            del model.graph.input[:]
+            model.graph.input.extend(kept)
         _apply_input_specs(model, input_specs, dynamic_batch, loaded.source)
         return ExportResult(infer_shapes(model, loaded.source), graph_input_specs(model), "onnx")
     args, names = _example_arguments(loaded, input_specs)
@@ -152,7 +161,10 @@ def _apply_input_specs(model: onnx.ModelProto, specs: list[InputSpec], dynamic_b
             else:
                 dim.dim_param = value
     if dynamic_batch:
+        defaults = {init.name for init in model.graph.initializer}     # an input with a default is a weight
         for value in model.graph.input:
+            if value.name in defaults:
+                continue
             dims = value.type.tensor_type.shape.dim
             if dims:
                 dims[0].dim_param = _BATCH_DIM

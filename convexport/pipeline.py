@@ -39,7 +39,8 @@ def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str
              validate: bool = True, profile: bool = True, *, builtin_rules: bool = True,
              rtol: float | list[str] | None = None, atol: float | list[str] | None = None,
              opset: int | None = None,
-             dynamic_batch: bool = False, trust_pickle: bool = False, write: bool = True,
+             dynamic_batch: bool = False, freeze_input_defaults: bool = False, trust_pickle: bool = False,
+             write: bool = True,
              progress: Progress | None = None) -> OptimizeResult:
     """Optimize MODEL (a path or MODEL string, an onnx.ModelProto, or an nn.Module).
 
@@ -57,7 +58,7 @@ def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str
     destination = _destination(loaded, output) if write else None
 
     say("exporting")
-    exported = export_model(loaded, specs, opset, dynamic_batch)
+    exported = export_model(loaded, specs, opset, dynamic_batch, freeze_input_defaults)
     say("rewriting")
     primitives = builtin_primitives()
     decided: dict = {}         # cost/measure decisions, replayed by the bisection below

@@ -337,3 +337,14 @@ def test_a_model_onnx_runtime_cannot_load_is_named(tmp_path):
     assert_user_error(invoke("optimize", model), "ONNX Runtime cannot load", "custom.onnx (as exported)", "my.ops:Foo")
     assert_user_error(invoke("profile", model), "ONNX Runtime cannot load the model profiled as 'model'")
     assert invoke("optimize", model, "--no-validate", "--no-profile", "-o", tmp_path / "o.onnx").exit_code == 0
+
+
+def test_freeze_input_defaults_flag(tmp_path):
+    model_path = _conv_model(tmp_path / "m.onnx", [1, 3, 8, 8])
+    model = onnx.load(model_path)
+    model.graph.input.append(onnx.helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT, [4, 3, 3, 3]))
+    onnx.save(model, model_path)
+    for flags, inputs in (([], ["x", "w"]), (["--freeze-input-defaults"], ["x"])):
+        out = tmp_path / f"o{len(flags)}.onnx"
+        assert invoke("optimize", model_path, "-o", out, "--no-profile", *flags).exit_code == 0
+        assert [value.name for value in onnx.load(out).graph.input] == inputs

@@ -228,3 +228,15 @@ def test_an_initializer_listed_as_an_input_is_an_input_not_a_constant():
     np.testing.assert_allclose(run(result.model, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(run(result.model, {"x": feeds["x"]})[0], run(model, {"x": feeds["x"]})[0],
                                rtol=1e-5, atol=1e-5)
+    assert "--freeze-input-defaults" in refused["reason"]
+
+    frozen = convexport.optimize(model, write=False, profile=False, freeze_input_defaults=True)
+    assert [value.name for value in frozen.model.graph.input] == ["x"] and not frozen.report["skipped"]
+    assert len(convs(*frozen.model.graph.node)) == 1
+    np.testing.assert_allclose(run(frozen.model, {"x": feeds["x"]})[0], run(model, {"x": feeds["x"]})[0],
+                               rtol=1e-4, atol=1e-5)
+
+    batched = convexport.optimize(model, write=False, profile=False, dynamic_batch=True).model
+    dims = {value.name: [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+            for value in batched.graph.input}
+    assert dims == {"x": ["batch", 3, 8, 8], "w1": [4, 3, 3, 3]}        # a weight has no batch

@@ -45,8 +45,8 @@ def constant(values: dict, names, graph: gs.Graph) -> str | None:
         if not is_absent(tensor) and not is_constant(tensor):
             fed = any(tensor is value for value in graph.inputs)
             return f"{_label(name, tensor)} is computed at run time, not a constant" + (
-                ": a graph input (an initializer listed as an input too is only its default; drop it from the "
-                "inputs to fold it)" if fed else "")
+                ": a graph input (an initializer listed as an input too is only its default; "
+                "--freeze-input-defaults makes such initializers constants)" if fed else "")
     return None
 
 
