@@ -132,8 +132,9 @@ def export_only(model, output: str | Path, inputs: Sequence[str | InputSpec] | N
     loaded = _load(model, trust_pickle)
     destination = _destination(loaded, output)
     exported = export_model(loaded, specs, opset, dynamic_batch)
-    for warning in exported.warnings if warn else ():
-        warn(warning)
+    if warn is not None:
+        for warning in exported.warnings:
+            warn(warning)
     save_atomically(exported.model, destination)
     return destination
 

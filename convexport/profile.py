@@ -70,13 +70,14 @@ def time_models(models: dict[str, onnx.ModelProto], feeds: dict, device: str, bu
 
 def _block_latency(models, feeds, device, runs, warmup, budget_s=TIME_BUDGET_S, hint: str = ""
                    ) -> tuple[dict[str, list[float]], int]:
-    runners = {label: _runner(create_session(model, device, what=f"the model profiled as {label!r}"), feeds, device)
+    named = {label: f"the model profiled as {label!r}" for label in models}     # in load and run failures
+    runners = {label: _runner(create_session(model, device, what=named[label]), feeds, device)
                for label, model in models.items()}
     slowest = 0.0
     for label, run in runners.items():
         for _ in range(max(warmup, 1)):     # a model that cannot run on `feeds` fails here, in one line
             start = time.perf_counter()
-            checked_run(run, feeds, f"the model profiled as {label!r}", hint)
+            checked_run(run, feeds, named[label], hint)
             slowest = max(slowest, time.perf_counter() - start)
     if runs is None:
         runs = int(min(MAX_RUNS, max(MIN_RUNS, budget_s / max(slowest, 1e-6))))
