@@ -11,6 +11,8 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 from onnx_graphsurgeon.logger import G_LOGGER
 
+from .gs_import import import_model
+
 # onnx-graphsurgeon warns (on stderr, several lines) whenever a bfloat16 constant is read as
 # float32, which is exact; convexport keeps stderr for its one-line messages.
 G_LOGGER.severity = G_LOGGER.ERROR
@@ -19,7 +21,7 @@ G_LOGGER.severity = G_LOGGER.ERROR
 def import_graph(model: onnx.ModelProto) -> gs.Graph:
     """gs.Graph with every node named (reports name nodes), subgraphs' nodes included, and
     the model's overridable initializers as the graph inputs they are (see below)."""
-    graph = gs.import_onnx(model)
+    graph = import_model(model)
     _inputs_with_defaults_stay_inputs(graph, model)
     nodes = [node for scope in all_graphs(graph) for node in scope.nodes]
     taken = {node.name for node in nodes if node.name}
