@@ -23,7 +23,7 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 from onnx_graphsurgeon.ir.tensor import SparseValues
 
-from .graph import overridable_initializers
+from .graph import overridable_initializers, tensor_map
 
 _PLAIN = (int, float, str)
 
@@ -105,7 +105,7 @@ def export_graph(graph: gs.Graph, template: onnx.ModelProto, originals: Original
     proto.initializer.extend(init for init in overridable_initializers(template) if init.name in input_names)
     proto.output.extend(OnnxExporter.export_value_info_proto(t, False) for t in graph.outputs)
     ends = {id(t) for t in (*graph.inputs, *graph.outputs)}
-    for tensor in graph.tensors().values():
+    for tensor in tensor_map(graph).values():
         if isinstance(tensor, gs.Constant):
             _add_initializer(proto, tensor)
         elif id(tensor) not in ends and (tensor.dtype is not None or tensor.shape is not None):

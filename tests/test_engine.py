@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx import helper
 
@@ -244,3 +245,32 @@ def test_is_constant_agrees_with_constant_value_without_loading_it():
     assert isinstance(tensors["w"]._values, LazyValues)
     assert said == {name: constant_value(tensors[name]) is not None for name in said}
     assert [name for name, constant in said.items() if constant] == ["w", "k"]
+
+
+def test_the_final_shape_inference_runs_only_where_a_tensor_lacks_a_known_shape(monkeypatch):
+    """A rewritten graph whose every tensor the engine knows the shape of is exported as is: the
+    same model inference would give. A dynamic batch leaves sizes unknown: inference runs."""
+    import convexport.rewrite.engine as engine
+
+    inferred = []
+    real = engine.infer_shapes
+    monkeypatch.setattr(engine, "infer_shapes", lambda model, source: inferred.append(source) or real(model, source))
+    static = rewrite(conv_bn_model())
+    assert inferred == [] and op_counts(static.model) == {"Conv": 1}
+    assert real(static.model, "again").SerializeToString() == static.model.SerializeToString()
+    dynamic = conv_bn_model()
+    dynamic.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    del dynamic.graph.value_info[:]
+    dynamic.graph.output[0].type.tensor_type.ClearField("shape")
+    rewrite(onnx.shape_inference.infer_shapes(dynamic))
+    assert inferred == ["model"]
+
+
+def test_tensor_map_is_gs_tensors_in_the_same_order():
+    import onnx_graphsurgeon as gs
+
+    from convexport.graph import import_graph, tensor_map
+
+    graph = import_graph(conv_bn_model(extra_consumer=True))
+    graph.nodes[1].inputs.append(gs.Variable(""))       # a nameless tensor is left out
+    assert list(tensor_map(graph).items()) == list(graph.tensors().items())

@@ -23,7 +23,8 @@ import onnx_graphsurgeon as gs
 from ..algebra import Refusal
 from ..errors import ConvexportError, first_line
 from ..export import infer_shapes
-from ..graph import NameGenerator, all_graphs, cleaned_up, default_opset, import_graph, proto_scopes, toposort
+from ..graph import (NameGenerator, all_graphs, cleaned_up, default_opset, fully_shaped, import_graph, proto_scopes,
+                     toposort)
 from ..reexport import Originals, export_graph
 from .changes import ChangeLog
 from .conditions import first_failure
@@ -133,7 +134,10 @@ def _rewrite(model, rules, primitives, strategy, source, limit, device, decided)
     # under the names import_graph gave the nodes
     current, still_there = model, list(state.skipped.values())
     if changed_at_all:
-        current = infer_shapes(export_graph(cleaned_up(graph), model, originals), source)
+        graph = cleaned_up(graph)
+        current = export_graph(graph, model, originals)
+        if not fully_shaped(graph):         # else its value_info already holds all inference would give
+            current = infer_shapes(current, source)
         final_nodes = {node.name for scope in proto_scopes(current.graph) for node in scope.node}
         still_there = [entry for entry in still_there if set(entry["nodes"]) <= final_nodes]
     return RewriteOutcome(current, state.applied, still_there, passes)
