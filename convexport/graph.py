@@ -11,7 +11,7 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 from onnx_graphsurgeon.logger import G_LOGGER
 
-from .gs_import import import_model
+from .gs_import import constant_values, import_model
 
 # onnx-graphsurgeon warns (on stderr, several lines) whenever a bfloat16 constant is read as
 # float32, which is exact; convexport keeps stderr for its one-line messages.
@@ -229,7 +229,7 @@ def constant_value(tensor) -> np.ndarray | None:
     run-time tensors."""
     value = None
     if isinstance(tensor, gs.Constant):
-        value = tensor.values
+        value = constant_values(tensor)
     elif isinstance(tensor, gs.Variable) and len(tensor.inputs) == 1:
         producer = tensor.inputs[0]
         if producer.op == "Constant" and "value" in producer.attrs:

@@ -1,4 +1,5 @@
-"""onnx.ModelProto -> gs.Graph: the graph gs.import_onnx builds, built at about half its cost.
+"""onnx.ModelProto -> gs.Graph: the graph gs.import_onnx builds, built at about half its cost;
+and a constant's values, loaded at a third of the cost of gs's loader.
 
 gs.import_onnx creates every node and tensor through constructors whose attribute writes go
 through gs's __setattr__ hooks and whose lists synchronise element by element; on a 4,678-node
@@ -9,7 +10,8 @@ tensors' `outputs` and its output tensors' `inputs`, in the same order.
 It relies on the fields gs's constructors set, so it checks them first: built by gs's own
 constructors, a Node, a Variable, a Constant, its LazyValues and a SynchronizedList must carry
 exactly the fields it fills, or (another onnx-graphsurgeon version) gs.import_onnx does the work.
-So do models with model-local functions or sparse initializers. Node attributes other than
+So do models with model-local functions or sparse initializers, and
+constant_values leaves to gs whatever is not plain numeric raw data. Node attributes other than
 numbers and strings (tensors, subgraphs, references to a function's attributes) are imported by
 gs's own attribute importer, which also imports subgraphs.
 """
@@ -17,6 +19,7 @@ gs's own attribute importer, which also imports subgraphs.
 from __future__ import annotations
 
 import functools
+import sys
 from collections import OrderedDict
 
 import numpy as np
@@ -134,6 +137,31 @@ class _Importer:
                                                       self.domains)
             attributes[attribute.name] = convert(attribute)
         return attributes
+
+
+_RAW_DATA_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BOOL,
+                   onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
+                   onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64}
+
+
+def constant_values(constant: gs.Constant) -> np.ndarray:
+    """constant.values. An initializer not loaded yet whose numeric values are stored as raw
+    little-endian bytes (what exporters write) is read straight from them, on a little-endian
+    machine: 2.5 against 8 us per weight for gs's loader (numpy_helper.to_array, then a copy),
+    and a fold reads several weights. The array is kept as the constant's values, as gs keeps
+    the one it loads, and is as writable."""
+    lazy = vars(constant).get("_values")
+    if type(lazy) is LazyValues and sys.byteorder == "little" and layout_is_known():
+        proto = lazy.tensor
+        if (proto.data_type in _RAW_DATA_TYPES and proto.HasField("raw_data")
+                and proto.data_location != onnx.TensorProto.EXTERNAL):
+            constant.values = np.frombuffer(proto.raw_data, _numpy_dtype(proto.data_type)).reshape(tuple(proto.dims)).copy()
+    return constant.values
+
+
+@functools.cache
+def _numpy_dtype(data_type: int) -> np.dtype:
+    return onnx.helper.tensor_dtype_to_np_dtype(data_type)
 
 
 def _synchronized(owner, field_name: str) -> SynchronizedList:

@@ -183,3 +183,30 @@ def test_an_unknown_gs_layout_is_left_to_gs(monkeypatch):
 
 def test_this_onnx_graphsurgeon_takes_the_fast_path():
     assert gs_import.layout_is_known()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.bool_, np.int8, np.int16, np.int32, np.int64,
+                                   np.uint8, np.uint16, np.uint32, np.uint64])
+@pytest.mark.parametrize("shape", [(3, 2), (4,), (), (0, 3)])
+def test_constant_values_reads_raw_data_as_gs_loads_it(dtype, shape):
+    value = (np.arange(int(np.prod(shape))).reshape(shape) % 3).astype(dtype)
+    proto = numpy_helper.from_array(value, "w")
+    ours, theirs = (gs.Constant("w", gs.ir.tensor.LazyValues(proto)) for _ in range(2))
+    loaded = gs_import.constant_values(ours)
+    expected = theirs.values
+    assert loaded.dtype == expected.dtype and loaded.shape == expected.shape and loaded.flags.writeable
+    np.testing.assert_array_equal(loaded, expected)
+    assert ours.values is loaded          # kept, as gs keeps what it loads
+
+
+def test_constant_values_leaves_other_storage_to_gs():
+    """Values in float_data (no raw bytes), a bfloat16 weight, an array already loaded."""
+    typed = helper.make_tensor("f", TensorProto.FLOAT, [2], [1.5, -2.0])
+    assert not typed.HasField("raw_data")
+    np.testing.assert_array_equal(gs_import.constant_values(gs.Constant("f", gs.ir.tensor.LazyValues(typed))), [1.5, -2.0])
+    bf16 = numpy_helper.from_array(np.zeros(2, np.float32), "b")
+    bf16.data_type, bf16.raw_data = TensorProto.BFLOAT16, b"\0\0\x80\x3f"
+    expected = gs.Constant("b", gs.ir.tensor.LazyValues(bf16)).values
+    np.testing.assert_array_equal(gs_import.constant_values(gs.Constant("b", gs.ir.tensor.LazyValues(bf16))), expected)
+    array = np.ones(3, np.float32)
+    assert gs_import.constant_values(gs.Constant("a", array)) is array

@@ -26,8 +26,9 @@ def conv_as_fft(match, context) -> Rewrite | Refusal | None:
     only for large kernels. None (no match) for small kernels.
     """
     conv = match.root
-    weight = constant_value(conv.inputs[1])          # [O, I/g, *k]: the area decides before any algebra
-    if weight is not None and math.prod(weight.shape[2:]) < int(context.params.get("min_kernel_area", MIN_KERNEL_AREA)):
+    weight_shape = _known_shape(conv.inputs[1])     # [O, I/g, *k]: the area decides before anything is loaded
+    if weight_shape is not None and math.prod(weight_shape[2:]) < int(context.params.get("min_kernel_area",
+                                                                                           MIN_KERNEL_AREA)):
         return None
     spec = conv_spec(conv)
     if isinstance(spec, Refusal):
@@ -47,6 +48,15 @@ def conv_as_fft(match, context) -> Rewrite | Refusal | None:
     return Rewrite(build.nodes, [(output, result)],
                    f"{'x'.join(map(str, spec.kernel_shape))} conv as an FFT convolution of size "
                    f"{'x'.join(map(str, plan.sizes))}", direct, estimate)
+
+
+def _known_shape(tensor) -> tuple[int, ...] | None:
+    """The tensor's shape as the graph records it, or as its value has it; None if neither."""
+    shape = tensor.shape
+    if shape is not None and all(isinstance(d, int) for d in shape):
+        return tuple(shape)
+    value = constant_value(tensor)
+    return None if value is None else value.shape
 
 
 class _Graph:

@@ -7,12 +7,12 @@ the target device, estimated from the nodes it removes and the nodes it adds.
 FLOPs are the primitive's own count where it gives one (a Conv's 2*O*prod(out)*(I/g)*prod(k),
 an FFT's transform and product counts), else each node's: Conv, Gemm and MatMul from shapes,
 one per output element for anything else. Bytes moved are every input and output a node
-touches (weights included), each tensor once. A new tensor whose shape is not known yet is
-taken as large as the old tensor it replaces, or as its node's largest input. Ops that the
-device runs elsewhere (DFT has no CUDA kernel in ONNX Runtime: it runs on the CPU) cost the
-CPU's time plus a round trip over PCIe, and so does a node whose subgraph holds one. The rates
-are round figures for what ONNX Runtime reaches, not peaks; a rewrite is applied when its
-estimate is no larger than the original's.
+touches (weights included), each tensor once (twice where one node reads it twice). A new
+tensor whose shape is not known yet is taken as large as the old tensor it replaces, or as
+its node's largest input. Ops that the device runs elsewhere (DFT has no CUDA kernel in ONNX
+Runtime: it runs on the CPU) cost the CPU's time plus a round trip over PCIe, and so does a
+node whose subgraph holds one. The rates are round figures for what ONNX Runtime reaches, not
+peaks; a rewrite is applied when its estimate is no larger than the original's.
 """
 
 from __future__ import annotations
@@ -101,11 +101,22 @@ def _shape(tensor, node: gs.Node, replaced: dict[int, gs.Tensor]) -> tuple[int, 
 
 def _bytes(tensor, node: gs.Node, replaced) -> float:
     if isinstance(tensor, gs.Constant):     # from its shape: reading .values would load the weight
-        return float(math.prod(tensor.shape)) * tensor_dtype(tensor).itemsize
-    shape = _shape(tensor, node, replaced)
-    if shape is None or not getattr(tensor, "name", ""):
+        return float(math.prod(tensor.shape)) * _itemsize(tensor.dtype)
+    if not tensor.name:
         return 0.0
-    return float(math.prod(shape)) * tensor_dtype(tensor).itemsize
+    shape = _shape(tensor, node, replaced)
+    return 0.0 if shape is None else float(math.prod(shape)) * _itemsize(tensor.dtype)
+
+
+_ITEMSIZES: dict = {}
+
+
+def _itemsize(dtype) -> int:
+    """tensor_dtype's itemsize, by the gs dtype (a NumPy type, an ONNX type number or None)."""
+    size = _ITEMSIZES.get(dtype)
+    if size is None:
+        size = _ITEMSIZES[dtype] = tensor_dtype(gs.Variable("", dtype)).itemsize
+    return size
 
 
 def _node_flops(node: gs.Node, replaced) -> float:

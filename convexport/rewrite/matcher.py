@@ -6,6 +6,7 @@ at most one way, except for the input order of commutative ops, which is backtra
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
@@ -55,13 +56,24 @@ class PatternMatcher:
         self.graph_outputs = graph_outputs
         self.members = members          # ids of the nodes of the graph being matched (one scope)
         self.producers = {ref.name: line for line in rule.pattern for ref in line.outputs}
-        # ops that must produce some input of the root: a cheap test before a full match
-        self.root_feeders = {self.producers[ref.name].op_type for ref in rule.root.inputs
-                             if not ref.variadic and ref.name in self.producers}
+        # What the root's inputs must be, a cheap test before a full match: the ops that must
+        # produce them, as many times as the pattern names a distinct input of that op, and how
+        # many must be constants (names written once among the root's inputs: a name written
+        # twice is checked against its first binding only)
+        names = [ref.name for ref in rule.root.inputs]
+        required = [ref for ref in rule.root.inputs
+                    if not (ref.variadic or ref.optional or ref.wildcard) and names.count(ref.name) == 1]
+        self.root_feeders = tuple(Counter(self.producers[ref.name].op_type for ref in required
+                                          if ref.name in self.producers).items())
+        self.root_constants = sum(ref.constant for ref in required)
 
     def match(self, root: gs.Node) -> Match | None:
-        if self.root_feeders and not self.root_feeders <= {
-                t.inputs[0].op for t in root.inputs if isinstance(t, gs.Variable) and len(t.inputs) == 1}:
+        if self.root_feeders:
+            made_by = [t.inputs[0].op for t in root.inputs if isinstance(t, gs.Variable) and len(t.inputs) == 1]
+            for op, count in self.root_feeders:
+                if made_by.count(op) < count:
+                    return None
+        if self.root_constants and sum(map(is_constant, root.inputs)) < self.root_constants:
             return None
         state = _State()
         if not self._node(self.rule.root, root, state, None):
