@@ -66,6 +66,8 @@ class PatternMatcher:
         self.root_feeders = tuple(Counter(self.producers[ref.name].op_type for ref in required
                                           if ref.name in self.producers).items())
         self.root_constants = sum(ref.constant for ref in required)
+        # without per-element names the bindings need no regrouping into lists
+        self.per_element = any(ref.per_element for line in rule.pattern for ref in (*line.inputs, *line.outputs))
 
     def match(self, root: gs.Node) -> Match | None:
         if self.root_feeders:
@@ -78,8 +80,9 @@ class PatternMatcher:
         state = _State()
         if not self._node(self.rule.root, root, state, None):
             return None
-        values, nodes = _collect(state.values), _collect(state.nodes)
-        return Match(self.rule, values, nodes, root)
+        if not self.per_element:
+            return Match(self.rule, state.values, state.nodes, root)
+        return Match(self.rule, _collect(state.values), _collect(state.nodes), root)
 
     def match_group(self, anchor) -> Match | None:
         """Every node that matches the group's element pattern reading `anchor` as the shared
@@ -103,16 +106,17 @@ class PatternMatcher:
     def _node(self, line: PatternNode, node: gs.Node, state: _State, element: int | None) -> bool:
         if node.op != line.op_type or (node.domain or "") not in ("", "ai.onnx") or id(node) not in self.members:
             return False
-        key = _key(line.outputs[0], element)
+        first = line.outputs[0]
+        key = _key(first, element)
         if key in state.nodes:
             return state.nodes[key] is node
         for name, wanted in line.attributes:
             actual = attribute(node, name, self.opset)
             if actual is not NOT_IN_SCHEMA and actual != wanted:
                 return False
-        if line.outputs[0].variadic:
+        if first.variadic:
             state.nodes[key] = node
-            state.values[line.outputs[0].name] = list(node.outputs)
+            state.values[first.name] = list(node.outputs)
             return self._inputs(line, list(node.inputs), state, element)
         if len(node.outputs) < len(line.outputs) or any(self._used(out) for out in node.outputs[len(line.outputs):]):
             return False
@@ -126,7 +130,7 @@ class PatternMatcher:
 
     def _inputs(self, line: PatternNode, tensors: list, state: _State, element: int | None) -> bool:
         variadic = line.variadic_input
-        fixed = [ref for ref in line.inputs if not ref.variadic]
+        fixed = line.fixed_inputs
         if variadic is None:
             if line.op_type not in COMMUTATIVE or len(tensors) != 2:
                 # one order: a failure fails the whole match, whose state is dropped, so no copy
@@ -181,7 +185,7 @@ class PatternMatcher:
         if not isinstance(tensor, gs.Variable) or len(tensor.inputs) != 1:
             return False
         producer = tensor.inputs[0]
-        if producer.outputs.index(tensor) != [r.name for r in line.outputs].index(ref.name):
+        if producer.outputs.index(tensor) != line.output_names.index(ref.name):
             return False
         return self._node(line, producer, state, element if line.is_element else None)
 

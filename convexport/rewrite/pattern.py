@@ -22,7 +22,7 @@ line is the root: matching starts from it and walks to producers.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import yaml
 
@@ -50,10 +50,10 @@ class ValueRef:
     optional: bool = False        # written `name?`
     variadic: bool = False        # written `*name`
     constant: bool = False        # written `name:const`
+    wildcard: bool = field(init=False, repr=False, compare=False)      # written `_`
 
-    @property
-    def wildcard(self) -> bool:
-        return self.name == "_"
+    def __post_init__(self):
+        object.__setattr__(self, "wildcard", self.name == "_")
 
 
 @dataclass(frozen=True)
@@ -64,15 +64,19 @@ class PatternNode:
     attributes: tuple[tuple[str, object], ...]
     line: int = 0                 # line in the rule file, for messages
     text: str = ""
+    # derived from the above, once (the matcher reads them at every node it tries)
+    is_element: bool = field(init=False, repr=False, compare=False)     # `parts[] = ...`: once per element
+    variadic_input: ValueRef | None = field(init=False, repr=False, compare=False)
+    fixed_inputs: tuple[ValueRef, ...] = field(init=False, repr=False, compare=False)   # the others, in order
+    output_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
-    @property
-    def is_element(self) -> bool:
-        """True for `parts[] = ...`: matched once per element of a variadic list."""
-        return self.outputs[0].per_element
-
-    @property
-    def variadic_input(self) -> ValueRef | None:
-        return next((ref for ref in self.inputs if ref.variadic), None)
+    def __post_init__(self):
+        derived = {"is_element": self.outputs[0].per_element,
+                   "variadic_input": next((ref for ref in self.inputs if ref.variadic), None),
+                   "fixed_inputs": tuple(ref for ref in self.inputs if not ref.variadic),
+                   "output_names": tuple(ref.name for ref in self.outputs)}
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
 
 
 def parse_pattern_line(text: str, line: int = 0) -> PatternNode:
