@@ -148,7 +148,10 @@ def test_exported_sample_models_import_alike(source):
 
 
 def test_an_optimized_model_imports_alike():
-    assert_imports_alike(onnx.load(FIXTURES / "small_net.opt.onnx"))
+    import convexport
+
+    optimized = convexport.optimize(str(FIXTURES / "small_net.py"), write=False, validate=False, profile=False).model
+    assert_imports_alike(optimized)
 
 
 def test_models_with_functions_or_sparse_weights_are_left_to_gs(monkeypatch):
