@@ -178,7 +178,7 @@ def fully_shaped(graph: gs.Graph) -> bool:
     sizes: ONNX shape inference would add nothing to the graph's export."""
     return all(isinstance(tensor, gs.Constant) or not tensor.name or (
                    tensor.dtype is not None and tensor.shape is not None
-                   and all(type(dim) is int and dim >= 0 for dim in tensor.shape))
+                   and all(isinstance(dim, int) and dim >= 0 for dim in tensor.shape))
                for scope in all_graphs(graph) for node in scope.nodes for tensor in node.outputs)
 
 
@@ -200,9 +200,13 @@ def proto_scopes(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
 
 
 def tensor_dtype(tensor) -> np.dtype:
-    """The numpy dtype of a gs tensor, float32 when unknown (onnx-graphsurgeon keeps types
+    """The numpy dtype of a gs tensor, float32 when unknown (numpy_dtype)."""
+    return numpy_dtype(tensor.dtype)
+
+
+def numpy_dtype(dtype) -> np.dtype:
+    """The numpy dtype of a gs tensor's dtype, float32 for None (onnx-graphsurgeon keeps types
     numpy lacks, such as bfloat16, as ONNX type numbers: ml_dtypes supplies those)."""
-    dtype = tensor.dtype
     if dtype is None:
         return np.dtype(np.float32)
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dtype) if isinstance(dtype, int) else dtype)

@@ -9,16 +9,17 @@ tensors' `outputs` and its output tensors' `inputs`, in the same order.
 
 It relies on the fields gs's constructors set, so it checks them first: built by gs's own
 constructors, a Node, a Variable, a Constant, its LazyValues and a SynchronizedList must carry
-exactly the fields it fills, or (another onnx-graphsurgeon version) gs.import_onnx does the work.
-So do models with model-local functions or sparse initializers, and
-constant_values leaves to gs whatever is not plain numeric raw data. Node attributes other than
-numbers and strings (tensors, subgraphs, references to a function's attributes) are imported by
-gs's own attribute importer, which also imports subgraphs.
+exactly the fields it fills, or (another onnx-graphsurgeon version) gs.import_onnx does the
+work, as it does for models with model-local functions or sparse initializers. Node attributes
+other than numbers and strings (tensors, subgraphs, references to a function's attributes) go
+through gs's own attribute importer, which also imports subgraphs. constant_values leaves to gs
+any weight that is not plain numeric raw data.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from collections import OrderedDict
 
@@ -113,7 +114,7 @@ class _Importer:
         return known
 
     def _node(self, proto: onnx.NodeProto) -> gs.Node:
-        attributes = self._attributes(proto)    # before the node's own tensors, as in gs (a subgraph sees the outer ones)
+        attributes = self._attributes(proto)    # first, as in gs: a subgraph sees the outer tensors as they are
         node = gs.Node.__new__(gs.Node)
         inputs, outputs = _synchronized(node, "outputs"), _synchronized(node, "inputs")
         for name in proto.input:
@@ -155,7 +156,8 @@ def constant_values(constant: gs.Constant) -> np.ndarray:
         proto = lazy.tensor
         if (proto.data_type in _RAW_DATA_TYPES and proto.HasField("raw_data")
                 and proto.data_location != onnx.TensorProto.EXTERNAL):
-            constant.values = np.frombuffer(proto.raw_data, _numpy_dtype(proto.data_type)).reshape(tuple(proto.dims)).copy()
+            raw = np.frombuffer(proto.raw_data, _numpy_dtype(proto.data_type))
+            constant.values = raw.reshape(tuple(proto.dims)).copy()
     return constant.values
 
 
@@ -204,20 +206,13 @@ def _dtype(elem_type: int):
 def _constant(proto: onnx.TensorProto) -> gs.Constant:
     lazy = LazyValues.__new__(LazyValues)
     dtype = _dtype(proto.data_type)
-    vars(lazy).update(tensor=proto, shape=proto.dims, dtype=dtype, nbytes=_volume(proto.dims) * _itemsize(dtype))
+    vars(lazy).update(tensor=proto, shape=proto.dims, dtype=dtype, nbytes=math.prod(proto.dims) * _itemsize(dtype))
     constant = gs.Constant.__new__(gs.Constant)
     vars(constant).update(name=proto.name, inputs=_synchronized(constant, "outputs"),
                           outputs=_synchronized(constant, "inputs"), _values=lazy,
                           data_location=int(proto.data_location) if proto.HasField("data_location") else None,
                           _export_dtype=None)
     return constant
-
-
-def _volume(dims) -> int:
-    volume = 1
-    for dim in dims:
-        volume *= dim
-    return volume
 
 
 @functools.cache

@@ -17,12 +17,13 @@ peaks; a rewrite is applied when its estimate is no larger than the original's.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
 
-from ..graph import node_subgraphs, tensor_dtype
+from ..graph import node_subgraphs, numpy_dtype
 
 
 @dataclass(frozen=True)
@@ -108,15 +109,10 @@ def _bytes(tensor, node: gs.Node, replaced) -> float:
     return 0.0 if shape is None else float(math.prod(shape)) * _itemsize(tensor.dtype)
 
 
-_ITEMSIZES: dict = {}
-
-
+@functools.cache
 def _itemsize(dtype) -> int:
-    """tensor_dtype's itemsize, by the gs dtype (a NumPy type, an ONNX type number or None)."""
-    size = _ITEMSIZES.get(dtype)
-    if size is None:
-        size = _ITEMSIZES[dtype] = tensor_dtype(gs.Variable("", dtype)).itemsize
-    return size
+    """The item size of a gs dtype (a NumPy type, an ONNX type number or None)."""
+    return numpy_dtype(dtype).itemsize
 
 
 def _node_flops(node: gs.Node, replaced) -> float:
