@@ -274,3 +274,29 @@ def test_tensor_map_is_gs_tensors_in_the_same_order():
     graph = import_graph(conv_bn_model(extra_consumer=True))
     graph.nodes[1].inputs.append(gs.Variable(""))       # a nameless tensor is left out
     assert list(tensor_map(graph).items()) == list(graph.tensors().items())
+
+
+def test_a_rule_whose_pattern_names_an_op_the_scope_lacks_is_not_tried(monkeypatch):
+    import convexport.rewrite.engine as engine
+
+    tried = []
+    real = engine.PatternMatcher
+    monkeypatch.setattr(engine, "PatternMatcher", lambda rule, *args: tried.append(rule.name) or real(rule, *args))
+    rewrite(conv_bn_model())
+    assert "conv-batchnorm" in tried
+    assert not {"gathered-linear-branches", "pad-conv", "add-conv-conv", "conv-mul"} & set(tried)
+
+
+@pytest.mark.parametrize("seed", range(0, 40, 3))
+def test_skipping_rules_by_op_changes_no_outcome(seed, monkeypatch):
+    """The same rewrites and the same model as when every rule is tried everywhere."""
+    from convexport.rewrite.rulefile import Rule
+    from test_random_graphs import random_graph
+
+    builder, y = random_graph(seed)
+    model = builder.model([y])
+    skipping = rewrite(model)
+    monkeypatch.setattr(Rule, "ops", property(lambda rule: frozenset()))
+    trying_all = rewrite(model)
+    assert skipping.applied == trying_all.applied and skipping.skipped == trying_all.skipped
+    assert skipping.model.SerializeToString() == trying_all.model.SerializeToString()

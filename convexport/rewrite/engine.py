@@ -156,6 +156,8 @@ def _run_scope(graph: gs.Graph, rules: list[Rule], base: RewriteContext, state: 
     for rule in rules:
         if state.full():
             break
+        if not rule.ops <= by_op.keys():
+            continue                # an op of its pattern is nowhere in this scope
         primitive = rule.plugin or state.primitives[rule.apply]
         group = rule.is_group
         candidates = [node for node in (graph.nodes if group else by_op.get(rule.root.op_type, ()))

@@ -57,6 +57,11 @@ class Rule:
         return self.pattern[-1]
 
     @property
+    def ops(self) -> frozenset[str]:
+        """The op types its pattern names: a scope without one of them has no match."""
+        return frozenset(line.op_type for line in self.pattern)
+
+    @property
     def is_group(self) -> bool:
         """A group pattern: the last line is an element line, matched by every node (two or
         more) that reaches one shared tensor, the anchor, through the pattern."""
