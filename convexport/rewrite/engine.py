@@ -303,9 +303,11 @@ def _apply(graph: gs.Graph, rewrite: Rewrite, fresh: NameGenerator, changes: Cha
     this leaves dead are disconnected and buried in `changes` (to be dropped from the graph).
 
     A replacement made by a new node takes over the old tensor object itself (its name, its
-    consumers, its place among the graph outputs); one that already exists (an input of the
-    match) is wired into the old tensor's consumers instead. Every tensor whose producer or
-    readers this changes goes into `changes`.
+    consumers, its place among the graph outputs), and the old producer gets a placeholder in
+    its place; one that already exists (an input of the match) is wired into the old tensor's
+    consumers instead, which leaves the old tensor unread where it is (never a graph output:
+    _checked refuses that). Every tensor whose producer or readers this changes goes into
+    `changes`.
     """
     graph.nodes.extend(rewrite.nodes)
     changes.touch(t for node in rewrite.nodes for t in (*node.inputs, *node.outputs))
@@ -314,8 +316,8 @@ def _apply(graph: gs.Graph, rewrite: Rewrite, fresh: NameGenerator, changes: Cha
         changes.touch((old, new))
         takes_over = _takes_over(new, graph)
         orphans.extend(old.inputs)
-        _detach(old, fresh)
         if takes_over:
+            _detach(old, fresh)
             producer = new.inputs[0]
             for consumer in list(new.outputs):
                 _rewire(consumer, new, old)
