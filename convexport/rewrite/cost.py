@@ -79,6 +79,8 @@ def estimate(nodes: list[gs.Node], device: Device, flops: float | None = None,
 
 def _runs_on_host(node: gs.Node, device: Device) -> bool:
     """The node is, or holds in a subgraph (a Scan body), an op the device leaves to the CPU."""
+    if not device.host_ops:
+        return False
     if node.op in device.host_ops:
         return True
     return any(_runs_on_host(inner, device) for sub in node_subgraphs(node) for inner in sub.nodes)
