@@ -15,7 +15,7 @@ from collections import Counter
 
 import onnx
 
-from .graph import proto_scopes, proto_subgraphs
+from .graph import may_hold_graphs, proto_scopes, proto_subgraphs
 
 
 def graph_stats(model: onnx.ModelProto) -> dict:
@@ -35,9 +35,11 @@ def graph_stats(model: onnx.ModelProto) -> dict:
 def _graph_flops(graph: onnx.GraphProto, shapes, integers) -> float:
     total = 0.0
     for node in graph.node:
-        total += _node_flops(node, shapes, integers)
-        for sub in proto_subgraphs(node):
-            total += _graph_flops(sub, shapes, integers) * _iterations(node, shapes)
+        op = node.op_type          # read once: each read of a proto field makes a new str
+        total += _node_flops(node, op, shapes, integers)
+        if may_hold_graphs(op, node.domain):
+            for sub in proto_subgraphs(node):
+                total += _graph_flops(sub, shapes, integers) * _iterations(node, shapes)
     return total
 
 
@@ -77,31 +79,32 @@ def _known_shapes(scopes: list[onnx.GraphProto]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _node_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]], integers: dict[str, list[int]]) -> float:
+def _node_flops(node: onnx.NodeProto, op: str, shapes: dict[str, tuple[int, ...]],
+                integers: dict[str, list[int]]) -> float:
     out = shapes.get(node.output[0]) if node.output else None
     if out is None:
         return 0.0
     out_elements = float(math.prod(out)) if out else 1.0
-    if node.op_type == "DFT":
+    if op == "DFT":
         return _dft_flops(node, shapes, integers, out)
-    if node.op_type in ("Conv", "ConvTranspose"):
+    if op in ("Conv", "ConvTranspose"):
         weight = shapes.get(node.input[1])
         if weight is None:
             return 0.0
         # Conv: each output element sums (I/g)*prod(k) products; weight is [O, I/g, *k].
         # ConvTranspose: each input element scatters O/g*prod(k); weight is [I, O/g, *k].
-        if node.op_type == "Conv":
+        if op == "Conv":
             return 2.0 * out_elements * float(math.prod(weight[1:]))
         source = shapes.get(node.input[0])
         return 2.0 * float(math.prod(source or (1,))) * float(math.prod(weight[1:]))
-    if node.op_type in ("Gemm", "MatMul"):
+    if op in ("Gemm", "MatMul"):
         a = shapes.get(node.input[0])
         if not a:
             return 0.0
-        transposed = node.op_type == "Gemm" and any(at.name == "transA" and at.i for at in node.attribute)
+        transposed = op == "Gemm" and any(at.name == "transA" and at.i for at in node.attribute)
         inner = a[0] if transposed and len(a) == 2 else a[-1]
         return 2.0 * out_elements * inner
-    if node.op_type == "Einsum" and len(node.input) == 2:
+    if op == "Einsum" and len(node.input) == 2:
         return 2.0 * _einsum_products(node, shapes)
     return out_elements
 
