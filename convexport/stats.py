@@ -15,7 +15,7 @@ from collections import Counter
 
 import onnx
 
-from .graph import may_hold_graphs, proto_scopes, proto_subgraphs
+from .graph import proto_scopes, proto_subgraphs
 
 
 def graph_stats(model: onnx.ModelProto) -> dict:
@@ -37,9 +37,8 @@ def _graph_flops(graph: onnx.GraphProto, shapes, integers) -> float:
     for node in graph.node:
         op = node.op_type          # read once: each read of a proto field makes a new str
         total += _node_flops(node, op, shapes, integers)
-        if may_hold_graphs(op, node.domain):
-            for sub in proto_subgraphs(node):
-                total += _graph_flops(sub, shapes, integers) * _iterations(node, shapes)
+        for sub in proto_subgraphs(node):
+            total += _graph_flops(sub, shapes, integers) * _iterations(node, shapes)
     return total
 
 
