@@ -173,12 +173,16 @@ def tensor_map(graph: gs.Graph) -> dict[str, gs.Tensor]:
     return found
 
 
+def is_static(shape) -> bool:
+    """A shape whose every size is known (no symbolic or unknown dim); False for no shape."""
+    return shape is not None and all(isinstance(dim, int) and dim >= 0 for dim in shape)
+
+
 def fully_shaped(graph: gs.Graph) -> bool:
-    """Every tensor a node writes, here and in subgraphs, has a dtype and a shape of known
-    sizes: ONNX shape inference would add nothing to the graph's export."""
-    return all(isinstance(tensor, gs.Constant) or not tensor.name or (
-                   tensor.dtype is not None and tensor.shape is not None
-                   and all(isinstance(dim, int) and dim >= 0 for dim in tensor.shape))
+    """Every tensor a node writes, here and in subgraphs, has a dtype and a static shape: ONNX
+    shape inference would add nothing to the graph's export."""
+    return all(isinstance(tensor, gs.Constant) or not tensor.name
+               or (tensor.dtype is not None and is_static(tensor.shape))
                for scope in all_graphs(graph) for node in scope.nodes for tensor in node.outputs)
 
 

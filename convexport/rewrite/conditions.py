@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import onnx_graphsurgeon as gs
 
-from ..graph import constant_value, is_absent, is_constant
+from ..graph import constant_value, is_absent, is_constant, is_static
 
 
 def _each(values: dict, names) -> list[tuple[str, object]]:
@@ -81,7 +81,7 @@ def count(values: dict, minimums: dict, graph: gs.Graph) -> str | None:
 def static_shape(values: dict, names, graph: gs.Graph) -> str | None:
     for name, tensor in _each(values, names):
         shape = getattr(tensor, "shape", None)
-        if not is_absent(tensor) and (shape is None or not all(isinstance(d, int) and d >= 0 for d in shape)):
+        if not is_absent(tensor) and not is_static(shape):
             return f"{_label(name, tensor)} has no static shape ({shape})"
     return None
 
