@@ -24,15 +24,25 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
     graph = import_model(model)
     _inputs_with_defaults_stay_inputs(graph, model)
     nodes = [node for scope in all_graphs(graph) for node in scope.nodes]
-    taken = {node.name for node in nodes if node.name}
-    counter = itertools.count()
-    for node in nodes:
-        if not node.name:
-            while (name := f"{node.op}_{next(counter)}") in taken:
-                pass
-            node.name = name
-            taken.add(name)
+    for node, name in zip(nodes, node_names([(node.op, node.name) for node in nodes])):
+        node.name = name
     return graph
+
+
+def node_names(nodes: list[tuple[str, str]]) -> list[str]:
+    """Each node's name, given (op, name) in graph order (subgraphs' nodes included): its own,
+    or for a nameless one f"{op}_{n}", n counting up over the nameless ones, skipping any name
+    already taken."""
+    taken = {name for _, name in nodes if name}
+    counter = itertools.count()
+    names = []
+    for op, name in nodes:
+        if not name:
+            while (name := f"{op}_{next(counter)}") in taken:
+                pass
+            taken.add(name)
+        names.append(name)
+    return names
 
 
 def overridable_initializers(model: onnx.ModelProto) -> list[onnx.TensorProto]:

@@ -8,7 +8,9 @@ report lists those whose nodes are still in the final graph).
 The graph is imported once and exported once. Between passes only the shapes of the tensors
 the pass created are inferred (local_shapes.py), and a rule looks again only where the graph
 changed since it last looked (changes.py): a match none of whose nodes, nor the nodes its
-primitive reads around it, changed would come out as it did.
+primitive reads around it, changed would come out as it did. The first rule's first look at
+the main graph may be made on the proto before the import, by its primitive's proto form
+(primitives.on_proto: drop-identity's), with the same rewrites and report entries.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from .conditions import first_failure
 from .decisions import by_estimate, by_measurement
 from .local_shapes import infer_new_shapes
 from .matcher import Match, PatternMatcher
-from .primitives import Primitive, Rewrite, reach_of
+from .primitives import EarlyRewrites, Primitive, Rewrite, proto_form_of, reach_of
 from .rulefile import Rule
 
 MAX_PASSES = 32
@@ -112,14 +114,18 @@ def _collector_paused():
 
 def _rewrite(model, rules, primitives, strategy, source, limit, device, decided) -> RewriteOutcome:
     opset = default_opset(model)
-    graph = import_graph(model)
-    originals = Originals(graph, model)
+    early = _early_rewrites(model, rules, primitives, limit)
+    start = model if early is None else early.model
+    graph = import_graph(start)
+    originals = Originals(graph, start)
     base = RewriteContext(graph, opset, NameGenerator(graph), {}, strategy, device, {} if decided is None else decided)
     state = _Run(primitives, ChangeLog(), [], {}, limit)
+    for node_name, note in early.rewrites if early is not None else ():
+        _record(state, rules[0], [node_name], _judged(Rewrite([], [], note), rules[0], [node_name], base))
     passes, changed_at_all = 0, False
     for passes in range(1, MAX_PASSES + 1):
         state.created = []
-        changed = False
+        changed = passes == 1 and early is not None    # the first look that made them was this pass's
         for scope in all_graphs(graph):     # each scope on its own: see _run_scope
             changed |= _run_scope(scope, rules, replace(base, graph=scope), state)
         if not changed:
@@ -179,13 +185,10 @@ def _run_scope(graph: gs.Graph, rules: list[Rule], base: RewriteContext, state: 
             verdict = _decide(match, primitive, context)
             if verdict is None:
                 continue
-            entry = {"rule": rule.name, "file": rule.file, "nodes": match.node_names()}
+            _record(state, rule, match.node_names(), verdict)
             if isinstance(verdict, Skip):
-                decision = {"decision": verdict.decision} if verdict.decision else {}
-                state.skipped[(rule.name, tuple(entry["nodes"]))] = {**entry, "reason": verdict.reason, **decision}
                 continue
             _apply(graph, verdict, base.fresh, state.changes)
-            state.applied.append({**entry, "reason": verdict.note, **_cost_fields(verdict), **verdict.extra})
             state.created.extend(verdict.nodes)
             changed = True
             matcher.graph_outputs = set(map(id, graph.outputs))
@@ -194,6 +197,27 @@ def _run_scope(graph: gs.Graph, rules: list[Rule], base: RewriteContext, state: 
                 by_op.setdefault(node.op, []).append(node)
     graph.nodes = [node for node in graph.nodes if not dead(node)]
     return changed
+
+
+def _early_rewrites(model: onnx.ModelProto, rules: list[Rule], primitives: dict[str, Primitive],
+                    limit: int | None) -> EarlyRewrites | None:
+    """The first rule's first look at the main graph, made on the proto by its primitive's
+    proto form (primitives.on_proto) where it has one: the rewrites the engine would make
+    first, without importing the nodes they remove."""
+    if not rules:
+        return None
+    form = proto_form_of(rules[0].plugin or primitives[rules[0].apply])
+    return None if form is None else form(model, rules[0], limit)
+
+
+def _record(state: _Run, rule: Rule, node_names: list[str], verdict: Rewrite | Skip) -> None:
+    """A verdict into the report's lists: applied, or skipped with its reason."""
+    entry = {"rule": rule.name, "file": rule.file, "nodes": node_names}
+    if isinstance(verdict, Skip):
+        decision = {"decision": verdict.decision} if verdict.decision else {}
+        state.skipped[(rule.name, tuple(node_names))] = {**entry, "reason": verdict.reason, **decision}
+    else:
+        state.applied.append({**entry, "reason": verdict.note, **_cost_fields(verdict), **verdict.extra})
 
 
 def _anchors(graph: gs.Graph, rule: Rule, candidates: list[gs.Node], region: set[int] | None) -> list:
@@ -224,14 +248,22 @@ def _decide(match: Match, primitive: Primitive, context: RewriteContext) -> Rewr
     if result.complete is not None and context.strategy != "cost":    # only the estimate judges a prospect
         result = _completed(result, match.rule)
     result = _checked(result, context.graph)
-    if isinstance(result, Skip) or context.strategy == "exact":
+    if isinstance(result, Skip):
         return result
-    key = (match.rule.name, tuple(match.node_names()))
+    return _judged(result, match.rule, match.node_names(), context)
+
+
+def _judged(result: Rewrite, rule: Rule, node_names: list[str], context: RewriteContext) -> Rewrite | Skip:
+    """The rewrite with its decision's numbers, or the Skip that the decision gives (under
+    --strategy exact, the rewrite as it is)."""
+    if context.strategy == "exact":
+        return result
+    key = (rule.name, tuple(node_names))
     judge = by_measurement if context.strategy == "measure" else by_estimate
     outputs = set(map(id, context.graph.outputs))
     decision = context.decided.get(key) or judge(result, context.opset, context.device, outputs)
     if decision.apply and result.complete is not None:      # a prospect that passes: build it, judge that
-        result = _checked(_completed(result, match.rule), context.graph)
+        result = _checked(_completed(result, rule), context.graph)
         if isinstance(result, Skip):
             return result
         decision = context.decided.get(key) or judge(result, context.opset, context.device, outputs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import onnx
 import onnx_graphsurgeon as gs
 
 
@@ -50,6 +51,35 @@ def reach(steps: int) -> Callable[[Primitive], Primitive]:
 
 def reach_of(primitive: Primitive) -> int | None:
     return getattr(primitive, "reach", None)
+
+
+@dataclass
+class EarlyRewrites:
+    """A rule's first look at the main graph, made on the ModelProto (see on_proto)."""
+
+    model: onnx.ModelProto          # a new model: the input with the rewrites made
+    rewrites: list[tuple[str, str]]  # (the one node removed, the note), in the order made
+
+
+# on_proto's form: (model, rule, limit on the rewrites) -> EarlyRewrites | None (nothing done)
+ProtoForm = Callable[[onnx.ModelProto, object, "int | None"], "EarlyRewrites | None"]
+
+
+def on_proto(form: ProtoForm) -> Callable[[Primitive], Primitive]:
+    """Declare a form of a primitive that works on the ModelProto before the graph is imported.
+    When the primitive's rule is the first rule, the engine hands its first look at the main
+    graph to `form`, which must make the very rewrites the primitive would (same nodes, same
+    order, the same rewiring), or a prefix of them, leaving the rest to the engine; it may
+    decline (None). It pays where a rule removes many single nodes: an import, a match and a
+    rewire per node saved (folds/cleanup.py forwards Identity nodes this way)."""
+    def declare(primitive: Primitive) -> Primitive:
+        primitive.on_proto = form
+        return primitive
+    return declare
+
+
+def proto_form_of(primitive: Primitive) -> ProtoForm | None:
+    return getattr(primitive, "on_proto", None)
 
 
 def builtin_primitives() -> dict[str, Primitive]:
