@@ -140,3 +140,25 @@ def test_new_nodes_and_constants_are_exported():
     assert [n.op_type for n in exported.graph.node] == ["Conv", "Relu", "Identity", "Mul"]
     assert {init.name for init in exported.graph.initializer} == {"w", "two"}
     onnx.checker.check_model(exported)
+
+
+@pytest.mark.parametrize("attrs", [
+    {}, {"group": 1, "pads": [1, 1, 1, 1], "kernel_shape": [3, 3]}, {"alpha": 0.5, "scales": [1.0, 2.5]},
+    {"mode": "nearest", "names": ["a", "b"]}, {"flag": True, "flags": [True, False]}, {"n": np.int64(3)},
+    {"empty": []}, {"mixed": [1, 2.5]}, {"value": gs.Constant("v", np.ones(2, np.float32))},
+    {"ints": [np.int64(1), np.int64(2)]}, {"nested": [[1], [2]]}, {"text": "naïve"},
+])
+@pytest.mark.parametrize("name, domain", [("n", None), ("", ""), ("n", "com.example")])
+def test_nodes_are_exported_as_onnx_graphsurgeon_exports_them(attrs, name, domain):
+    from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
+
+    from convexport.reexport import exported_node
+
+    node = gs.Node("Op", name, dict(attrs), [gs.Variable("x"), gs.Variable("")], [gs.Variable("y")], domain=domain)
+    try:
+        expected = OnnxExporter.export_node(node).SerializeToString()
+    except (ValueError, TypeError) as exc:       # what gs cannot export, neither can we
+        with pytest.raises(type(exc)):
+            exported_node(node)
+        return
+    assert exported_node(node).SerializeToString() == expected
