@@ -166,6 +166,42 @@ def _numpy_dtype(data_type: int) -> np.dtype:
     return onnx.helper.tensor_dtype_to_np_dtype(data_type)
 
 
+# New objects, field for field as gs's constructors make them, without their __setattr__ hooks
+# (4 against 24 us for a Conv with its weight, bias and output): every fold builds its Conv
+# through folds/convnodes.conv_node.
+
+def new_variable(name: str, dtype=None, shape=None) -> gs.Variable:
+    """gs.Variable(name, dtype, shape)."""
+    return _variable(name, dtype, shape) if layout_is_known() else gs.Variable(name, dtype, shape)
+
+
+def new_constant(name: str, values: np.ndarray) -> gs.Constant:
+    """gs.Constant(name, values) for a NumPy array."""
+    if not layout_is_known():
+        return gs.Constant(name, values)
+    constant = gs.Constant.__new__(gs.Constant)
+    vars(constant).update(name=name, inputs=_synchronized(constant, "outputs"), outputs=_synchronized(constant, "inputs"),
+                          _values=values, data_location=None, _export_dtype=None)
+    return constant
+
+
+def new_node(op: str, name: str, attrs: dict, inputs: list, outputs: list) -> gs.Node:
+    """gs.Node(op, name, attrs, inputs, outputs): the node joins its inputs' readers and its
+    outputs' producers."""
+    if not layout_is_known():
+        return gs.Node(op, name, attrs, inputs, outputs)
+    node = gs.Node.__new__(gs.Node)
+    node_inputs, node_outputs = _synchronized(node, "outputs"), _synchronized(node, "inputs")
+    for tensor in inputs:
+        list.append(node_inputs, tensor)
+        list.append(tensor.outputs, node)
+    for tensor in outputs:
+        list.append(node_outputs, tensor)
+        list.append(tensor.inputs, node)
+    vars(node).update(op=op, name=name, attrs=attrs, inputs=node_inputs, outputs=node_outputs, domain=None)
+    return node
+
+
 def _synchronized(owner, field_name: str) -> SynchronizedList:
     """An empty SynchronizedList(owner, field_name, [])."""
     synchronized = SynchronizedList.__new__(SynchronizedList)

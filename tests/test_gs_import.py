@@ -213,3 +213,24 @@ def test_constant_values_leaves_other_storage_to_gs():
     np.testing.assert_array_equal(gs_import.constant_values(gs.Constant("b", gs.ir.tensor.LazyValues(bf16))), expected)
     array = np.ones(3, np.float32)
     assert gs_import.constant_values(gs.Constant("a", array)) is array
+
+
+def built_with(make_variable, make_constant, make_node):
+    """x -> Conv(w, b) -> y -> Relu -> z, with one more reader of x made first by gs."""
+    x = gs.Variable("x", np.float32, [1, 3, 4, 4])
+    gs.Node("Relu", "early", {}, [x], [gs.Variable("early_out")])
+    weight, bias = make_constant("w", np.ones([2, 3, 1, 1], np.float32)), make_constant("b", np.zeros(2, np.float32))
+    y = make_variable("y", np.float32, [1, 2, 4, 4])
+    conv = make_node("Conv", "conv", {"group": 1, "pads": [0, 0, 0, 0]}, [x, weight, bias], [y])
+    make_node("Relu", "relu", {}, [y], [make_variable("z", None, None)])
+    return conv
+
+
+def test_new_objects_are_what_gs_constructors_make():
+    ours = built_with(gs_import.new_variable, gs_import.new_constant, gs_import.new_node)
+    theirs = built_with(gs.Variable, gs.Constant, gs.Node)
+    pairing = _Pairing()
+    pairing.nodes(ours, theirs, "conv")
+    readers = [(node.name for node in tensor.outputs) for tensor in (ours.inputs[0], theirs.inputs[0])]
+    assert list(readers[0]) == list(readers[1]) == ["early", "conv"]
+    assert ours.outputs[0].outputs[0].name == "relu" and ours.outputs[0].outputs[0].inputs[0] is ours.outputs[0]

@@ -9,6 +9,7 @@ import onnx_graphsurgeon as gs
 
 from ..algebra import ConvSpec, Refusal, conv_from_onnx, conv_to_onnx
 from ..graph import constant_value, is_absent
+from ..gs_import import new_constant, new_node, new_variable
 
 
 def spatial_shape(tensor) -> tuple[int | None, ...] | None:
@@ -54,11 +55,11 @@ def make_conv(context, x, spec: ConvSpec, dtype: np.dtype, base: str, shape=None
 def conv_node(context, x, weight: np.ndarray, bias: np.ndarray | None, attrs: dict, dtype: np.dtype, base: str,
               shape=None) -> tuple[gs.Node, gs.Variable]:
     """A Conv node with these ONNX weight, bias (or None) and attributes, as make_conv."""
-    inputs = [x, gs.Constant(context.fresh(base + "_weight"), weight.astype(dtype))]
+    inputs = [x, new_constant(context.fresh(base + "_weight"), weight.astype(dtype))]
     if bias is not None:
-        inputs.append(gs.Constant(context.fresh(base + "_bias"), bias.astype(dtype)))
-    output = gs.Variable(context.fresh(base), dtype=dtype, shape=shape)
-    node = gs.Node("Conv", context.fresh(base + "_conv"), attrs, inputs, [output])
+        inputs.append(new_constant(context.fresh(base + "_bias"), bias.astype(dtype)))
+    output = new_variable(context.fresh(base), dtype, shape)
+    node = new_node("Conv", context.fresh(base + "_conv"), attrs, inputs, [output])
     return node, output
 
 
