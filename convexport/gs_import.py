@@ -30,6 +30,8 @@ from onnx_graphsurgeon.importers.onnx_importer import OnnxImporter, get_itemsize
 from onnx_graphsurgeon.ir.tensor import LazyValues
 from onnx_graphsurgeon.util.misc import SynchronizedList
 
+from .shape_reader import ShapeReader
+
 _NODE_FIELDS = {"op", "name", "attrs", "inputs", "outputs", "domain"}
 _VARIABLE_FIELDS = {"name", "inputs", "outputs", "dtype", "shape", "type"}
 _CONSTANT_FIELDS = {"name", "inputs", "outputs", "_values", "data_location", "_export_dtype"}
@@ -73,6 +75,7 @@ class _Importer:
     def __init__(self, model: onnx.ModelProto):
         self.model = model
         self.opset = OnnxImporter.get_opset(model)
+        self.dims = ShapeReader(_dims)
         self.domains = OnnxImporter.get_import_domains(model)
         self.tensors: OrderedDict[str, gs.Tensor] = OrderedDict()
 
@@ -83,9 +86,9 @@ class _Importer:
         for value in onnx_graph.value_info:     # a repeated entry fills in what the first lacked
             known = tensors.get(value.name)
             if known is None:
-                tensors[value.name] = _variable_from(value)
+                tensors[value.name] = self._variable_from(value)
             elif isinstance(known, gs.Variable):
-                extra = _variable_from(value)
+                extra = self._variable_from(value)
                 known.dtype = known.dtype or extra.dtype
                 known.shape = known.shape or extra.shape
         initializers = {initializer.name for initializer in onnx_graph.initializer}
@@ -97,10 +100,20 @@ class _Importer:
                         producer_version=self.model.producer_version, opset=self.opset,
                         import_domains=self.domains, functions=[], ir_version=self.model.ir_version)
 
+    def _variable_from(self, value: onnx.ValueInfoProto) -> gs.Variable:
+        """OnnxImporter.import_tensor for a ValueInfoProto; a tensor type's fields read
+        directly, each distinct shape once (a list of its own for each tensor, as gs gives)."""
+        type_proto = value.type
+        if type_proto.WhichOneof("value") != "tensor_type":
+            return OnnxImporter.import_tensor(value)
+        tensor_type = type_proto.tensor_type
+        shape = list(self.dims(tensor_type.shape)) if tensor_type.HasField("shape") else None
+        return _variable(value.name, _dtype(tensor_type.elem_type), shape)
+
     def _described(self, value: onnx.ValueInfoProto) -> gs.Tensor:
         known = self.tensors.get(value.name)
         if known is None:
-            known = self.tensors[value.name] = _variable_from(value)
+            known = self.tensors[value.name] = self._variable_from(value)
         return known
 
     def _named(self, name: str) -> gs.Tensor:
@@ -217,14 +230,8 @@ def _variable(name: str, dtype=None, shape=None, kind: str = "tensor_type") -> g
     return variable
 
 
-def _variable_from(value: onnx.ValueInfoProto) -> gs.Variable:
-    """OnnxImporter.import_tensor for a ValueInfoProto; a tensor type's fields read directly."""
-    type_proto = value.type
-    if type_proto.WhichOneof("value") != "tensor_type":
-        return OnnxImporter.import_tensor(value)
-    tensor_type = type_proto.tensor_type
-    shape = [_dim(d) for d in tensor_type.shape.dim] if tensor_type.HasField("shape") else None
-    return _variable(value.name, _dtype(tensor_type.elem_type), shape)
+def _dims(shape: onnx.TensorShapeProto) -> tuple[int | str | None, ...]:
+    return tuple([_dim(d) for d in shape.dim])
 
 
 def _dim(dim: onnx.TensorShapeProto.Dimension) -> int | str | None:

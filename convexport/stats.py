@@ -16,6 +16,7 @@ from collections import Counter
 import onnx
 
 from .graph import proto_scopes, proto_subgraphs
+from .shape_reader import ShapeReader
 
 
 def graph_stats(model: onnx.ModelProto) -> dict:
@@ -66,16 +67,20 @@ def _small_integers(scopes: list[onnx.GraphProto]) -> dict[str, list[int]]:
 
 def _known_shapes(scopes: list[onnx.GraphProto]) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
+    read = ShapeReader(_counted_dims)
     for graph in scopes:
         for value in [*graph.value_info, *graph.input, *graph.output]:
             tensor_type = value.type.tensor_type      # empty for any other type: no shape
             if tensor_type.HasField("shape"):
-                # a dim_param (or no value) counts as 1; HasField only where the value reads 0
-                shapes[value.name] = tuple([d.dim_value or (0 if d.HasField("dim_value") else 1)
-                                            for d in tensor_type.shape.dim])
+                shapes[value.name] = read(tensor_type.shape)
         for init in graph.initializer:
             shapes[init.name] = tuple(init.dims)
     return shapes
+
+
+def _counted_dims(shape: onnx.TensorShapeProto) -> tuple[int, ...]:
+    """The dims, a dim_param (or no value) counted as 1; HasField only where the value reads 0."""
+    return tuple([d.dim_value or (0 if d.HasField("dim_value") else 1) for d in shape.dim])
 
 
 def _node_flops(node: onnx.NodeProto, op: str, shapes: dict[str, tuple[int, ...]],
