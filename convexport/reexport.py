@@ -18,6 +18,7 @@ without the node's own fields showing it.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
@@ -90,7 +91,10 @@ def export_graph(graph: gs.Graph, template: onnx.ModelProto, originals: Original
     """gs.Graph -> ModelProto keeping the template's IR version, opsets and metadata; with
     `originals`, the main graph's unchanged nodes and value_info are the imported protos."""
     originals = originals or Originals(gs.Graph(), onnx.ModelProto())
-    proto = onnx.GraphProto(name=graph.name, doc_string=graph.doc_string)
+    model = onnx.ModelProto(graph=onnx.GraphProto(name=graph.name, doc_string=graph.doc_string),
+                            opset_import=template.opset_import,
+                            functions=[OnnxExporter.export_function(f) for f in graph.functions])
+    proto = model.graph     # filled in place (onnx.helper.make_model would copy it whole)
     for node in graph.nodes:
         imported = originals.node_proto(node)
         if imported is None:
@@ -112,8 +116,6 @@ def export_graph(graph: gs.Graph, template: onnx.ModelProto, originals: Original
             imported = originals.value_info(tensor)
             proto.value_info.append(imported if imported is not None
                                     else OnnxExporter.export_value_info_proto(tensor, False))
-    model = onnx.helper.make_model(proto, opset_imports=template.opset_import,
-                                   functions=[OnnxExporter.export_function(f) for f in graph.functions])
     model.ir_version = template.ir_version
     model.producer_name = template.producer_name or "convexport"
     model.producer_version = template.producer_version
@@ -170,4 +172,22 @@ def _add_initializer(graph: onnx.GraphProto, tensor: gs.Constant) -> None:
     if isinstance(tensor._values, SparseValues):
         graph.sparse_initializer.append(OnnxExporter.export_sparse_tensor_proto(tensor))
     else:
-        graph.initializer.append(OnnxExporter.export_tensor_proto(tensor))
+        graph.initializer.append(exported_constant(tensor))
+
+
+def exported_constant(tensor: gs.Constant) -> onnx.TensorProto:
+    """OnnxExporter.export_tensor_proto(tensor), byte for byte, built directly for a NumPy
+    array of a plain numeric type, exported as its own type and not placed (a folded weight:
+    2 against 7.5 us); gs's exporter for the rest (an imported initializer is its own proto)."""
+    values = tensor._values
+    if (type(values) is not np.ndarray or tensor._export_dtype is not None or tensor.data_location is not None
+            or values.dtype not in _RAW_TYPES):
+        return OnnxExporter.export_tensor_proto(tensor)
+    return onnx.TensorProto(name=tensor.name, data_type=_RAW_TYPES[values.dtype], dims=values.shape,
+                            raw_data=values.tobytes())
+
+
+# NumPy types whose bytes (ndarray.tobytes, as gs writes them) are the raw_data of their ONNX type
+_RAW_TYPES = {np.dtype(t): onnx.helper.np_dtype_to_tensor_dtype(np.dtype(t)) for t in (
+    np.float32, np.float64, np.float16, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+    np.uint64, np.bool_)}

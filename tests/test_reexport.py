@@ -162,3 +162,31 @@ def test_nodes_are_exported_as_onnx_graphsurgeon_exports_them(attrs, name, domai
             exported_node(node)
         return
     assert exported_node(node).SerializeToString() == expected
+
+
+@pytest.mark.parametrize("values", [
+    np.arange(6, dtype=np.float32).reshape(2, 3), np.float64(2.5) * np.ones([2]), np.ones([0, 3], np.float16),
+    np.array(3, np.int64), np.array([True, False]), np.arange(4, dtype=np.uint8), np.arange(8, dtype=np.int32)[::2],
+    np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3)), np.array([1 + 2j], np.complex64),
+])
+@pytest.mark.parametrize("placed", [False, True])
+def test_constants_are_exported_as_onnx_graphsurgeon_exports_them(values, placed):
+    from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
+
+    from convexport.reexport import exported_constant
+
+    constant = gs.Constant("c", values, data_location=onnx.TensorProto.DEFAULT if placed else None)
+    assert exported_constant(constant).SerializeToString() == OnnxExporter.export_tensor_proto(constant).SerializeToString()
+
+
+def test_a_constant_with_an_export_type_goes_through_onnx_graphsurgeon(monkeypatch):
+    from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
+
+    from convexport.reexport import exported_constant
+
+    constant = gs.Constant("c", np.ones([2], np.float32), export_dtype=onnx.TensorProto.FLOAT)
+    expected = OnnxExporter.export_tensor_proto(constant).SerializeToString()
+    calls = []
+    real = OnnxExporter.export_tensor_proto
+    monkeypatch.setattr(OnnxExporter, "export_tensor_proto", lambda tensor: calls.append(tensor) or real(tensor))
+    assert exported_constant(constant).SerializeToString() == expected and calls == [constant]
