@@ -65,7 +65,7 @@ def estimate(nodes: list[gs.Node], device: Device, flops: float | None = None,
     for node in nodes:
         fresh = [t for t in (*node.inputs, *node.outputs) if id(t) not in seen]
         seen.update(map(id, fresh))
-        per_node.append((node, _node_flops(node, replaced), sum(_bytes(t, node, replaced) for t in fresh)))
+        per_node.append((node, _node_flops(node, replaced), sum([_bytes(t, node, replaced) for t in fresh])))
     counted = sum(f for _, f, _ in per_node)
     factor = flops / counted if flops is not None and counted > 0 else 1.0
     seconds = flops / device.flops_per_s if flops is not None and counted == 0 else 0.0
@@ -99,7 +99,7 @@ def _shape(tensor, node: gs.Node, replaced: dict[int, gs.Tensor]) -> tuple[int, 
         return max(inputs, key=lambda s: int(math.prod(s)), default=None)
     if shape is None:
         return None
-    return tuple(d if isinstance(d, int) and d >= 0 else 1 for d in shape)
+    return tuple([d if type(d) is int and d >= 0 else 1 for d in shape])
 
 
 def _bytes(tensor, node: gs.Node, replaced) -> float:
