@@ -102,3 +102,17 @@ def test_duplicate_rule_names(tmp_path):
     second.write_text(text)
     with pytest.raises(ConvexportError, match="already defined"):
         load_rules([first, second], PRIMITIVES)
+
+
+def test_builtin_rule_files_are_parsed_once_and_users_files_every_time(tmp_path):
+    from convexport.rewrite.primitives import builtin_primitives
+    from convexport.rewrite.rulefile import builtin_rule_files, parse_rule_file
+
+    names = set(builtin_primitives())
+    first, again = ([parse_rule_file(path, names) for path in builtin_rule_files()] for _ in range(2))
+    assert all(a is b for rules, others in zip(first, again) for a, b in zip(rules, others))
+    path = tmp_path / "mine.yaml"
+    path.write_text("rules:\n  - name: a\n    doc: d\n    match: [y = Identity(x)]\n    apply: forward_input\n")
+    assert [rule.name for rule in parse_rule_file(path, names)] == ["a"]
+    path.write_text("rules:\n  - name: b\n    doc: d\n    match: [y = Identity(x)]\n    apply: forward_input\n")
+    assert [rule.name for rule in parse_rule_file(path, names)] == ["b"]
