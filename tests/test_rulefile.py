@@ -105,9 +105,6 @@ def test_duplicate_rule_names(tmp_path):
 
 
 def test_builtin_rule_files_are_parsed_once_and_users_files_every_time(tmp_path):
-    from convexport.rewrite.primitives import builtin_primitives
-    from convexport.rewrite.rulefile import builtin_rule_files, parse_rule_file
-
     names = set(builtin_primitives())
     first, again = ([parse_rule_file(path, names) for path in builtin_rule_files()] for _ in range(2))
     assert all(a is b for rules, others in zip(first, again) for a, b in zip(rules, others))
