@@ -25,7 +25,8 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
     _inputs_with_defaults_stay_inputs(graph, model)
     nodes = [node for scope in all_graphs(graph) for node in scope.nodes]
     for node, name in zip(nodes, node_names([(node.op, node.name) for node in nodes])):
-        node.name = name
+        if not node.name:
+            node.name = name
     return graph
 
 
@@ -134,6 +135,8 @@ def toposort(graph: gs.Graph) -> None:
     opened: set[int] = set()
     order = []
     for start in graph.nodes:
+        if id(start) in placed:
+            continue
         stack = [(start, False)]
         while stack:
             node, ready = stack.pop()
@@ -197,7 +200,10 @@ def fully_shaped(graph: gs.Graph) -> bool:
 
 
 def _reads(node: gs.Node) -> list:
-    """The tensors a node reads, those its subgraphs read included."""
+    """The tensors a node reads, those its subgraphs read included (for a node that can hold
+    no subgraph, its own inputs list: only to be read)."""
+    if not may_hold_graphs(node.op, node.domain):
+        return node.inputs
     tensors = list(node.inputs)
     for sub in node_subgraphs(node):
         tensors.extend(t for inner in sub.nodes for t in _reads(inner))

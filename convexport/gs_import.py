@@ -78,6 +78,7 @@ class _Importer:
         self.dims = ShapeReader(_dims)
         self.domains = OnnxImporter.get_import_domains(model)
         self.tensors: OrderedDict[str, gs.Tensor] = OrderedDict()
+        self.may_hold_graphs = False        # some node's attributes went through gs's importer
 
     def graph(self) -> gs.Graph:
         onnx_graph, tensors = self.model.graph, self.tensors
@@ -95,10 +96,15 @@ class _Importer:
         inputs = [self._described(value) for value in onnx_graph.input if value.name not in initializers]
         outputs = [self._described(value) for value in onnx_graph.output]
         nodes = [self._node(node) for node in onnx_graph.node]
-        return gs.Graph(nodes=nodes, inputs=inputs, outputs=outputs, name=onnx_graph.name,
-                        doc_string=onnx_graph.doc_string, producer_name=self.model.producer_name,
-                        producer_version=self.model.producer_version, opset=self.opset,
-                        import_domains=self.domains, functions=[], ir_version=self.model.ir_version)
+        # gs.Graph walks its nodes' attributes for subgraphs, to share the model's function list
+        # with them (3.5 ms on a 1,115-node graph): with neither, it is given the nodes after
+        graph = gs.Graph(nodes=nodes if self.may_hold_graphs else [], inputs=inputs, outputs=outputs,
+                         name=onnx_graph.name, doc_string=onnx_graph.doc_string,
+                         producer_name=self.model.producer_name, producer_version=self.model.producer_version,
+                         opset=self.opset, import_domains=self.domains, functions=[],
+                         ir_version=self.model.ir_version)
+        graph.nodes = nodes
+        return graph
 
     def _variable_from(self, value: onnx.ValueInfoProto) -> gs.Variable:
         """OnnxImporter.import_tensor for a ValueInfoProto; a tensor type's fields read
@@ -147,6 +153,7 @@ class _Importer:
         for attribute in proto.attribute:
             convert = _SIMPLE_ATTRIBUTES.get(attribute.type)
             if convert is None or attribute.ref_attr_name:
+                self.may_hold_graphs = True
                 return OnnxImporter.import_attributes(proto.attribute, OrderedDict(), self.tensors, self.opset,
                                                       self.domains)
             attributes[attribute.name] = convert(attribute)
@@ -170,7 +177,8 @@ def constant_values(constant: gs.Constant) -> np.ndarray:
         if (proto.data_type in _RAW_DATA_TYPES and proto.HasField("raw_data")
                 and proto.data_location != onnx.TensorProto.EXTERNAL):
             raw = np.frombuffer(proto.raw_data, _numpy_dtype(proto.data_type))
-            constant.values = raw.reshape(tuple(proto.dims)).copy()
+            values = vars(constant)["_values"] = raw.reshape(tuple(proto.dims)).copy()     # gs's setter, as it sets it
+            return values
     return constant.values
 
 

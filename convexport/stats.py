@@ -28,18 +28,19 @@ def graph_stats(model: onnx.ModelProto) -> dict:
     return {
         "nodes": len(graph.node),
         "ops": dict(sorted(ops.items(), key=lambda item: (-item[1], item[0]))),
-        "flops": float(_graph_flops(graph, shapes, _small_integers(scopes))),
+        "flops": float(_graph_flops(graph, shapes, _small_integers(scopes), len(scopes) > 1)),
         "params": int(sum(_parameter_count(scope) for scope in scopes)),
     }
 
 
-def _graph_flops(graph: onnx.GraphProto, shapes, integers) -> float:
+def _graph_flops(graph: onnx.GraphProto, shapes, integers, nested: bool) -> float:
+    """The FLOPs of graph's nodes, and (when `nested`: the model has subgraphs) of their subgraphs."""
     total = 0.0
     for node in graph.node:
         op = node.op_type          # read once: each read of a proto field makes a new str
         total += _node_flops(node, op, shapes, integers)
-        for sub in proto_subgraphs(node):
-            total += _graph_flops(sub, shapes, integers) * _iterations(node, shapes)
+        for sub in proto_subgraphs(node) if nested else ():
+            total += _graph_flops(sub, shapes, integers, nested) * _iterations(node, shapes)
     return total
 
 

@@ -98,7 +98,11 @@ class _Pairing:
 
 
 def assert_imports_alike(model: onnx.ModelProto) -> None:
-    _Pairing().graphs(gs.import_onnx(model), gs_import.import_model(model))
+    theirs, ours = gs.import_onnx(model), gs_import.import_model(model)
+    _Pairing().graphs(theirs, ours)
+    # gs.Graph shares the main graph's function list with every subgraph
+    assert [sub._functions is theirs._functions for sub in theirs.subgraphs(recursive=True)] == [
+        sub._functions is ours._functions for sub in ours.subgraphs(recursive=True)]
 
 
 def _edge_cases() -> onnx.ModelProto:

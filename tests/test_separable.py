@@ -115,7 +115,7 @@ def test_a_split_that_would_not_reproduce_the_kernel_is_refused_with_its_reason(
 
 
 def test_full_rank_kernels_are_screened_without_an_svd(monkeypatch):
-    """Trained kernels nearly always have full rank: a QR screen says so, ten times cheaper than
+    """Trained kernels nearly always have full rank: the rank screen says so, ten times cheaper than
     the SVD; an exactly low-rank kernel still reaches the SVD and splits."""
     rng = np.random.default_rng(5)
     full = ConvSpec(rng.standard_normal([32, 32, 3, 3]), np.zeros(32), False, (1, 1), (1, 1), (1, 1), (1, 1))
@@ -138,9 +138,12 @@ def test_a_split_is_made_exactly_up_to_the_rank_where_it_pays(rank, splits):
     assert not [entry for entry in outcome.skipped if entry["rule"] == "low-rank-kernel"]
 
 
-def qr_sizes(monkeypatch):
-    qr, svd, sizes = np.linalg.qr, np.linalg.svd, []
-    monkeypatch.setattr(np.linalg, "qr", lambda a, *args, **kwargs: sizes.append(a.shape) or qr(a, *args, **kwargs))
+def screened_sizes(monkeypatch):
+    """The shapes of the matrices the rank screen is given and the SVD runs on, in order."""
+    from convexport.algebra import separable
+
+    screen, svd, sizes = separable._independent_columns, np.linalg.svd, []
+    monkeypatch.setattr(separable, "_independent_columns", lambda a: sizes.append(a.shape) or screen(a))
     monkeypatch.setattr(np.linalg, "svd", lambda a, *args, **kwargs: sizes.append(("svd", *a.shape)) or svd(a, *args, **kwargs))
     return sizes
 
@@ -152,8 +155,8 @@ def spec_of(weight):
 
 def test_a_rank_too_high_to_pay_is_shown_on_a_submatrix(monkeypatch):
     """With the highest paying rank given, the screen proves rank >= max_rank + 1 on a square
-    submatrix of that size: for a random 64 -> 64 3x3 kernel, a 96 x 96 QR instead of 192 x 192."""
-    sizes = qr_sizes(monkeypatch)
+    submatrix of that size: for a random 64 -> 64 3x3 kernel, a 96 x 96 screen instead of 192 x 192."""
+    sizes = screened_sizes(monkeypatch)
     weight = np.random.default_rng(2).standard_normal([64, 64, 3, 3])
     result = split_separable(spec_of(weight), max_rank=95)
     assert isinstance(result, Refusal) and "pays below rank 96" in result.reason
@@ -163,23 +166,23 @@ def test_a_rank_too_high_to_pay_is_shown_on_a_submatrix(monkeypatch):
 def test_a_low_rank_below_the_paying_rank_still_splits_and_one_above_does_not(monkeypatch):
     weight = low_rank(24, 24, 3, 3, 5)       # a [72, 72] matrix of rank 5
     assert split_separable(spec_of(weight), max_rank=5).rank == 5
-    sizes = qr_sizes(monkeypatch)
+    sizes = screened_sizes(monkeypatch)
     assert isinstance(split_separable(spec_of(weight), max_rank=4), Refusal)
     assert sizes == [(5, 5)]                 # a 5 x 5 minor of a rank-5 matrix: no SVD
     sizes.clear()
-    small = low_rank(8, 6, 7, 5, 5)          # [42, 40]: whole-matrix QR, then the SVD finds rank 5
+    small = low_rank(8, 6, 7, 5, 5)          # [42, 40]: whole-matrix screen, then the SVD finds rank 5
     assert isinstance(split_separable(spec_of(small), max_rank=4), Refusal)
     assert sizes == [(42, 40), ("svd", 42, 40)]
 
 
 def test_a_submatrix_that_misses_the_proof_leaves_it_to_the_whole_matrix(monkeypatch):
     """A kernel whose matrix is diagonal (full rank 96) has singular 6 x 6 submatrices almost
-    everywhere: the screen falls back to QR of the whole matrix, and still needs no SVD."""
+    everywhere: the screen falls back to the whole matrix, and still needs no SVD."""
     weight = np.zeros([32, 32, 3, 3])
     for channel in range(32):
         for tap in range(3):
             weight[channel, channel, tap, tap] = 1.0 + channel + tap
-    sizes = qr_sizes(monkeypatch)
+    sizes = screened_sizes(monkeypatch)
     result = split_separable(spec_of(weight), max_rank=5)
     assert isinstance(result, Refusal) and sizes == [(6, 6), (96, 96)]
 
@@ -216,6 +219,26 @@ def test_rank_at_least_never_claims_a_rank_the_kernel_lacks(rank, asked, channel
         assert true_rank >= min(asked, full)
     if true_rank == full:
         assert rank_at_least(weight, asked)
+
+
+@pytest.mark.parametrize("rows, cols", [(24, 24), (40, 12), (96, 96)])
+@pytest.mark.parametrize("smallest", [1.0, 1e-2, 1e-3, 3e-5, 1e-6, 1e-12, 0.0])
+def test_the_screen_reads_the_diagonal_of_qrs_r(rows, cols, smallest):
+    """_independent_columns decides as |diag(R)| of a QR would: singular values from 1 down to
+    `smallest` (0: exactly rank-deficient), the decision compared where R's smallest relative
+    entry is not within a factor 2 of the tolerance."""
+    from convexport.algebra.separable import SCREEN_TOLERANCE, _independent_columns
+
+    draw = np.random.default_rng(int(smallest * 1e6) + rows)
+    left, _ = np.linalg.qr(draw.standard_normal((rows, cols)))
+    right, _ = np.linalg.qr(draw.standard_normal((cols, cols)))
+    singular = np.geomspace(1.0, smallest, cols) if smallest > 0 else np.r_[np.ones(cols - 2), 0.0, 0.0]
+    matrix = left @ np.diag(singular) @ right.T
+    diagonal = np.abs(np.diag(np.linalg.qr(matrix, mode="r")))
+    ratio = diagonal.min() / diagonal.max()
+    if SCREEN_TOLERANCE / 2 < ratio < SCREEN_TOLERANCE * 2:
+        pytest.skip("too near the tolerance for two methods to agree")
+    assert _independent_columns(matrix) == (ratio > SCREEN_TOLERANCE)
 
 
 @pytest.mark.parametrize("shape", [(5, 7, 3, 4), (1, 2, 2, 5), (64, 64, 3, 3)])

@@ -53,20 +53,27 @@ def forward_identities_on_proto(model: onnx.ModelProto, rule, limit: int | None)
             break
     if not removed:
         return None
-    names = node_names([(op, node.name) for op, node in zip(ops, graph.node)])
+    given = [node.name for node in graph.node]
+    names = given if all(given) else node_names(list(zip(ops, given)))
     note = forwarding_note("Identity")
-    return EarlyRewrites(_without(model, names, removed, forwarded), [(names[index], note) for index in removed])
+    return EarlyRewrites(_without(model, names, given, removed, forwarded),
+                         [(names[index], note) for index in removed])
 
 
-def _without(model: onnx.ModelProto, names: list[str], removed: list[int], forwarded: dict[str, str]) -> onnx.ModelProto:
-    """A copy of model with its nodes named `names`, the `removed` nodes gone, their outputs'
-    readers reading the sources in `forwarded`, and those outputs' value_info dropped."""
+def _without(model: onnx.ModelProto, names: list[str], given: list[str], removed: list[int],
+             forwarded: dict[str, str]) -> onnx.ModelProto:
+    """A copy of model with its nodes named `names` (where their `given` names are empty), the
+    `removed` nodes gone, their outputs' readers reading the sources in `forwarded`, and those
+    outputs' value_info dropped."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     nodes = copy.graph.node
-    for node, name in zip(nodes, names):
-        if not node.name:
-            node.name = name
+    for index in [index for index, name in enumerate(given) if not name]:
+        nodes[index].name = names[index]
+    gone = set(removed)
+    for index, node in enumerate(nodes):
+        if index in gone:
+            continue
         inputs = node.input
         for position, name_read in enumerate(inputs):
             if name_read in forwarded:

@@ -144,8 +144,9 @@ def _rewrite(model, rules, primitives, strategy, source, limit, device, decided)
         current = export_graph(graph, model, originals)
         if not fully_shaped(graph):         # else its value_info already holds all inference would give
             current = infer_shapes(current, source)
-        final_nodes = {node.name for scope in proto_scopes(current.graph) for node in scope.node}
-        still_there = [entry for entry in still_there if set(entry["nodes"]) <= final_nodes]
+        if still_there:
+            final_nodes = {node.name for scope in proto_scopes(current.graph) for node in scope.node}
+            still_there = [entry for entry in still_there if set(entry["nodes"]) <= final_nodes]
     return RewriteOutcome(current, state.applied, still_there, passes)
 
 
