@@ -30,7 +30,7 @@ from onnx_graphsurgeon.importers.onnx_importer import OnnxImporter, get_itemsize
 from onnx_graphsurgeon.ir.tensor import LazyValues
 from onnx_graphsurgeon.util.misc import SynchronizedList
 
-from .shape_reader import ShapeReader
+from .type_reader import TypeReader
 
 _NODE_FIELDS = {"op", "name", "attrs", "inputs", "outputs", "domain"}
 _VARIABLE_FIELDS = {"name", "inputs", "outputs", "dtype", "shape", "type"}
@@ -75,7 +75,7 @@ class _Importer:
     def __init__(self, model: onnx.ModelProto):
         self.model = model
         self.opset = OnnxImporter.get_opset(model)
-        self.dims = ShapeReader(_dims)
+        self.types = TypeReader(_tensor_type)
         self.domains = OnnxImporter.get_import_domains(model)
         self.tensors: OrderedDict[str, gs.Tensor] = OrderedDict()
         self.may_hold_graphs = False        # some node's attributes went through gs's importer
@@ -108,13 +108,13 @@ class _Importer:
 
     def _variable_from(self, value: onnx.ValueInfoProto) -> gs.Variable:
         """OnnxImporter.import_tensor for a ValueInfoProto; a tensor type's fields read
-        directly, each distinct shape once (a list of its own for each tensor, as gs gives)."""
-        type_proto = value.type
-        if type_proto.WhichOneof("value") != "tensor_type":
+        directly, each distinct type once (the shape a list of its own for each tensor, as gs
+        gives it)."""
+        read = self.types(value.type)
+        if read is None:
             return OnnxImporter.import_tensor(value)
-        tensor_type = type_proto.tensor_type
-        shape = list(self.dims(tensor_type.shape)) if tensor_type.HasField("shape") else None
-        return _variable(value.name, _dtype(tensor_type.elem_type), shape)
+        dtype, dims = read
+        return _variable(value.name, dtype, None if dims is None else list(dims))
 
     def _described(self, value: onnx.ValueInfoProto) -> gs.Tensor:
         known = self.tensors.get(value.name)
@@ -236,6 +236,14 @@ def _variable(name: str, dtype=None, shape=None, kind: str = "tensor_type") -> g
     vars(variable).update(name=name, inputs=_synchronized(variable, "outputs"),
                           outputs=_synchronized(variable, "inputs"), dtype=dtype, shape=shape, type=kind)
     return variable
+
+
+def _tensor_type(type_proto: onnx.TypeProto) -> tuple | None:
+    """(dtype, dims or None without a shape) of a tensor type; None for any other type."""
+    if type_proto.WhichOneof("value") != "tensor_type":
+        return None
+    tensor_type = type_proto.tensor_type
+    return _dtype(tensor_type.elem_type), (_dims(tensor_type.shape) if tensor_type.HasField("shape") else None)
 
 
 def _dims(shape: onnx.TensorShapeProto) -> tuple[int | str | None, ...]:

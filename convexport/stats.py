@@ -16,7 +16,7 @@ from collections import Counter
 import onnx
 
 from .graph import proto_scopes, proto_subgraphs
-from .shape_reader import ShapeReader
+from .type_reader import TypeReader
 
 
 def graph_stats(model: onnx.ModelProto) -> dict:
@@ -68,20 +68,24 @@ def _small_integers(scopes: list[onnx.GraphProto]) -> dict[str, list[int]]:
 
 def _known_shapes(scopes: list[onnx.GraphProto]) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
-    read = ShapeReader(_counted_dims)
+    read = TypeReader(_counted_dims)
     for graph in scopes:
         for value in [*graph.value_info, *graph.input, *graph.output]:
-            tensor_type = value.type.tensor_type      # empty for any other type: no shape
-            if tensor_type.HasField("shape"):
-                shapes[value.name] = read(tensor_type.shape)
+            dims = read(value.type)
+            if dims is not None:
+                shapes[value.name] = dims
         for init in graph.initializer:
             shapes[init.name] = tuple(init.dims)
     return shapes
 
 
-def _counted_dims(shape: onnx.TensorShapeProto) -> tuple[int, ...]:
-    """The dims, a dim_param (or no value) counted as 1; HasField only where the value reads 0."""
-    return tuple([d.dim_value or (0 if d.HasField("dim_value") else 1) for d in shape.dim])
+def _counted_dims(type_proto: onnx.TypeProto) -> tuple[int, ...] | None:
+    """A tensor type's dims, a dim_param (or no value) counted as 1 (HasField only where the
+    value reads 0); None without a shape, or for any other type (its tensor_type is empty)."""
+    tensor_type = type_proto.tensor_type
+    if not tensor_type.HasField("shape"):
+        return None
+    return tuple([d.dim_value or (0 if d.HasField("dim_value") else 1) for d in tensor_type.shape.dim])
 
 
 def _node_flops(node: onnx.NodeProto, op: str, shapes: dict[str, tuple[int, ...]],

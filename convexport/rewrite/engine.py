@@ -25,6 +25,7 @@ import onnx_graphsurgeon as gs
 from ..algebra import Refusal
 from ..errors import ConvexportError, first_line
 from ..export import infer_shapes
+from ..gs_import import new_variable
 from ..graph import (NameGenerator, all_graphs, cleaned_up, default_opset, fully_shaped, import_graph, proto_scopes,
                      toposort)
 from ..reexport import Originals, export_graph
@@ -382,15 +383,16 @@ def _disconnect_inputs(node: gs.Node) -> None:
     list.clear(node.inputs)
 
 
-def _position(readers: list[gs.Node], node: gs.Node) -> int:
-    """readers.index(node) by identity. A weight shared by a thousand nodes loses them one by
-    one, in graph order, which puts the node first or last in its readers (in the order they
-    were added) far more often than not; elsewhere the search runs over ids, at C speed."""
-    if readers[0] is node:
+def _position(items: list, item) -> int:
+    """items.index(item) by identity (gs's own compares nodes and tensors with a deep __eq__).
+    A weight shared by a thousand nodes loses them one by one, in graph order, which puts the
+    node first or last in its readers (in the order they were added) far more often than not;
+    elsewhere the search runs over ids, at C speed."""
+    if items[0] is item:
         return 0
-    if readers[-1] is node:
-        return len(readers) - 1
-    return list(map(id, readers)).index(id(node))
+    if items[-1] is item:
+        return len(items) - 1
+    return list(map(id, items)).index(id(item))
 
 
 def _rewire(consumer: gs.Node, old, new) -> None:
@@ -412,4 +414,4 @@ def _is_graph_output(tensor, graph: gs.Graph) -> bool:
 def _detach(tensor: gs.Variable, fresh: NameGenerator) -> None:
     """Give the old producer a dead placeholder output in place of `tensor`."""
     for producer in list(tensor.inputs):
-        producer.outputs[producer.outputs.index(tensor)] = gs.Variable(fresh(tensor.name + "_dead"))
+        producer.outputs[_position(producer.outputs, tensor)] = new_variable(fresh(tensor.name + "_dead"))
