@@ -95,27 +95,36 @@ def export_graph(graph: gs.Graph, template: onnx.ModelProto, originals: Original
                             opset_import=template.opset_import,
                             functions=[OnnxExporter.export_function(f) for f in graph.functions])
     proto = model.graph     # filled in place (onnx.helper.make_model would copy it whole)
+    nodes, renamed = [], []         # protos, copied in one extend (a fifth less than one by one)
     for node in graph.nodes:
         imported = originals.node_proto(node)
         if imported is None:
-            proto.node.append(exported_node(node))
+            nodes.append(exported_node(node))
         else:
-            copy = proto.node.add()
-            copy.CopyFrom(imported)
-            if copy.name != node.name:      # import_graph names the nodes that had no name
-                copy.name = node.name
+            if imported.name != node.name:      # import_graph names the nodes that had no name
+                renamed.append((len(nodes), node.name))
+            nodes.append(imported)
+    proto.node.extend(nodes)
+    for index, name in renamed:
+        proto.node[index].name = name
     proto.input.extend(OnnxExporter.export_value_info_proto(t, False) for t in graph.inputs)
     input_names = {t.name for t in graph.inputs}       # an input with a default keeps its initializer
     proto.initializer.extend(init for init in overridable_initializers(template) if init.name in input_names)
     proto.output.extend(OnnxExporter.export_value_info_proto(t, False) for t in graph.outputs)
     ends = {id(t) for t in (*graph.inputs, *graph.outputs)}
+    initializers, sparse, value_info = [], [], []
     for tensor in tensor_map(graph).values():
         if isinstance(tensor, gs.Constant):
-            _add_initializer(proto, tensor)
+            if isinstance(tensor._values, SparseValues):
+                sparse.append(OnnxExporter.export_sparse_tensor_proto(tensor))
+            else:
+                initializers.append(exported_constant(tensor))
         elif id(tensor) not in ends and (tensor.dtype is not None or tensor.shape is not None):
             imported = originals.value_info(tensor)
-            proto.value_info.append(imported if imported is not None
-                                    else OnnxExporter.export_value_info_proto(tensor, False))
+            value_info.append(imported if imported is not None else OnnxExporter.export_value_info_proto(tensor, False))
+    proto.initializer.extend(initializers)
+    proto.sparse_initializer.extend(sparse)
+    proto.value_info.extend(value_info)
     model.ir_version = template.ir_version
     model.producer_name = template.producer_name or "convexport"
     model.producer_version = template.producer_version
@@ -166,13 +175,6 @@ def _plain_attribute(key: str, value) -> onnx.AttributeProto | None:
     if item is str:
         return onnx.AttributeProto(name=key, type=onnx.AttributeProto.STRINGS, strings=[v.encode() for v in value])
     return None
-
-
-def _add_initializer(graph: onnx.GraphProto, tensor: gs.Constant) -> None:
-    if isinstance(tensor._values, SparseValues):
-        graph.sparse_initializer.append(OnnxExporter.export_sparse_tensor_proto(tensor))
-    else:
-        graph.initializer.append(exported_constant(tensor))
 
 
 def exported_constant(tensor: gs.Constant) -> onnx.TensorProto:

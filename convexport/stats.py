@@ -24,12 +24,12 @@ def graph_stats(model: onnx.ModelProto) -> dict:
     graph = model.graph
     scopes = proto_scopes(graph)
     shapes = _known_shapes(scopes)
-    ops = Counter(node.op_type for node in graph.node)
+    ops = Counter([node.op_type for node in graph.node])
     return {
         "nodes": len(graph.node),
         "ops": dict(sorted(ops.items(), key=lambda item: (-item[1], item[0]))),
         "flops": float(_graph_flops(graph, shapes, _small_integers(scopes), len(scopes) > 1)),
-        "params": int(sum(_parameter_count(scope) for scope in scopes)),
+        "params": int(sum([_parameter_count(scope, scope is not graph or "Constant" in ops) for scope in scopes])),
     }
 
 
@@ -146,9 +146,10 @@ def _einsum_products(node: onnx.NodeProto, shapes) -> float:
     return float(math.prod(list(sizes.values())))
 
 
-def _parameter_count(graph: onnx.GraphProto) -> int:
-    total = sum(int(math.prod(init.dims)) for init in graph.initializer if init.data_type in _FLOAT_TYPES)
-    for node in graph.node:
+def _parameter_count(graph: onnx.GraphProto, has_constant_nodes: bool) -> int:
+    """The float values of the graph's initializers, and of its Constant nodes where it has any."""
+    total = sum([int(math.prod(init.dims)) for init in graph.initializer if init.data_type in _FLOAT_TYPES])
+    for node in graph.node if has_constant_nodes else ():
         if node.op_type == "Constant":
             for attribute in node.attribute:
                 if attribute.name == "value" and attribute.t.data_type in _FLOAT_TYPES:

@@ -40,3 +40,26 @@ def test_the_fft_convolution_is_counted_inside_its_nested_scans():
     counted = graph_stats(outcome.model)["flops"]
     assert 0.5 < counted / (2 * entry["flops_after"]) < 2.0, (counted, entry["flops_after"])
     assert counted < graph_stats(model)["flops"] / 5
+
+
+def test_params_count_float_initializers_and_constant_nodes_here_and_in_subgraphs():
+    """Float initializers and float Constant nodes count, in the main graph and in a branch;
+    integer ones (shapes, axes) do not."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    def constant(name, values):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(values, name + "_value"))
+
+    branch = helper.make_graph([constant("k", np.ones((2, 3), np.float32)), helper.make_node("Add", ["x", "k"], ["t"])],
+                               "then", [], [tensor("t", [2, 3])])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["e"])], "else", [], [tensor("e", [2, 3])])
+    nodes = [constant("c", np.ones(5, np.float32)), constant("shape", np.array([2, 3], np.int64)),
+             helper.make_node("If", ["cond"], ["y"], then_branch=branch, else_branch=other)]
+    model = make_model(nodes, [tensor("x", [2, 3]), tensor("cond", [], TensorProto.BOOL)], [tensor("y", [2, 3])])
+    model.graph.initializer.extend([numpy_helper.from_array(np.ones((4, 4), np.float32), "w"),
+                                    numpy_helper.from_array(np.ones(7, np.int64), "axes")])
+    assert graph_stats(model)["params"] == 16 + 5 + 6
+    without_constants = make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [2, 3])], [tensor("y", [2, 3])])
+    without_constants.graph.initializer.append(numpy_helper.from_array(np.ones((4, 4), np.float16), "w"))
+    assert graph_stats(without_constants)["params"] == 16
