@@ -134,19 +134,9 @@ class _Importer:
 
     def _node(self, proto: onnx.NodeProto) -> gs.Node:
         attributes = self._attributes(proto)    # first, as in gs: a subgraph sees the outer tensors as they are
-        node = gs.Node.__new__(gs.Node)
-        inputs, outputs = _synchronized(node, "outputs"), _synchronized(node, "inputs")
-        for name in proto.input:
-            tensor = self._named(name)
-            list.append(inputs, tensor)
-            list.append(tensor.outputs, node)
-        for name in proto.output:
-            tensor = self._named(name)
-            list.append(outputs, tensor)
-            list.append(tensor.inputs, node)
-        vars(node).update(op=proto.op_type, name=proto.name, attrs=attributes, inputs=inputs,
-                          outputs=outputs, domain=proto.domain if proto.HasField("domain") else None)
-        return node
+        return _linked_node(proto.op_type, proto.name, attributes, [self._named(name) for name in proto.input],
+                            [self._named(name) for name in proto.output],
+                            proto.domain if proto.HasField("domain") else None)
 
     def _attributes(self, proto: onnx.NodeProto) -> OrderedDict:
         attributes = OrderedDict()
@@ -211,6 +201,11 @@ def new_node(op: str, name: str, attrs: dict, inputs: list, outputs: list) -> gs
     outputs' producers."""
     if not layout_is_known():
         return gs.Node(op, name, attrs, inputs, outputs)
+    return _linked_node(op, name, attrs, inputs, outputs, None)
+
+
+def _linked_node(op: str, name: str, attrs: dict, inputs: list, outputs: list, domain: str | None) -> gs.Node:
+    """A gs.Node field for field, appended to its inputs' readers and its outputs' producers."""
     node = gs.Node.__new__(gs.Node)
     node_inputs, node_outputs = _synchronized(node, "outputs"), _synchronized(node, "inputs")
     for tensor in inputs:
@@ -219,7 +214,7 @@ def new_node(op: str, name: str, attrs: dict, inputs: list, outputs: list) -> gs
     for tensor in outputs:
         list.append(node_outputs, tensor)
         list.append(tensor.inputs, node)
-    vars(node).update(op=op, name=name, attrs=attrs, inputs=node_inputs, outputs=node_outputs, domain=None)
+    vars(node).update(op=op, name=name, attrs=attrs, inputs=node_inputs, outputs=node_outputs, domain=domain)
     return node
 
 

@@ -74,8 +74,7 @@ def estimate(nodes: list[gs.Node], device: Device, flops: float | None = None,
         if device.host_ops and _runs_on_host(node, device):
             seconds += _seconds(CPU, node_flops * factor, node_bytes) + 2 * node_bytes / device.host_link_bytes_per_s
         else:
-            seconds += node_flops * factor / device.flops_per_s + node_bytes / device.bytes_per_s + \
-                device.seconds_per_node     # _seconds(device, ...), inline: a call per node costs a tenth of it
+            seconds += _seconds(device, node_flops * factor, node_bytes)
     return Estimate(seconds, counted if flops is None else flops, sum([b for _, _, b in per_node]), len(nodes))
 
 

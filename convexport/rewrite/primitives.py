@@ -43,10 +43,7 @@ def reach(steps: int) -> Callable[[Primitive], Primitive]:
     (the producers of what it reads, the readers of what it writes). The engine then looks at a
     rule again after a change only near the change (rewrite/changes.py). A primitive without it
     may read anywhere (the batching ones follow branches as far as they go)."""
-    def declare(primitive: Primitive) -> Primitive:
-        primitive.reach = steps
-        return primitive
-    return declare
+    return _declaring("reach", steps)
 
 
 def reach_of(primitive: Primitive) -> int | None:
@@ -72,14 +69,19 @@ def on_proto(form: ProtoForm) -> Callable[[Primitive], Primitive]:
     order, the same rewiring), or a prefix of them, leaving the rest to the engine; it may
     decline (None). It pays where a rule removes many single nodes: an import, a match and a
     rewire per node saved (folds/cleanup.py forwards Identity nodes this way)."""
-    def declare(primitive: Primitive) -> Primitive:
-        primitive.on_proto = form
-        return primitive
-    return declare
+    return _declaring("on_proto", form)
 
 
 def proto_form_of(primitive: Primitive) -> ProtoForm | None:
     return getattr(primitive, "on_proto", None)
+
+
+def _declaring(attribute: str, value) -> Callable[[Primitive], Primitive]:
+    """A decorator that sets `attribute` on the primitive it decorates (read back with getattr)."""
+    def declare(primitive: Primitive) -> Primitive:
+        setattr(primitive, attribute, value)
+        return primitive
+    return declare
 
 
 def builtin_primitives() -> dict[str, Primitive]:
