@@ -12,6 +12,7 @@ ONNX Runtime >= 1.14, and the one the built-in rules are tested at.
 from __future__ import annotations
 
 import inspect
+import itertools
 import io
 from dataclasses import dataclass, field
 
@@ -106,7 +107,8 @@ def _fully_shaped(graph: onnx.GraphProto) -> bool:
         if not typed_and_static(value.type):
             return False
         shaped.add(value.name)
-    return all(name in shaped or not name for node in graph.node for name in node.output) and not any(
+    shaped.add("")      # an omitted optional output
+    return shaped.issuperset(itertools.chain.from_iterable([node.output for node in graph.node])) and not any(
         proto_subgraphs(node) for node in graph.node)
 
 

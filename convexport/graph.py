@@ -24,6 +24,8 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
     graph = import_model(model)
     _inputs_with_defaults_stay_inputs(graph, model)
     nodes = [node for scope in all_graphs(graph) for node in scope.nodes]
+    if all([node.name for node in nodes]):
+        return graph
     for node, name in zip(nodes, node_names([(node.op, node.name) for node in nodes])):
         if not node.name:
             node.name = name
@@ -78,7 +80,7 @@ def _inputs_with_defaults_stay_inputs(graph: gs.Graph, model: onnx.ModelProto) -
 
 def node_subgraphs(node: gs.Node) -> list[gs.Graph]:
     """The graphs a node holds in its attributes (If branches, a Loop or Scan body)."""
-    if not may_hold_graphs(node.op, node.domain):
+    if node.op not in OPS_WITH_GRAPHS and node.domain in ONNX_DOMAINS:     # can hold no graph
         return []
     return [sub for value in node.attrs.values() for sub in (value if isinstance(value, list) else [value])
             if isinstance(sub, gs.Graph)]
@@ -86,7 +88,7 @@ def node_subgraphs(node: gs.Node) -> list[gs.Graph]:
 
 def proto_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     """node_subgraphs for a NodeProto."""
-    if not may_hold_graphs(node.op_type, node.domain):
+    if node.op_type not in OPS_WITH_GRAPHS and node.domain in ONNX_DOMAINS:     # can hold no graph
         return []
     return [sub for attr in node.attribute if attr.type in _GRAPH_ATTRIBUTES
             for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)]
@@ -100,11 +102,10 @@ _GRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 # (half the cost of walking a 4,678-node graph's scopes). Ops of other domains are always
 # read (com.microsoft's BeamSearch has graph attributes).
 OPS_WITH_GRAPHS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
-
-
-def may_hold_graphs(op: str, domain: str | None) -> bool:
-    """Whether a node of this op and domain can have graph attributes (see OPS_WITH_GRAPHS)."""
-    return op in OPS_WITH_GRAPHS or (domain or "") not in ("", "ai.onnx")
+# The ONNX domain as gs (None, "", "ai.onnx") and protos ("", "ai.onnx") write it. A node can
+# hold graphs when `op in OPS_WITH_GRAPHS or domain not in ONNX_DOMAINS`: the walks over every
+# node test that inline (a function call per node cost them a tenth).
+ONNX_DOMAINS = frozenset({None, "", "ai.onnx"})
 
 
 def nodes_as_model(nodes: list[gs.Node], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
@@ -121,8 +122,9 @@ def all_graphs(graph: gs.Graph) -> list[gs.Graph]:
     """The graph and every subgraph (If branches, Loop and Scan bodies), outermost first."""
     found = [graph]
     for node in graph.nodes:
-        for sub in node_subgraphs(node):
-            found.extend(all_graphs(sub))
+        if node.op in OPS_WITH_GRAPHS or node.domain not in ONNX_DOMAINS:     # can hold graphs
+            for sub in node_subgraphs(node):
+                found.extend(all_graphs(sub))
     return found
 
 
@@ -136,6 +138,11 @@ def toposort(graph: gs.Graph) -> None:
     order = []
     for start in graph.nodes:
         if id(start) in placed:
+            continue
+        if all(id(producer) in placed or id(producer) not in here
+               for tensor in _reads(start) for producer in tensor.inputs):
+            placed.add(id(start))       # its producers are placed: where the walk would put it, without it
+            order.append(start)
             continue
         stack = [(start, False)]
         while stack:
@@ -202,7 +209,7 @@ def fully_shaped(graph: gs.Graph) -> bool:
 def _reads(node: gs.Node) -> list:
     """The tensors a node reads, those its subgraphs read included (for a node that can hold
     no subgraph, its own inputs list: only to be read)."""
-    if not may_hold_graphs(node.op, node.domain):
+    if node.op not in OPS_WITH_GRAPHS and node.domain in ONNX_DOMAINS:     # can hold no graph
         return node.inputs
     tensors = list(node.inputs)
     for sub in node_subgraphs(node):

@@ -18,11 +18,13 @@ without the node's own fields showing it.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
-from onnx_graphsurgeon.ir.tensor import SparseValues
+from onnx_graphsurgeon.ir.tensor import LazyValues, SparseValues
 
 from .graph import overridable_initializers, tensor_map
 
@@ -156,32 +158,44 @@ _LIST_FIELDS = {int: ("ints", onnx.AttributeProto.INTS), float: ("floats", onnx.
 
 
 def _plain_attribute(key: str, value) -> onnx.AttributeProto | None:
-    """onnx.helper.make_attribute(key, value) for a plain value, else None."""
+    """onnx.helper.make_attribute(key, value) for a plain value, else None. Built once per
+    name, type and value (a new Conv's five attributes: 10 of its 18 us), keyed by the items'
+    types too, since 1 == 1.0 == True: a node's constructor copies the proto it is given."""
     kind = type(value)
+    if kind is list:
+        items = tuple(value)
+        item_types = tuple(map(type, items))
+        if len(set(item_types)) != 1 or item_types[0] not in _PLAIN:   # empty (gs cannot type it), mixed
+            return None                                                 # (make_attribute's rules) or not plain
+        return _attribute_of(key, kind, items, item_types)
+    return _attribute_of(key, kind, value, None) if kind in _PLAIN else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _attribute_of(key: str, kind: type, value, item_types: tuple | None) -> onnx.AttributeProto:
     if kind in _SCALAR_FIELDS:
         field, code = _SCALAR_FIELDS[kind]
         return onnx.AttributeProto(name=key, type=code, **{field: value})
     if kind is str:
         return onnx.AttributeProto(name=key, type=onnx.AttributeProto.STRING, s=value.encode())
-    if kind is not list:
-        return None
-    kinds = set(map(type, value))
-    if len(kinds) != 1:         # empty (gs cannot type it) or mixed (make_attribute's rules)
-        return None
-    item = kinds.pop()
+    item = item_types[0]
     if item in _LIST_FIELDS:
         field, code = _LIST_FIELDS[item]
         return onnx.AttributeProto(name=key, type=code, **{field: value})
-    if item is str:
-        return onnx.AttributeProto(name=key, type=onnx.AttributeProto.STRINGS, strings=[v.encode() for v in value])
-    return None
+    return onnx.AttributeProto(name=key, type=onnx.AttributeProto.STRINGS, strings=[v.encode() for v in value])
 
 
 def exported_constant(tensor: gs.Constant) -> onnx.TensorProto:
     """OnnxExporter.export_tensor_proto(tensor), byte for byte, built directly for a NumPy
     array of a plain numeric type, exported as its own type and not placed (a folded weight:
-    2 against 7.5 us); gs's exporter for the rest (an imported initializer is its own proto)."""
+    2 against 7.5 us); an imported initializer not loaded is its own proto, named as the
+    tensor is now (what gs does, without its call chain); gs's exporter for the rest."""
     values = tensor._values
+    if type(values) is LazyValues:
+        proto = values.tensor
+        if proto.name != tensor.name:
+            proto.name = tensor.name
+        return proto
     if (type(values) is not np.ndarray or tensor._export_dtype is not None or tensor.data_location is not None
             or values.dtype not in _RAW_TYPES):
         return OnnxExporter.export_tensor_proto(tensor)

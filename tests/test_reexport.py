@@ -79,9 +79,13 @@ def _change_op(graph):
     graph.nodes[1].op = "Sigmoid"
 
 
+def _change_domain(graph):
+    graph.nodes[1].domain = "com.example"
+
+
 @pytest.mark.parametrize("mutate, changed", [
     (_edit_list_in_place, "conv"), (_set_attribute, "conv"), (_rewire_input, "out"),
-    (_rename_output, "Relu_0"), (_rename_node, "new_name"), (_change_op, "Relu_0"),
+    (_rename_output, "Relu_0"), (_rename_node, "new_name"), (_change_op, "Relu_0"), (_change_domain, "Relu_0"),
 ])
 def test_a_node_changed_in_any_way_is_rebuilt_the_others_are_copied(mutate, changed):
     _, exported = export(mutate)
@@ -93,6 +97,8 @@ def test_a_node_changed_in_any_way_is_rebuilt_the_others_are_copied(mutate, chan
         assert list(by_name(exported, "conv").attribute[0].ints) == [0, 1, 1, 1]
     if mutate is _change_op:
         assert by_name(exported, "Relu_0").op_type == "Sigmoid"
+    if mutate is _change_domain:
+        assert by_name(exported, "Relu_0").domain == "com.example"
 
 
 def test_a_node_with_a_tensor_attribute_is_always_rebuilt():
@@ -164,6 +170,20 @@ def test_nodes_are_exported_as_onnx_graphsurgeon_exports_them(attrs, name, domai
     assert exported_node(node).SerializeToString() == expected
 
 
+def test_equal_attribute_values_of_other_types_export_as_their_own_types():
+    """The built attributes are kept by name, type and value: 1 == 1.0 == True, [1, 2] == [1.0, 2.0]."""
+    from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
+
+    from convexport.reexport import exported_node
+
+    for value in ([1, 2], [1.0, 2.0], [1, 2], 1, 1.0, True, 1, "1", ["1"], [1.0, 2.0]):
+        node = gs.Node("Op", "n", {"v": value}, [gs.Variable("x")], [gs.Variable("y")])
+        again = exported_node(node)
+        assert again.SerializeToString() == OnnxExporter.export_node(node).SerializeToString(), value
+        again.attribute[0].name = "changed"         # a caller's edit does not reach the next node's proto
+        assert exported_node(node).attribute[0].name == "v"
+
+
 @pytest.mark.parametrize("values", [
     np.arange(6, dtype=np.float32).reshape(2, 3), np.float64(2.5) * np.ones([2]), np.ones([0, 3], np.float16),
     np.array(3, np.int64), np.array([True, False]), np.arange(4, dtype=np.uint8), np.arange(8, dtype=np.int32)[::2],
@@ -177,6 +197,25 @@ def test_constants_are_exported_as_onnx_graphsurgeon_exports_them(values, placed
 
     constant = gs.Constant("c", values, data_location=onnx.TensorProto.DEFAULT if placed else None)
     assert exported_constant(constant).SerializeToString() == OnnxExporter.export_tensor_proto(constant).SerializeToString()
+
+
+@pytest.mark.parametrize("renamed", [False, True])
+def test_an_imported_constant_is_exported_as_onnx_graphsurgeon_exports_it(renamed):
+    from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
+    from onnx_graphsurgeon.ir.tensor import LazyValues
+
+    from convexport.reexport import exported_constant
+
+    def imported():
+        constant = gs.Constant("w", LazyValues(onnx.numpy_helper.from_array(np.arange(6, dtype=np.float32), "w")))
+        if renamed:
+            constant.name = "w2"
+        return constant
+
+    ours, theirs = imported(), imported()
+    proto = exported_constant(ours)
+    assert proto is ours._values.tensor         # the imported proto itself, not a copy
+    assert proto.SerializeToString() == OnnxExporter.export_tensor_proto(theirs).SerializeToString()
 
 
 def test_a_constant_with_an_export_type_goes_through_onnx_graphsurgeon(monkeypatch):
