@@ -188,14 +188,17 @@ def _attribute_of(key: str, kind: type, value, item_types: tuple | None) -> onnx
 def exported_constant(tensor: gs.Constant) -> onnx.TensorProto:
     """OnnxExporter.export_tensor_proto(tensor), byte for byte, built directly for a NumPy
     array of a plain numeric type, exported as its own type and not placed (a folded weight:
-    2 against 7.5 us); an imported initializer not loaded is its own proto, named as the
-    tensor is now (what gs does, without its call chain); gs's exporter for the rest."""
+    2 against 7.5 us); an imported initializer not loaded is its own proto, or a copy named as
+    the tensor is now where it was renamed (gs renames the imported proto itself, which belongs
+    to the model the graph was imported from); gs's exporter for the rest."""
     values = tensor._values
     if type(values) is LazyValues:
-        proto = values.tensor
-        if proto.name != tensor.name:
-            proto.name = tensor.name
-        return proto
+        if values.tensor.name == tensor.name:
+            return values.tensor
+        renamed = onnx.TensorProto()
+        renamed.CopyFrom(values.tensor)
+        renamed.name = tensor.name
+        return renamed
     if (type(values) is not np.ndarray or tensor._export_dtype is not None or tensor.data_location is not None
             or values.dtype not in _RAW_TYPES):
         return OnnxExporter.export_tensor_proto(tensor)
