@@ -8,7 +8,6 @@ import itertools
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 from onnx_graphsurgeon.logger import G_LOGGER
 
 from .gs_import import constant_values, import_model
@@ -107,16 +106,6 @@ OPS_WITH_GRAPHS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 # node test that inline (a call per node was two thirds of all_graphs' walk: 0.28 against
 # 0.09 ms on 1,115 nodes).
 ONNX_DOMAINS = frozenset({None, "", "ai.onnx"})
-
-
-def nodes_as_model(nodes: list[gs.Node], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
-                   constants: list[gs.Constant], opset: int, name: str) -> onnx.ModelProto:
-    """Some of a graph's nodes as a model of their own, exported node by node: the graph's
-    tensors are only read (a gs.Graph built over them would relink them). `constants` become
-    initializers; the IR version is one ONNX Runtime 1.14+ reads."""
-    graph = onnx.helper.make_graph([OnnxExporter.export_node(node) for node in nodes], name, inputs, outputs,
-                                   [OnnxExporter.export_tensor_proto(t) for t in constants])
-    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=10)
 
 
 def all_graphs(graph: gs.Graph) -> list[gs.Graph]:

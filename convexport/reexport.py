@@ -134,6 +134,17 @@ def export_graph(graph: gs.Graph, template: onnx.ModelProto, originals: Original
     return model
 
 
+def nodes_as_model(nodes: list[gs.Node], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
+                   constants: list[gs.Constant], opset: int, name: str) -> onnx.ModelProto:
+    """Some of a graph's nodes as a model of their own, exported node by node (exported_node,
+    exported_constant: the imported protos stay as they are): the graph's tensors are only read
+    (a gs.Graph built over them would relink them). `constants` become initializers; the IR
+    version is one ONNX Runtime 1.14+ reads."""
+    graph = onnx.helper.make_graph([exported_node(node) for node in nodes], name, inputs, outputs,
+                                   [exported_constant(t) for t in constants])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=10)
+
+
 def exported_node(node: gs.Node) -> onnx.NodeProto:
     """OnnxExporter.export_node(node), byte for byte, built directly where every attribute is
     a plain int, float or str or a non-empty list of one of those (a new Conv: 12 us against

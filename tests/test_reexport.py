@@ -221,6 +221,24 @@ def test_an_imported_constant_is_exported_as_onnx_graphsurgeon_exports_it(rename
         assert proto is ours._values.tensor
 
 
+def test_nodes_cut_out_as_a_model_leave_a_renamed_imported_weight_as_it_was():
+    """nodes_as_model (local shapes, --strategy measure) exports through exported_constant:
+    the cut-out reads the weight by its new name, the imported proto keeps its own."""
+    from onnx_graphsurgeon.ir.tensor import LazyValues
+
+    from convexport.reexport import nodes_as_model
+
+    source = onnx.numpy_helper.from_array(np.ones([3], np.float32), "k")
+    weight = gs.Constant("k", LazyValues(source))
+    weight.name = "k2"
+    x, y = gs.Variable("x", np.float32, [3]), gs.Variable("y", np.float32, [3])
+    node = gs.Node("Mul", "mul", {}, [x, weight], [y])
+    model = nodes_as_model([node], [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3])],
+                           [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3])], [weight], 18, "cut")
+    onnx.checker.check_model(model)
+    assert [init.name for init in model.graph.initializer] == ["k2"] and source.name == "k"
+
+
 def test_a_constant_with_an_export_type_goes_through_onnx_graphsurgeon(monkeypatch):
     from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 

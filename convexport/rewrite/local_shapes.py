@@ -7,7 +7,8 @@ from __future__ import annotations
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..graph import nodes_as_model, tensor_dtype
+from ..graph import tensor_dtype
+from ..reexport import nodes_as_model
 
 # Constants up to this size go into the cut as values (shape inference reads those of shape-like
 # inputs: Reshape's shape, Slice's starts); larger ones as typed inputs, so nothing big is copied.

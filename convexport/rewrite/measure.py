@@ -9,9 +9,10 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ..errors import ConvexportError
-from ..graph import nodes_as_model, tensor_dtype
+from ..graph import tensor_dtype
 from ..inputs import InputSpec, random_inputs
 from ..profile import time_models
+from ..reexport import nodes_as_model
 
 MEASURE_BUDGET_S = 0.25
 
