@@ -313,6 +313,13 @@ class NameGenerator:
             node.name for scope in scopes for node in scope.nodes}
         self._counter = itertools.count()
 
+    @classmethod
+    def avoiding(cls, names: set[str]) -> "NameGenerator":
+        """The generator of a graph whose tensor and node names are `names`."""
+        generator = cls.__new__(cls)
+        generator._taken, generator._counter = set(names), itertools.count()
+        return generator
+
     def __call__(self, base: str) -> str:
         while (name := f"{base}__cx{next(self._counter)}") in self._taken:
             pass

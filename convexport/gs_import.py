@@ -75,7 +75,7 @@ class _Importer:
     def __init__(self, model: onnx.ModelProto):
         self.model = model
         self.opset = OnnxImporter.get_opset(model)
-        self.types = TypeReader(_tensor_type)
+        self.types = TypeReader(tensor_type_of)
         self.domains = OnnxImporter.get_import_domains(model)
         self.tensors: OrderedDict[str, gs.Tensor] = OrderedDict()
         self.may_hold_graphs = False        # some node's attributes went through gs's importer
@@ -139,15 +139,24 @@ class _Importer:
                             proto.domain if proto.HasField("domain") else None)
 
     def _attributes(self, proto: onnx.NodeProto) -> OrderedDict:
-        attributes = OrderedDict()
-        for attribute in proto.attribute:
-            convert = _SIMPLE_ATTRIBUTES.get(attribute.type)
-            if convert is None or attribute.ref_attr_name:
-                self.may_hold_graphs = True
-                return OnnxImporter.import_attributes(proto.attribute, OrderedDict(), self.tensors, self.opset,
-                                                      self.domains)
-            attributes[attribute.name] = convert(attribute)
+        attributes = simple_attributes(proto)
+        if attributes is None:
+            self.may_hold_graphs = True
+            return OnnxImporter.import_attributes(proto.attribute, OrderedDict(), self.tensors, self.opset,
+                                                  self.domains)
         return attributes
+
+
+def simple_attributes(proto: onnx.NodeProto) -> OrderedDict | None:
+    """A node's attributes as gs imports them, where every one is a number, a string or a list
+    of those; None where one is anything else (a tensor, a graph, a reference)."""
+    attributes = OrderedDict()
+    for attribute in proto.attribute:
+        convert = _SIMPLE_ATTRIBUTES.get(attribute.type)
+        if convert is None or attribute.ref_attr_name:
+            return None
+        attributes[attribute.name] = convert(attribute)
+    return attributes
 
 
 _RAW_DATA_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BOOL,
@@ -162,14 +171,23 @@ def constant_values(constant: gs.Constant) -> np.ndarray:
     and a fold reads several weights. The array is kept as the constant's values, as gs keeps
     the one it loads, and is as writable."""
     lazy = vars(constant).get("_values")
-    if type(lazy) is LazyValues and sys.byteorder == "little" and layout_is_known():
-        proto = lazy.tensor
-        if (proto.data_type in _RAW_DATA_TYPES and proto.HasField("raw_data")
-                and proto.data_location != onnx.TensorProto.EXTERNAL):
-            raw = np.frombuffer(proto.raw_data, _numpy_dtype(proto.data_type))
-            values = vars(constant)["_values"] = raw.reshape(tuple(proto.dims)).copy()     # gs's setter, as it sets it
+    if type(lazy) is LazyValues and layout_is_known():
+        values = raw_values(lazy.tensor)
+        if values is not None:
+            vars(constant)["_values"] = values      # gs's setter, as it sets it
             return values
     return constant.values
+
+
+def raw_values(proto: onnx.TensorProto, writable: bool = True) -> np.ndarray | None:
+    """An initializer's values (a copy when `writable`, else a read-only view of its bytes),
+    read from its raw little-endian bytes on a little-endian machine; None where they are
+    stored otherwise (gs's loader reads those)."""
+    if (sys.byteorder != "little" or proto.data_type not in _RAW_DATA_TYPES or not proto.HasField("raw_data")
+            or proto.data_location == onnx.TensorProto.EXTERNAL):
+        return None
+    values = np.frombuffer(proto.raw_data, _numpy_dtype(proto.data_type)).reshape(tuple(proto.dims))
+    return values.copy() if writable else values
 
 
 @functools.cache
@@ -233,8 +251,9 @@ def _variable(name: str, dtype=None, shape=None, kind: str = "tensor_type") -> g
     return variable
 
 
-def _tensor_type(type_proto: onnx.TypeProto) -> tuple | None:
-    """(dtype, dims or None without a shape) of a tensor type; None for any other type."""
+def tensor_type_of(type_proto: onnx.TypeProto) -> tuple | None:
+    """(dtype, dims or None without a shape) of a tensor type as gs imports it; None for any
+    other type."""
     if type_proto.WhichOneof("value") != "tensor_type":
         return None
     tensor_type = type_proto.tensor_type

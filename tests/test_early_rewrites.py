@@ -1,4 +1,4 @@
-"""drop-identity's first look made on the proto (folds/cleanup.py, primitives.on_proto): the
+"""drop-identity's first look made on the proto (folds/cleanup.py, rewrite/proto_look.py): the
 engine must come out exactly as it does when it makes those rewrites itself."""
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 from onnx import helper
 
 from convexport.folds.cleanup import forward_identities_on_proto, forward_input
-from convexport.rewrite.engine import rewrite_model
+from convexport.folds.conv_chain import compose_linear
+from convexport.rewrite.engine import _leading_looks, rewrite_model
 from convexport.rewrite.primitives import builtin_primitives, proto_form_of, reach
+from convexport.rewrite.proto_look import ProtoLook
 from convexport.rewrite.rulefile import parse_rule_file
 from graphs import RULES, assert_same_outputs
 from helpers import make_model, op_counts, tensor
@@ -22,27 +24,34 @@ RNG = np.random.default_rng(7)
 DROP_IDENTITY = RULES[0]
 
 
-def without_proto_form() -> dict:
-    """The built-in primitives, forward_input without its proto form: the engine does it all."""
-    return {**builtin_primitives(), "forward_input": reach(0)(lambda match, context: forward_input(match, context))}
+def without_proto_forms() -> dict:
+    """The built-in primitives without their proto forms: the engine does it all."""
+    return {**builtin_primitives(), "forward_input": reach(0)(lambda match, context: forward_input(match, context)),
+            "compose_linear": reach(0)(lambda match, context: compose_linear(match, context))}
 
 
-def both_ways(model, strategy="exact", limit=None):
-    """(outcome with the proto form, outcome without), the input left as it was."""
+def both_ways(model, strategy="exact", limit=None, rules=RULES):
+    """(outcome with the proto forms, outcome without), the input left as it was."""
     before = model.SerializeToString()
-    early = rewrite_model(model, RULES, builtin_primitives(), strategy, limit=limit)
-    engine = rewrite_model(model, RULES, without_proto_form(), strategy, limit=limit)
+    early = rewrite_model(model, rules, builtin_primitives(), strategy, limit=limit)
+    engine = rewrite_model(model, rules, without_proto_forms(), strategy, limit=limit)
     assert model.SerializeToString() == before
     return early, engine
 
 
-def assert_same_outcome(model, strategy="exact", limit=None):
-    early, engine = both_ways(model, strategy, limit)
+def assert_same_outcome(model, strategy="exact", limit=None, rules=RULES):
+    early, engine = both_ways(model, strategy, limit, rules)
     assert early.applied == engine.applied
     assert early.skipped == engine.skipped
     assert early.passes == engine.passes
     assert early.model.SerializeToString() == engine.model.SerializeToString()
     return early
+
+
+def look_at(model, rule=DROP_IDENTITY, form=forward_identities_on_proto, strategy="exact", limit=None):
+    """(whether `form` made the whole look, the look) on a fresh ProtoLook of model."""
+    look = ProtoLook(model, 18, strategy, "cpu", {}, limit)
+    return form(look, rule), look
 
 
 def conv_bn_through_identities(named=True, shuffled=False):
@@ -70,10 +79,14 @@ def test_bn_parameters_through_identities(strategy, named, shuffled):
 
 
 def test_the_proto_form_removes_what_the_engine_would_have_imported():
-    early = forward_identities_on_proto(conv_bn_through_identities(named=False), DROP_IDENTITY, None)
-    assert [node.op_type for node in early.model.graph.node] == ["Conv", "BatchNormalization", "Relu"]
-    assert list(early.model.graph.node[1].input) == ["c", "s", "t", "m", "v"]
-    assert [name for name, _ in early.rewrites] == ["Identity_0", "Identity_1", "Identity_2", "Identity_3"]
+    whole, look = look_at(conv_bn_through_identities(named=False))
+    model = look.model()
+    assert whole
+    assert [node.op_type for node in model.graph.node] == ["Conv", "BatchNormalization", "Relu"]
+    assert [node.name for node in model.graph.node] == ["Conv_4", "BatchNormalization_5", "Relu_6"]
+    assert list(model.graph.node[1].input) == ["c", "s", "t", "m", "v"]
+    assert [names for _, names, _ in look.applied] == [["Identity_0"], ["Identity_1"], ["Identity_2"], ["Identity_3"]]
+    assert not {value.name for value in model.graph.value_info} & {"s_id", "t_id", "m_id", "v_id"}
 
 
 def chain_model(middle_op=None, output_identity=False):
@@ -109,12 +122,14 @@ def test_chains_takeovers_graph_outputs_and_limits(middle_op, output_identity, l
 
 
 def test_an_identity_made_by_a_node_ends_the_proto_form():
-    early = forward_identities_on_proto(chain_model("Relu"), DROP_IDENTITY, None)
-    assert [name for name, _ in early.rewrites] == ["i1", "i2", "i3"]      # not i4, nor i5 after it
+    whole, look = look_at(chain_model("Relu"))
+    assert not whole
+    assert [names for _, names, _ in look.applied] == [["i1"], ["i2"], ["i3"]]     # not i4, nor i5 after it
 
 
 def test_an_identity_giving_a_graph_output_ends_it_before_it_starts():
-    assert forward_identities_on_proto(chain_model(output_identity=True), DROP_IDENTITY, None) is None
+    whole, look = look_at(chain_model(output_identity=True))
+    assert not whole and not look.applied and look.model() is look.source
 
 
 def test_the_proto_form_declines_graphs_with_subgraphs():
@@ -124,7 +139,8 @@ def test_the_proto_form_declines_graphs_with_subgraphs():
              helper.make_node("If", ["c"], ["y"], name="if", then_branch=branch, else_branch=branch)]
     model = make_model(nodes, [tensor("c", [], onnx.TensorProto.BOOL)], [tensor("y", None)],
                        {"w": np.ones(3, np.float32)})
-    assert forward_identities_on_proto(model, DROP_IDENTITY, None) is None
+    whole, look = look_at(model)
+    assert not whole and not look.applied
     assert_same_outcome(model)
 
 
@@ -137,18 +153,26 @@ def test_the_proto_form_declines_other_patterns(tmp_path):
     path.write_text(text)
     constant_only, conditioned, plain = parse_rule_file(path, set(builtin_primitives()))
     model = conv_bn_through_identities()
-    assert forward_identities_on_proto(model, constant_only, None) is None
-    assert forward_identities_on_proto(model, conditioned, None) is None
-    assert forward_identities_on_proto(model, plain, None) is not None
+    assert not look_at(model, constant_only)[0] and not look_at(model, constant_only)[1].applied
+    assert not look_at(model, conditioned)[0] and not look_at(model, conditioned)[1].applied
+    assert look_at(model, plain)[0]
     assert proto_form_of(builtin_primitives()["forward_input"]) is forward_identities_on_proto
 
 
-def test_only_the_first_rule_gets_it():
-    """After another rule has looked, the state the proto form starts from is not the model's."""
-    model = conv_bn_through_identities()
-    later = rewrite_model(model, [*RULES[1:], RULES[0]], builtin_primitives(), "exact")
-    engine = rewrite_model(model, [*RULES[1:], RULES[0]], without_proto_form(), "exact")
-    assert later.applied == engine.applied and later.model.SerializeToString() == engine.model.SerializeToString()
+def test_only_leading_rules_get_it():
+    """After a rule without a proto form has looked, the state a proto form would start from
+    is not the model's: drop-identity last, behind conv-mul (whose Conv and Mul the model has)."""
+    model = make_model([helper.make_node("Identity", ["k"], ["k1"], name="i"),
+                        helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+                        helper.make_node("Mul", ["c", "k1"], ["y"], name="mul")],
+                       [tensor("x", [1, 2, 5, 5])], [tensor("y", None)],
+                       {"w": RNG.standard_normal([3, 2, 1, 1]).astype(np.float32),
+                        "k": RNG.uniform(0.5, 2, [1, 3, 1, 1]).astype(np.float32)})
+    conv_mul = next(rule for rule in RULES if rule.name == "conv-mul")
+    rules = [conv_mul, DROP_IDENTITY]
+    assert not _leading_looks(ProtoLook(model, 18, "exact", "cpu", {}, None), rules, builtin_primitives()).applied
+    outcome = assert_same_outcome(model, rules=rules)
+    assert [entry["rule"] for entry in outcome.applied] == ["drop-identity", "conv-mul"]
 
 
 def with_identities(model: onnx.ModelProto, rng) -> onnx.ModelProto:
@@ -199,8 +223,7 @@ def test_the_random_graphs_exercise_the_proto_form():
     for seed in range(20):
         builder, y = random_graph(seed)
         model = with_identities(builder.model([y]), np.random.default_rng(seed))
-        early = forward_identities_on_proto(model, DROP_IDENTITY, None)
-        removed.append(0 if early is None else len(early.rewrites))
+        removed.append(len(look_at(model)[1].applied))
         remaining.append(sum(node.op_type == "Identity" for node in model.graph.node) - removed[-1])
     assert sum(count > 0 for count in removed) >= 12, removed
     assert any(count > 1 and left == 0 for count, left in zip(removed, remaining)), (removed, remaining)

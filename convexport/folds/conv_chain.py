@@ -9,7 +9,8 @@ from ..algebra import Composition, Refusal, compose, scale_shift_after, scale_sh
 from ..algebra.onnx_conv import conv_geometry
 from ..algebra.outline import composite_outline
 from ..graph import tensor_dtype
-from ..rewrite.primitives import Rewrite, reach
+from ..rewrite.primitives import Rewrite, on_proto, reach
+from .batchnorm_on_proto import fold_batchnorms_on_proto
 from .convnodes import conv_attributes, conv_node, conv_weights, make_conv, node_flops, spatial_shape
 from .linear_nodes import channel_affine, data_input, linear_spec
 
@@ -24,6 +25,7 @@ def output_dtype(node: gs.Node) -> np.dtype:
 
 
 @reach(0)
+@on_proto(fold_batchnorms_on_proto)
 def compose_linear(match, context) -> Rewrite | Refusal:
     """second(first(x)) -> Conv'(x) [+ border map]; the algebra is convexport.algebra.compose,
     or, for a Conv then a per-channel affine map, scale_shift_onnx_weight on the Conv's own

@@ -65,14 +65,19 @@ def conv_node(context, x, weight: np.ndarray, bias: np.ndarray | None, attrs: di
 
 def node_flops(node: gs.Node, output_shape=None) -> float | None:
     """FLOPs per sample of a node (its output shape, or `output_shape` for a new node that
-    has none yet): a Conv's 2 * O * prod(out spatial) * prod(W.shape[1:]), one per output
-    element for anything else; None for an unknown shape."""
+    has none yet): see flops_per_sample."""
     shape = node.outputs[0].shape if output_shape is None else output_shape
+    return flops_per_sample(shape, node.inputs[1].shape if node.op == "Conv" and len(node.inputs) > 1 else None)
+
+
+def flops_per_sample(shape, conv_weight_shape=None) -> float | None:
+    """FLOPs per sample of a node whose output has `shape`: a Conv's (given its weight's shape)
+    2 * O * prod(out spatial) * prod(W.shape[1:]), one per output element for anything else;
+    None for an unknown shape."""
     if shape is None or len(shape) < 2 or any(not isinstance(d, int) for d in shape[1:]):
         return None
     elements = float(math.prod(shape[1:]))
-    weight = node.inputs[1].shape if node.op == "Conv" and len(node.inputs) > 1 else None
-    return 2.0 * elements * float(math.prod(weight[1:])) if weight is not None else elements
+    return 2.0 * elements * float(math.prod(conv_weight_shape[1:])) if conv_weight_shape is not None else elements
 
 
 def conv_flops(spec: ConvSpec, output_shape) -> float | None:

@@ -55,6 +55,14 @@ class Estimate(NamedTuple):
     nodes: int
 
 
+class NodeWork(NamedTuple):
+    """What one node does, as the model counts it."""
+
+    flops: float
+    bytes: float            # the tensors it is the first of the nodes to touch
+    on_host: bool           # the device leaves it to the CPU
+
+
 def estimate(nodes: list[gs.Node], device: Device, flops: float | None = None,
              replaced: dict[int, gs.Tensor] | None = None) -> Estimate:
     """The time of `nodes` on `device` (see the module doc). `flops`, the primitive's count,
@@ -62,20 +70,27 @@ def estimate(nodes: list[gs.Node], device: Device, flops: float | None = None,
     a new tensor to the old tensor it stands for, whose shape it has."""
     replaced = replaced or {}
     seen: set[int] = set()
-    per_node = []
+    work = []
     for node in nodes:
         fresh = [t for t in (*node.inputs, *node.outputs) if id(t) not in seen]
         seen.update(map(id, fresh))
-        per_node.append((node, _node_flops(node, replaced), sum([_bytes(t, node, replaced) for t in fresh])))
-    counted = sum([f for _, f, _ in per_node])
+        work.append(NodeWork(_node_flops(node, replaced), sum([_bytes(t, node, replaced) for t in fresh]),
+                             bool(device.host_ops) and _runs_on_host(node, device)))
+    return estimate_work(work, device, flops)
+
+
+def estimate_work(work: list[NodeWork], device: Device, flops: float | None = None) -> Estimate:
+    """The time of nodes doing `work` on `device`: estimate() once each node is counted (the
+    proto forms of primitives count theirs from the ModelProto)."""
+    counted = sum([w.flops for w in work])
     factor = flops / counted if flops is not None and counted > 0 else 1.0
     seconds = flops / device.flops_per_s if flops is not None and counted == 0 else 0.0
-    for node, node_flops, node_bytes in per_node:
-        if device.host_ops and _runs_on_host(node, device):
+    for node_flops, node_bytes, on_host in work:
+        if on_host:
             seconds += _seconds(CPU, node_flops * factor, node_bytes) + 2 * node_bytes / device.host_link_bytes_per_s
         else:
             seconds += _seconds(device, node_flops * factor, node_bytes)
-    return Estimate(seconds, counted if flops is None else flops, sum([b for _, _, b in per_node]), len(nodes))
+    return Estimate(seconds, counted if flops is None else flops, sum([w.bytes for w in work]), len(work))
 
 
 def _runs_on_host(node: gs.Node, device: Device) -> bool:
@@ -96,9 +111,17 @@ def _shape(tensor, node: gs.Node, replaced: dict[int, gs.Tensor]) -> tuple[int, 
         inputs = [_shape(t, node, {}) for t in node.inputs if not isinstance(t, gs.Constant)]
         inputs = [s for s in inputs if s is not None]
         return max(inputs, key=lambda s: int(math.prod(s)), default=None)
-    if shape is None:
-        return None
+    return None if shape is None else counted_shape(shape)
+
+
+def counted_shape(shape) -> tuple[int, ...]:
+    """A shape as the model counts it: a symbolic, unknown or negative dim as 1."""
     return tuple([d if type(d) is int and d >= 0 else 1 for d in shape])
+
+
+def tensor_bytes(shape, dtype) -> float:
+    """The bytes of a tensor of `shape` (dims counted as counted_shape counts them) and a gs dtype."""
+    return float(math.prod(counted_shape(shape))) * _itemsize(dtype)
 
 
 def _bytes(tensor, node: gs.Node, replaced) -> float:
@@ -110,7 +133,7 @@ def _bytes(tensor, node: gs.Node, replaced) -> float:
     if not tensor.name:
         return 0.0
     shape = _shape(tensor, node, replaced)
-    return 0.0 if shape is None else float(math.prod(shape)) * _itemsize(tensor.dtype)
+    return 0.0 if shape is None else tensor_bytes(shape, tensor.dtype)
 
 
 @functools.cache
@@ -123,11 +146,16 @@ def _node_flops(node: gs.Node, replaced) -> float:
     out = _shape(node.outputs[0], node, replaced) if node.outputs else None
     if out is None:
         return 0.0
-    elements = float(math.prod(out))
     if node.op == "Conv" and len(node.inputs) > 1 and node.inputs[1].shape is not None:
-        return 2.0 * elements * float(math.prod(node.inputs[1].shape[1:]))
+        return conv_flops(out, node.inputs[1].shape)
     if node.op in ("Gemm", "MatMul") and node.inputs[0].shape is not None:
         a = _shape(node.inputs[0], node, replaced)
         transposed = node.op == "Gemm" and node.attrs.get("transA", 0)
-        return 2.0 * elements * (a[0] if transposed and len(a) == 2 else a[-1])
-    return elements
+        return 2.0 * float(math.prod(out)) * (a[0] if transposed and len(a) == 2 else a[-1])
+    return float(math.prod(out))
+
+
+def conv_flops(output_shape: tuple[int, ...], weight_shape) -> float:
+    """A Conv's count from its counted output shape and its weight's [O, I/g, *k]: each output
+    element sums (I/g) * prod(k) products, two operations each."""
+    return 2.0 * float(math.prod(output_shape)) * float(math.prod(weight_shape[1:]))

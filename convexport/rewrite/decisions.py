@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
 
-from .cost import DEVICES, estimate
+from .cost import DEVICES, Estimate, estimate
 from .measure import Unmeasurable, measure
 from .primitives import Rewrite
 
@@ -44,6 +44,11 @@ def by_estimate(rewrite: Rewrite, opset: int, device: str, graph_outputs: set[in
     target = DEVICES[device]
     before = estimate(replaced_nodes(rewrite, graph_outputs), target, rewrite.flops_before)
     after = estimate(rewrite.nodes, target, rewrite.flops_after, {id(new): old for old, new in rewrite.replace})
+    return estimated_decision(before, after, device)
+
+
+def estimated_decision(before: Estimate, after: Estimate, device: str) -> Decision:
+    """Apply when the estimate after is no larger than before; the numbers for the report."""
     numbers = {"method": "estimate", "device": device, "before_us": before.seconds * 1e6,
                "after_us": after.seconds * 1e6, "flops_before": before.flops, "flops_after": after.flops,
                "bytes_before": before.bytes, "bytes_after": after.bytes, "nodes_before": before.nodes,

@@ -9,8 +9,9 @@ The graph is imported once and exported once. Between passes only the shapes of 
 the pass created are inferred (local_shapes.py), and a rule looks again only where the graph
 changed since it last looked (changes.py): a match none of whose nodes, nor the nodes its
 primitive reads around it, changed would come out as it did. The first rule's first look at
-the main graph may be made on the proto before the import, by its primitive's proto form
-(primitives.on_proto: drop-identity's), with the same rewrites and report entries.
+the main graph, and the next rules' while each made its whole look, may be made on the proto
+before the import by their primitives' proto forms (proto_look.py: drop-identity's and
+conv-batchnorm's), with the same rewrites and report entries.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from .conditions import first_failure
 from .decisions import by_estimate, by_measurement
 from .local_shapes import infer_new_shapes
 from .matcher import Match, PatternMatcher
-from .primitives import EarlyRewrites, Primitive, Rewrite, proto_form_of, reach_of
+from .primitives import Primitive, Rewrite, proto_form_of, reach_of
+from .proto_look import ProtoLook
 from .rulefile import Rule
 
 MAX_PASSES = 32
@@ -115,18 +117,20 @@ def _collector_paused():
 
 def _rewrite(model, rules, primitives, strategy, source, limit, device, decided) -> RewriteOutcome:
     opset = default_opset(model)
-    early = _early_rewrites(model, rules, primitives, limit)
-    start = model if early is None else early.model
+    decided = {} if decided is None else decided
+    early = _leading_looks(ProtoLook(model, opset, strategy, device, decided, limit), rules, primitives)
+    start = early.model()
     graph = import_graph(start)
     originals = Originals(graph, start)
-    base = RewriteContext(graph, opset, NameGenerator(graph), {}, strategy, device, {} if decided is None else decided)
+    fresh = early.fresh if early.applied else NameGenerator(graph)
+    base = RewriteContext(graph, opset, fresh, {}, strategy, device, decided)
     state = _Run(primitives, ChangeLog(), [], {}, limit)
-    for node_name, note in early.rewrites if early is not None else ():
-        _record(state, rules[0], [node_name], _judged(Rewrite([], [], note), rules[0], [node_name], base))
+    for rule, node_names, rewrite in early.applied:
+        _record(state, rule, node_names, rewrite)
     passes, changed_at_all = 0, False
     for passes in range(1, MAX_PASSES + 1):
         state.created = []
-        changed = passes == 1 and early is not None    # the first look that made them was this pass's
+        changed = passes == 1 and bool(early.applied)    # the first looks that made them were this pass's
         for scope in all_graphs(graph):     # each scope on its own: see _run_scope
             changed |= _run_scope(scope, rules, replace(base, graph=scope), state)
         if not changed:
@@ -201,15 +205,17 @@ def _run_scope(graph: gs.Graph, rules: list[Rule], base: RewriteContext, state: 
     return changed
 
 
-def _early_rewrites(model: onnx.ModelProto, rules: list[Rule], primitives: dict[str, Primitive],
-                    limit: int | None) -> EarlyRewrites | None:
-    """The first rule's first look at the main graph, made on the proto by its primitive's
-    proto form (primitives.on_proto) where it has one: the rewrites the engine would make
-    first, without importing the nodes they remove."""
-    if not rules:
-        return None
-    form = proto_form_of(rules[0].plugin or primitives[rules[0].apply])
-    return None if form is None else form(model, rules[0], limit)
+def _leading_looks(look: ProtoLook, rules: list[Rule], primitives: dict[str, Primitive]) -> ProtoLook:
+    """The first looks at the main graph that the leading rules' proto forms make (see
+    proto_look.py): rule by rule, while each form makes its whole look. A rule with an op of
+    its pattern missing from the graph is passed over, as the engine passes it over."""
+    for rule in rules:
+        if not rule.ops <= look.live_ops():
+            continue
+        form = proto_form_of(rule.plugin or primitives[rule.apply])
+        if form is None or not form(look, rule):
+            break
+    return look
 
 
 def _record(state: _Run, rule: Rule, node_names: list[str], verdict: Rewrite | Skip) -> None:
@@ -341,7 +347,8 @@ def _apply(graph: gs.Graph, rewrite: Rewrite, fresh: NameGenerator, changes: Cha
     its place; one that already exists (an input of the match) is wired into the old tensor's
     consumers instead, which leaves the old tensor unread where it is (never a graph output:
     _checked refuses that). Every tensor whose producer or readers this changes goes into
-    `changes`.
+    `changes`, and so do the outputs of a node rewired to read an existing tensor (a constant
+    now, where a pattern may want one: the replaced tensor no longer leads to that node).
     """
     graph.nodes.extend(rewrite.nodes)
     changes.touch(t for node in rewrite.nodes for t in (*node.inputs, *node.outputs))
@@ -356,9 +363,10 @@ def _apply(graph: gs.Graph, rewrite: Rewrite, fresh: NameGenerator, changes: Cha
             for consumer in list(new.outputs):
                 _rewire(consumer, new, old)
             producer.outputs[producer.outputs.index(new)] = old
-        else:
+        else:       # a reader that reads a constant now may match where it did not: its outputs are touched
             for consumer in list(old.outputs):
                 _rewire(consumer, old, new)
+                changes.touch(consumer.outputs)
     _remove_dead(orphans, {id(t) for t in graph.outputs}, changes)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import onnx
 import onnx_graphsurgeon as gs
 
 
@@ -50,25 +49,18 @@ def reach_of(primitive: Primitive) -> int | None:
     return getattr(primitive, "reach", None)
 
 
-@dataclass
-class EarlyRewrites:
-    """A rule's first look at the main graph, made on the ModelProto (see on_proto)."""
-
-    model: onnx.ModelProto          # a new model: the input with the rewrites made
-    rewrites: list[tuple[str, str]]  # (the one node removed, the note), in the order made
-
-
-# on_proto's form: (model, rule, limit on the rewrites) -> EarlyRewrites | None (nothing done)
-ProtoForm = Callable[[onnx.ModelProto, object, "int | None"], "EarlyRewrites | None"]
+# on_proto's form: (look: proto_look.ProtoLook, rule) -> bool, True when it made the rule's whole look
+ProtoForm = Callable[[object, object], bool]
 
 
 def on_proto(form: ProtoForm) -> Callable[[Primitive], Primitive]:
-    """Declare a form of a primitive that works on the ModelProto before the graph is imported.
-    When the primitive's rule is the first rule, the engine hands its first look at the main
-    graph to `form`, which must make the very rewrites the primitive would (same nodes, same
-    order, the same rewiring), or a prefix of them, leaving the rest to the engine; it may
-    decline (None). It pays where a rule removes many single nodes: an import, a match and a
-    rewire per node saved (folds/cleanup.py forwards Identity nodes this way)."""
+    """Declare a form of a primitive that makes its rule's first look at the main graph on the
+    ModelProto, before the import (rewrite/proto_look.py), when the rules before it made theirs
+    there too. It must make the very rewrites the primitive would (same nodes, same names, same
+    order, the same report entries), or a prefix of them, leaving the rest to the engine, and
+    return whether it made them all. It pays where a rule removes many nodes: an import, a
+    match and a rewire per node saved (folds/cleanup.py forwards Identity nodes this way,
+    folds/batchnorm_on_proto.py folds BatchNormalization into the Conv before it)."""
     return _declaring("on_proto", form)
 
 
