@@ -320,8 +320,10 @@ class NameGenerator:
         generator._taken, generator._counter = set(names), itertools.count()
         return generator
 
+    MARK = "__cx"       # in every name it makes: a name without it never collides with one
+
     def __call__(self, base: str) -> str:
-        while (name := f"{base}__cx{next(self._counter)}") in self._taken:
+        while (name := f"{base}{self.MARK}{next(self._counter)}") in self._taken:
             pass
         self._taken.add(name)
         return name

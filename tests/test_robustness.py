@@ -240,3 +240,17 @@ def test_an_initializer_listed_as_an_input_is_an_input_not_a_constant():
     dims = {value.name: [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
             for value in batched.graph.input}
     assert dims == {"x": ["batch", 3, 8, 8], "w1": [4, 3, 3, 3]}        # a weight has no batch
+
+
+def test_an_in_memory_model_is_only_read():
+    """A fully shaped ModelProto given as it is goes through without a copy (export_model): the
+    rewrite (its proto forms too: nameless nodes, Identity-read BN parameters), validation and
+    profiling leave it byte for byte as it was."""
+    from test_early_rewrites import conv_bn_through_identities
+
+    model = conv_bn_through_identities(named=False)
+    before = model.SerializeToString()
+    result = convexport.optimize(model, write=False)
+    assert result.original is model and result.report["validation"]["passed"]
+    assert [entry["rule"] for entry in result.report["rewrites"]][-1] == "conv-batchnorm"
+    assert model.SerializeToString() == before

