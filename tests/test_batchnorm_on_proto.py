@@ -16,7 +16,7 @@ from convexport.rewrite.engine import _leading_looks
 from convexport.rewrite.primitives import builtin_primitives
 from convexport.rewrite.proto_look import ProtoLook
 from graphs import RULES, GraphBuilder, assert_same_outputs
-from helpers import make_model, op_counts, tensor
+from helpers import op_counts
 from test_early_rewrites import assert_same_outcome
 from test_random_graphs import FUZZ_EXAMPLES
 

@@ -47,7 +47,7 @@ def test_a_fully_shaped_model_is_taken_as_it_is(inference_counted):
     result = export_model(loaded(model))
     assert inference_counted == []
     assert result.model.SerializeToString() == inferred(model).SerializeToString()
-    assert result.model is not model           # still a copy: the loaded model is never modified
+    assert result.model is model       # no copy: nothing after export_model writes to it (test_robustness)
 
 
 def test_sample_exports_come_out_as_inference_gives_them(inference_counted):

@@ -11,16 +11,23 @@ The rewrites are compose_linear's for the rule
     y = BatchNormalization[training_mode=0](h, scale:const, shift:const, mean:const, var:const)
     require: constant [w, b], private [h]
 
-made as the engine makes them: each BN in graph order; the new Conv, named from the engine's
-name generator in the order conv_node draws names, reads x and the folded weight (and bias),
-takes over y, and goes after every other node; the report entry and the cost decision carry
-the same numbers (the estimate counted from the same shapes). This form makes only the folds
-whose every condition it can see holds, and stops (False) at the first BN that is anything
-else, so the engine's own look carries on from there: a Conv or a BN of another kind (a
-condition that fails, an input without a known shape, a type it does not read, a weight in
-a Constant node), a BN whose input a fold made (the engine would fold the new Conv again),
-or one whose input a BN later in the list makes (a fold there could make its input a Conv).
-A BN whose input no Conv makes, and never will in this look, does not match: it is passed.
+The algebra is compose_linear's for a Conv then a per-channel affine map: with scale =
+gamma / sqrt(var + eps) and shift = beta - mean * scale (batchnorm_scale_shift, all [O]), the
+Conv's weight W [O, I/g, *k] becomes W'[o] = scale[o] * W[o] and its bias b [O] (zero when it
+has none) b' = scale * b + shift (scale_shift_onnx_weight, in float64, then in y's type); the
+group, strides, dilations and pads stay.
+
+They are made as the engine makes them: each BN in graph order; the new Conv, named from the
+engine's name generator in the order conv_node draws names, reads x and the folded weight (and
+bias), takes over y, and goes after every other node; the report entry and the cost decision
+carry the same numbers (the estimate counted from the same shapes). This form makes only the
+folds whose every condition it can see holds, and stops (False) at the first BN that is
+anything else, so the engine's own look carries on from there: a Conv or a BN of another kind
+(a condition that fails, an input without a known shape, a type it does not read, a weight
+in a Constant node, training mode), a BN whose input a fold made (the engine would fold the
+new Conv again), or one whose input a BN later in the list makes (a fold there could make its
+input a Conv). A BN whose input no Conv makes, and never will in this look, does not match:
+it is passed.
 """
 
 from __future__ import annotations
@@ -35,15 +42,16 @@ import onnx
 from ..algebra import batchnorm_scale_shift, scale_shift_onnx_weight
 from ..graph import NOT_IN_SCHEMA, attribute, attribute_or, numpy_dtype
 from ..gs_import import raw_values, simple_attributes, tensor_type_of
-from ..type_reader import TypeReader
 from ..reexport import RAW_TYPES, array_proto, plain_node_proto
 from ..rewrite.cost import DEVICES, NodeWork, conv_flops, counted_shape, estimate_work, tensor_bytes
 from ..rewrite.decisions import estimated_decision
 from ..rewrite.primitives import Rewrite
+from ..type_reader import TypeReader
 from .convnodes import flops_per_sample
+from .linear_nodes import composed_note
 
 ONNX_DOMAIN = ("", "ai.onnx")
-NOTE = "Conv -> BatchNormalization composed into one Conv"
+NOTE = composed_note("Conv", "BatchNormalization")
 
 
 def fold_batchnorms_on_proto(look, rule) -> bool:

@@ -12,7 +12,7 @@ from ..graph import tensor_dtype
 from ..rewrite.primitives import Rewrite, on_proto, reach
 from .batchnorm_on_proto import fold_batchnorms_on_proto
 from .convnodes import conv_attributes, conv_node, conv_weights, make_conv, node_flops, spatial_shape
-from .linear_nodes import channel_affine, data_input, linear_spec
+from .linear_nodes import channel_affine, composed_note, data_input, linear_spec
 
 # A bias of the first node read through the second's zero padding is exact only with a
 # constant correction map added to the output ([O, *out], float32); it is used when at most
@@ -35,7 +35,7 @@ def compose_linear(match, context) -> Rewrite | Refusal:
     first, second = match.nodes["h"], match.root
     x = data_input(first)
     output = second.outputs[0]
-    note = f"{first.op} -> {second.op} composed into one Conv"
+    note = composed_note(first.op, second.op)
     rescaled = _rescaled_conv(first, second, context.opset)
     if isinstance(rescaled, Refusal):
         return rescaled

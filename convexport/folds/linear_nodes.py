@@ -18,6 +18,11 @@ from .convnodes import conv_spec, spatial_shape
 ELEMENTWISE = ("Mul", "Div", "Add", "Sub")
 
 
+def composed_note(first_op: str, second_op: str) -> str:
+    """The report's note for two linear nodes composed into one Conv."""
+    return f"{first_op} -> {second_op} composed into one Conv"
+
+
 def data_input(node: gs.Node):
     """The run-time operand of a linear node (for elementwise ops, the non-constant one)."""
     if node.op in ELEMENTWISE:
