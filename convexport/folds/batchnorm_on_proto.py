@@ -43,7 +43,7 @@ from ..algebra import batchnorm_scale_shift, scale_shift_onnx_weight
 from ..graph import NOT_IN_SCHEMA, attribute, attribute_or, numpy_dtype
 from ..gs_import import raw_values, simple_attributes, tensor_type_of
 from ..reexport import RAW_TYPES, array_proto, plain_node_proto
-from ..rewrite.cost import DEVICES, NodeWork, conv_flops, counted_shape, estimate_work, tensor_bytes
+from ..rewrite.cost import DEVICES, conv_flops, counted_shape, estimate_work, named_node_work, tensor_bytes
 from ..rewrite.decisions import estimated_decision
 from ..rewrite.primitives import Rewrite
 from ..type_reader import TypeReader
@@ -111,7 +111,7 @@ class _Fold:
     node_names: list[str]
     rewrite: Rewrite
     node: onnx.NodeProto            # the new Conv's attributes: name, inputs and output come at apply
-    inputs: list[str]               # x, w, b? of the Conv
+    x: str                          # the Conv's data input
     hidden: str                     # h
     output: str                     # y
     weight: np.ndarray              # folded, in y's type
@@ -237,25 +237,27 @@ class _GraphView:
 
         def estimate():
             """decisions.by_estimate of compose_linear's rewrite: the BN then the Conv (in the
-            order replaced_nodes finds them) against the new Conv, each tensor counted once."""
+            order replaced_nodes finds them) against the new Conv, tensors counted as
+            cost.estimate counts them (cost.named_node_work)."""
             device, seen = DEVICES[look.device], set()
             sizes = dict(zip(constant_names, [float(a.nbytes) for a in arrays]))
             x_bytes, y_bytes, y_counted = tensor_bytes(x_shape, x_type), tensor_bytes(y_shape, y_type), counted_shape(y_shape)
             before = estimate_work([
-                _work("BatchNormalization", float(math.prod(y_counted)), device, seen,
-                      [(h, tensor_bytes(h_shape, h_type)), *[(n, sizes[n]) for n in bn_inputs[1:]], (y, y_bytes)]),
-                _work("Conv", conv_flops(counted_shape(h_shape), weight.shape), device, seen,
-                      [(x, x_bytes), *[(n, sizes.get(n, 0.0)) for n in conv_inputs[1:]]]),
+                named_node_work("BatchNormalization", float(math.prod(y_counted)), device, seen,
+                                [(h, tensor_bytes(h_shape, h_type)), *[(n, sizes[n]) for n in bn_inputs[1:]],
+                                 (y, y_bytes)]),
+                named_node_work("Conv", conv_flops(counted_shape(h_shape), weight.shape), device, seen,
+                                [(x, x_bytes), *[(n, sizes.get(n, 0.0)) for n in conv_inputs[1:]]]),
             ], device, rewrite.flops_before)
             added = [(x, x_bytes), ("", float(new_weight.nbytes))]     # new tensors: each its own
             added += [] if new_bias is None else [("", float(new_bias.nbytes))]
-            after = estimate_work([_work("Conv", conv_flops(y_counted, new_weight.shape), device, set(),
-                                         [*added, ("", y_bytes)])], device, rewrite.flops_after)
+            after = estimate_work([named_node_work("Conv", conv_flops(y_counted, new_weight.shape), device, set(),
+                                                   [*added, ("", y_bytes)])], device, rewrite.flops_after)
             return estimated_decision(before, after, look.device)
 
         names = look.names()
-        return _Fold(conv_index, batchnorm_index, [names[conv_index], names[batchnorm_index]], rewrite, node,
-                     [x, conv_inputs[1], *([bias_name] if bias_name else [])], h, y, new_weight, new_bias, estimate)
+        return _Fold(conv_index, batchnorm_index, [names[conv_index], names[batchnorm_index]], rewrite, node, x, h, y,
+                     new_weight, new_bias, estimate)
 
     def apply(self, fold: _Fold) -> None:
         """The new Conv after every node, reading x and the folded weights and writing y; the
@@ -268,7 +270,7 @@ class _GraphView:
         fresh(y)
         node.name = fresh(y + "_conv")
         fresh(y + "_dead")
-        node.input.extend([fold.inputs[0], weight_name] + ([bias_name] if bias_name else []))
+        node.input.extend([fold.x, weight_name] + ([bias_name] if bias_name else []))
         node.output.append(y)
         initializers = [array_proto(weight_name, fold.weight)]
         if bias_name:
@@ -279,11 +281,3 @@ class _GraphView:
         self.producers[y] = -1
         self.producers.pop(fold.hidden, None)
 
-
-def _work(op: str, flops: float, device, seen: set[str], tensors: list[tuple[str, float]]) -> NodeWork:
-    """cost.estimate's count of one node: `tensors` (name, bytes) in its inputs-then-outputs
-    order, a named one not counted where an earlier node of the estimate touched it (and
-    counted twice where this node reads it twice, as estimate counts it)."""
-    fresh = [(name, size) for name, size in tensors if not name or name not in seen]
-    seen.update(name for name, _ in fresh if name)
-    return NodeWork(flops, sum([size for _, size in fresh]), op in device.host_ops)

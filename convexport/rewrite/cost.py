@@ -79,6 +79,16 @@ def estimate(nodes: list[gs.Node], device: Device, flops: float | None = None,
     return estimate_work(work, device, flops)
 
 
+def named_node_work(op: str, flops: float, device: Device, seen: set[str],
+                    tensors: list[tuple[str, float]]) -> NodeWork:
+    """estimate()'s count of one node, its tensors given as (name, bytes) in its inputs-then-
+    outputs order: a named one an earlier node of the estimate touched (its name in `seen`)
+    is not counted, one this node reads twice is, twice, and a nameless one always is."""
+    fresh = [(name, size) for name, size in tensors if not name or name not in seen]
+    seen.update(name for name, _ in fresh if name)
+    return NodeWork(flops, sum([size for _, size in fresh]), op in device.host_ops)
+
+
 def estimate_work(work: list[NodeWork], device: Device, flops: float | None = None) -> Estimate:
     """The time of nodes doing `work` on `device`: estimate() once each node is counted (the
     proto forms of primitives count theirs from the ModelProto)."""
