@@ -12,22 +12,18 @@ ONNX Runtime >= 1.14, and the one the built-in rules are tested at.
 from __future__ import annotations
 
 import inspect
-import itertools
 import io
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 
+from . import ir
 from .errors import ConvexportError, first_line
-from .graph import proto_scopes, proto_subgraphs
 from .inputs import DTYPES, InputSpec
-from .largemodels import infer_on_skeleton, worth_a_skeleton
 from .loading import LoadedModel
 from .quiet import quiet_libraries
-from .type_reader import TypeReader
 
-DEFAULT_OPSET = 18
 MIN_OPSET = 13
 _BATCH_DIM = "batch"
 
@@ -45,8 +41,7 @@ def export_model(loaded: LoadedModel, input_specs: list[InputSpec] | None = None
                  freeze_input_defaults: bool = False) -> ExportResult:
     """Export (or, for ONNX, take) the model and return it shape-inferred with its inputs. An
     ONNX model given as it is and already fully shaped is returned itself, not a copy: nothing
-    after this writes to it (the rewrite, validation and profiling only read it), and a copy of
-    the bench's 2,005-node graph costs 3 ms.
+    after this writes to it (the rewrite, validation and profiling only read it).
     `freeze_input_defaults`: an ONNX model's initializers that are also listed as inputs (old
     exports with keep_initializers_as_inputs) leave the inputs and become the constants they
     were meant to be (graph.overridable_initializers)."""
@@ -54,12 +49,12 @@ def export_model(loaded: LoadedModel, input_specs: list[InputSpec] | None = None
     if opset is not None and opset < MIN_OPSET:
         raise ConvexportError(f"--opset {opset}: convexport needs opset >= {MIN_OPSET}")
     if loaded.kind == "onnx":
-        model_opset = next((o.version for o in loaded.onnx_model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        model_opset = ir.onnx_opset(loaded.onnx_model) or 0
         if model_opset < MIN_OPSET:
             raise ConvexportError(f"{loaded.source}: opset {model_opset} is below the supported {MIN_OPSET}; "
                                   "convert it first (onnx.version_converter.convert_version(model, 18))")
         as_given = not (input_specs or dynamic_batch or freeze_input_defaults)
-        if as_given and _fully_shaped(loaded.onnx_model.graph):     # nothing to edit, nothing to infer: the
+        if as_given and ir.fully_shaped(loaded.onnx_model):     # nothing to edit, nothing to infer: the
             return ExportResult(loaded.onnx_model, graph_input_specs(loaded.onnx_model), "onnx")  # model itself
         model = onnx.ModelProto()
         model.CopyFrom(loaded.onnx_model)
@@ -69,79 +64,14 @@ def export_model(loaded: LoadedModel, input_specs: list[InputSpec] | None = None
             del model.graph.input[:]
             model.graph.input.extend(kept)
         _apply_input_specs(model, input_specs, dynamic_batch, loaded.source)
-        return ExportResult(infer_shapes(model, loaded.source), graph_input_specs(model), "onnx")
+        return ExportResult(ir.infer_shapes(model, loaded.source), graph_input_specs(model), "onnx")
     args, names = _example_arguments(loaded, input_specs)
     dynamic = dynamic_batch or any(spec.is_dynamic for spec in input_specs)
     if dynamic:
         args = tuple(_at_least_two_in_batch(t) for t in args)
-    opset = opset or DEFAULT_OPSET
+    opset = opset or ir.DEFAULT_OPSET
     model, exporter, tracer_warnings = _run_exporter(loaded, args, names, opset, dynamic)
-    return ExportResult(infer_shapes(model, loaded.source), graph_input_specs(model), exporter, tracer_warnings)
-
-
-def infer_shapes(model: onnx.ModelProto, source: str) -> onnx.ModelProto:
-    def infer(light: onnx.ModelProto) -> onnx.ModelProto:
-        inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
-        # A body nested in a body (a Scan in a Scan) gets its shapes only once the outer body's
-        # are in the outer value_info, and ONNX never fills a value_info it left unshaped: one
-        # more round per level of nesting, without the unshaped entries
-        for _ in range(_depth(inferred.graph) - 1):
-            retry = onnx.ModelProto()
-            retry.CopyFrom(inferred)
-            _drop_unshaped_value_info(retry.graph)
-            again = onnx.shape_inference.infer_shapes(retry, check_type=False, strict_mode=False, data_prop=True)
-            if _shaped_values(again.graph) <= _shaped_values(inferred.graph):
-                break
-            inferred = again
-        return inferred
-    try:
-        return infer_on_skeleton(model, infer) if worth_a_skeleton(model) else infer(model)   # see largemodels.py
-    except Exception as exc:
-        raise ConvexportError(f"{source}: ONNX shape inference failed: {str(exc).splitlines()[0]}") from exc
-
-
-def _fully_shaped(graph: onnx.GraphProto) -> bool:
-    """Every node output has a value_info (or graph output) entry with an element type and a
-    static shape, and no node holds a subgraph: shape inference would give the model back as it
-    is (it fills in value_info, never replaces a static shape), at twice the cost of this
-    check (24 against 11 ms on the bench's 4,678-node graph, which torch's export shapes)."""
-    shaped = set()
-    typed_and_static = TypeReader(_typed_and_static)
-    for value in (*graph.value_info, *graph.output):
-        if not typed_and_static(value.type):
-            return False
-        shaped.add(value.name)
-    shaped.add("")      # an omitted optional output
-    return shaped.issuperset(itertools.chain.from_iterable([node.output for node in graph.node])) and not any(
-        proto_subgraphs(node) for node in graph.node)
-
-
-def _typed_and_static(type_proto: onnx.TypeProto) -> bool:
-    """A tensor type with an element type and a shape whose every dim has a value > 0."""
-    tensor_type = type_proto.tensor_type      # empty for any other type
-    return bool(tensor_type.elem_type) and tensor_type.HasField("shape") and all(
-        [dim.dim_value > 0 for dim in tensor_type.shape.dim])
-
-
-def _depth(graph: onnx.GraphProto) -> int:
-    """How many levels of subgraphs lie below `graph` (0: none)."""
-    return max((1 + _depth(sub) for node in graph.node for sub in proto_subgraphs(node)), default=0)
-
-
-def _drop_unshaped_value_info(graph: onnx.GraphProto) -> None:
-    """Drop value_info entries without a shape, in the graph and its subgraphs, except for the
-    outputs of ops outside the ONNX domain (whose types inference cannot redo). An unshaped
-    entry in a body for a tensor of the enclosing graph hides that tensor's shape there."""
-    for scope in proto_scopes(graph):
-        custom = {name for node in scope.node if node.domain not in ("", "ai.onnx") for name in node.output}
-        kept = [value for value in scope.value_info if value.type.tensor_type.HasField("shape") or value.name in custom]
-        del scope.value_info[:]
-        scope.value_info.extend(kept)
-
-
-def _shaped_values(graph: onnx.GraphProto) -> int:
-    """value_info entries with a shape, in the graph and its subgraphs."""
-    return sum(value.type.tensor_type.HasField("shape") for scope in proto_scopes(graph) for value in scope.value_info)
+    return ExportResult(ir.infer_shapes(model, loaded.source), graph_input_specs(model), exporter, tracer_warnings)
 
 
 def graph_input_specs(model: onnx.ModelProto) -> list[InputSpec]:

@@ -13,7 +13,8 @@ from .errors import ConvexportError, ValidationError
 from .export import ExportResult, export_model
 from .files import give_default_permissions, writable_place, write_atomically
 from .inputs import InputSpec, input_specs
-from .largemodels import needs_external_data, save_with_external_data
+from . import ir
+from .ir import needs_external_data, save_with_external_data
 from .loading import LoadedModel, load_model
 from .profile import profile_models
 from .rewrite.engine import STRATEGIES, rewrite_model
@@ -186,7 +187,7 @@ def _report(loaded: LoadedModel, destination: Path | None, exported: ExportResul
         "output": str(destination) if destination else None,
         "exporter": exported.exporter,
         "export_warnings": exported.warnings,
-        "opset": next((o.version for o in exported.model.opset_import if o.domain in ("", "ai.onnx")), None),
+        "opset": ir.onnx_opset(exported.model),
         "inputs": [str(spec) for spec in exported.inputs],
         "before": before,
         "after": before if outcome.model is exported.model else graph_stats(outcome.model),   # unchanged: the same

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 
 from .inputs import DEFAULT_DYNAMIC_SIZE, InputSpec, dynamic_dims_note, random_inputs
-from .largemodels import needs_external_data, save_with_external_data
+from .ir import needs_external_data, save_with_external_data
 from .runtime import CPU, CUDA, checked_run, create_session
 
 DEFAULT_RUNS = None         # chosen so that each model is timed for about TIME_BUDGET_S

@@ -12,7 +12,7 @@ import onnx
 import onnxruntime as ort
 
 from .errors import ConvexportError, first_line
-from .largemodels import needs_external_data, save_with_external_data
+from .ir import needs_external_data, save_with_external_data
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"

@@ -15,8 +15,7 @@ from collections import Counter
 
 import onnx
 
-from .graph import proto_scopes, proto_subgraphs
-from .type_reader import TypeReader
+from .ir import proto_scopes, proto_subgraphs
 
 
 def graph_stats(model: onnx.ModelProto) -> dict:
@@ -68,10 +67,9 @@ def _small_integers(scopes: list[onnx.GraphProto]) -> dict[str, list[int]]:
 
 def _known_shapes(scopes: list[onnx.GraphProto]) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
-    read = TypeReader(_counted_dims)
     for graph in scopes:
         for value in [*graph.value_info, *graph.input, *graph.output]:
-            dims = read(value.type)
+            dims = _counted_dims(value.type)
             if dims is not None:
                 shapes[value.name] = dims
         for init in graph.initializer:

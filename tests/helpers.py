@@ -37,7 +37,7 @@ def op_counts(model: onnx.ModelProto) -> dict[str, int]:
 
 def all_op_counts(model: onnx.ModelProto) -> dict[str, int]:
     """Op counts over the graph and its subgraphs (If branches, Loop and Scan bodies)."""
-    from convexport.graph import proto_scopes
+    from convexport.ir import proto_scopes
 
     counts: dict[str, int] = {}
     for scope in proto_scopes(model.graph):

@@ -162,8 +162,8 @@ def test_garbage_collector_is_paused_during_the_rewrite_and_restored_after(monke
     from convexport.rewrite import engine
 
     seen = []
-    original = engine.import_graph
-    monkeypatch.setattr(engine, "import_graph", lambda model: seen.append(gc.isenabled()) or original(model))
+    original = engine.ir.import_graph
+    monkeypatch.setattr(engine.ir, "import_graph", lambda model: seen.append(gc.isenabled()) or original(model))
     try:
         assert gc.isenabled()
         rewrite(conv_bn_model())
@@ -192,7 +192,7 @@ def test_a_refusal_in_a_graph_left_unchanged_is_reported_under_the_names_given_t
 
 
 def test_a_node_dead_in_the_original_goes_with_the_first_change_and_a_live_graph_is_left_as_is():
-    from convexport.graph import cleaned_up, import_graph
+    from convexport.ir import cleaned_up, import_graph
 
     model = conv_bn_model()
     model.graph.node.append(helper.make_node("Relu", ["x"], ["unread"], name="dead"))
@@ -234,7 +234,7 @@ def test_is_constant_agrees_with_constant_value_without_loading_it():
     imported initializer unloaded."""
     from onnx_graphsurgeon.ir.tensor import LazyValues
 
-    from convexport.graph import constant_value, import_graph, is_constant
+    from convexport.ir import constant_value, import_graph, is_constant
     nodes = [helper.make_node("Constant", [], ["k"], value=helper.make_tensor("kv", 1, [2], [1.0, 2.0])),
              helper.make_node("Constant", [], ["f"], value_float=3.0),
              helper.make_node("Add", ["x", "w"], ["a"]), helper.make_node("Mul", ["a", "k"], ["m"]),
@@ -253,8 +253,8 @@ def test_the_final_shape_inference_runs_only_where_a_tensor_lacks_a_known_shape(
     import convexport.rewrite.engine as engine
 
     inferred = []
-    real = engine.infer_shapes
-    monkeypatch.setattr(engine, "infer_shapes", lambda model, source: inferred.append(source) or real(model, source))
+    real = engine.ir.infer_shapes
+    monkeypatch.setattr(engine.ir, "infer_shapes", lambda model, source: inferred.append(source) or real(model, source))
     static = rewrite(conv_bn_model())
     assert inferred == [] and op_counts(static.model) == {"Conv": 1}
     assert real(static.model, "again").SerializeToString() == static.model.SerializeToString()
@@ -264,16 +264,6 @@ def test_the_final_shape_inference_runs_only_where_a_tensor_lacks_a_known_shape(
     dynamic.graph.output[0].type.tensor_type.ClearField("shape")
     rewrite(onnx.shape_inference.infer_shapes(dynamic))
     assert inferred == ["model"]
-
-
-def test_tensor_map_is_gs_tensors_in_the_same_order():
-    import onnx_graphsurgeon as gs
-
-    from convexport.graph import import_graph, tensor_map
-
-    graph = import_graph(conv_bn_model(extra_consumer=True))
-    graph.nodes[1].inputs.append(gs.Variable(""))       # a nameless tensor is left out
-    assert list(tensor_map(graph).items()) == list(graph.tensors().items())
 
 
 def test_a_rule_whose_pattern_names_an_op_the_scope_lacks_is_not_tried(monkeypatch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from convexport.graph import import_graph
+from convexport.ir import import_graph
 from convexport.rewrite.matcher import PatternMatcher
 from convexport.rewrite.rulefile import load_rules
 from graphs import RULES, GraphBuilder

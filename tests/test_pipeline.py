@@ -11,7 +11,7 @@ import torch
 from rich.console import Console
 
 import convexport
-from convexport.largemodels import needs_external_data
+from convexport.ir import needs_external_data
 from convexport.report import print_optimize_summary
 from convexport.report_html import render
 from helpers import op_counts, run
@@ -179,7 +179,7 @@ def test_shape_inference_runs_without_the_weights_and_gives_them_back(monkeypatc
     through Reshape), and every weight back in the result, byte for byte."""
     from onnx import helper, numpy_helper
 
-    from convexport.export import infer_shapes
+    from convexport.ir import infer_shapes
 
     weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal([16, 8, 3, 3]).astype(np.float32), "w")
     target = numpy_helper.from_array(np.array([2, -1], np.int64), "target")
@@ -204,8 +204,8 @@ def test_shape_inference_runs_without_the_weights_and_gives_them_back(monkeypatc
 def test_large_weights_go_to_external_data(model_files, tmp_path, monkeypatch):
     """With the thresholds lowered, a small model takes the path of one over 2 GiB: sessions
     from external-data files, shape inference on a skeleton, no SerializeToString."""
-    monkeypatch.setattr("convexport.largemodels.EXTERNAL_DATA_THRESHOLD", 1000)
-    monkeypatch.setattr("convexport.largemodels.EXTERNAL_TENSOR_MIN_BYTES", 100)
+    monkeypatch.setattr("convexport.ir.large.EXTERNAL_DATA_THRESHOLD", 1000)
+    monkeypatch.setattr("convexport.ir.large.EXTERNAL_TENSOR_MIN_BYTES", 100)
     serialize = onnx.ModelProto.SerializeToString
 
     def only_small(model, *args, **kwargs):

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 import convexport.folds.conv_chain as conv_chain
-from convexport.graph import NameGenerator, import_graph
+from convexport.ir import NameGenerator, import_graph
 from convexport.rewrite import decisions, engine
-from convexport.rewrite.engine import RewriteContext, Skip, rewrite_model
+from convexport.algebra import Refusal
+from convexport.rewrite.engine import RewriteContext, rewrite_model
 from convexport.rewrite.matcher import PatternMatcher
 from convexport.rewrite.primitives import builtin_primitives
 from graphs import RULES, GraphBuilder, fold
@@ -87,7 +88,7 @@ def test_nodes_built_for_a_decision_do_not_stay_readers_of_the_graph(strategy):
     verdict, readers = _decide_at_the_pointwise_conv(builder, y, strategy)
     depthwise = builder.nodes[0].name
     if strategy == "cost":
-        assert isinstance(verdict, Skip) and readers == [depthwise]
+        assert isinstance(verdict, Refusal) and readers == [depthwise]
     else:     # only the built rewrite's Conv, not the prospect's stand-in, joins the readers
         assert readers == [depthwise, verdict.nodes[0].name]
 

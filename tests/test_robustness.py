@@ -102,18 +102,8 @@ def test_loop_and_scan_bodies_are_rewritten_inside(build, op, shape):
     np.testing.assert_allclose(run(outcome.model, {"x": x})[0], run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
 
 
-def test_the_onnx_ops_said_to_hold_graphs_are_those_whose_schemas_have_graph_attributes():
-    """proto_subgraphs reads no attribute of an ONNX-domain op outside OPS_WITH_GRAPHS."""
-    from convexport.graph import OPS_WITH_GRAPHS
-
-    graph_types = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-    assert OPS_WITH_GRAPHS == {schema.name for schema in onnx.defs.get_all_schemas_with_history()
-                               if schema.domain in ("", "ai.onnx")
-                               and any(attr.type in graph_types for attr in schema.attributes.values())}
-
-
 def test_a_custom_op_with_a_graph_attribute_has_its_subgraph_walked():
-    from convexport.graph import proto_scopes
+    from convexport.ir import proto_scopes
 
     body = helper.make_graph([helper.make_node("Relu", ["a"], ["b"])], "body", [tensor("a", [1])], [tensor("b", [1])])
     graph = helper.make_graph([helper.make_node("Loopish", ["x"], ["y"], domain="my.domain", body=body)], "g",
@@ -142,7 +132,7 @@ def test_a_shared_initializer_keeps_its_value_for_its_other_readers():
 
 def test_a_primitive_cannot_edit_a_constant_in_place(tmp_path):
     (tmp_path / "editor.py").write_text(
-        "from convexport.graph import constant_value\n\n"
+        "from convexport.ir import constant_value\n\n"
         "def double_in_place(match, context):\n"
         "    constant_value(match.values['k'])[...] *= 2\n")
     path = tmp_path / "rules.yaml"
@@ -244,9 +234,9 @@ def test_an_initializer_listed_as_an_input_is_an_input_not_a_constant():
 
 def test_an_in_memory_model_is_only_read():
     """A fully shaped ModelProto given as it is goes through without a copy (export_model): the
-    rewrite (its proto forms too: nameless nodes, Identity-read BN parameters), validation and
-    profiling leave it byte for byte as it was."""
-    from test_early_rewrites import conv_bn_through_identities
+    rewrite (nameless nodes, Identity-read BN parameters), validation and profiling leave it
+    byte for byte as it was."""
+    from test_identity_and_batchnorm import conv_bn_through_identities
 
     model = conv_bn_through_identities(named=False)
     before = model.SerializeToString()

@@ -34,7 +34,7 @@ FORGETFUL_PLUGIN = '''
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from convexport.graph import constant_value
+from convexport.ir import constant_value
 from convexport.rewrite.primitives import Rewrite
 
 

@@ -6,7 +6,7 @@ import math
 
 from onnx import TensorProto, helper
 
-from convexport.export import infer_shapes
+from convexport.ir import infer_shapes
 from convexport.stats import graph_stats
 from graphs import GraphBuilder
 from helpers import make_model, tensor

@@ -39,36 +39,36 @@ class SeparableConv:
     rank: int
 
 
-@dataclass(frozen=True)
-class NoSplit(Refusal):
+def _no_split(reason: str) -> Refusal:
     """No tall/wide split exists or pays (not 2-D, a single row or column, a zero kernel, full
     rank or a rank too high to pay): the kernel is simply not a case for it, unlike a split
-    that would be inexact."""
+    that would be inexact, and the report does not list it."""
+    return Refusal(reason, reported=False)
 
 
 def split_separable(spec: ConvSpec, max_rank: int | None = None) -> SeparableConv | Refusal:
-    """The tall/wide pair of the module docstring; NoSplit where there is none or, given
+    """The tall/wide pair of the module docstring; an unreported Refusal where there is none or, given
     `max_rank` (the highest rank at which the caller would use a split), where the rank is
     higher; a Refusal where the low-rank product would not reproduce the kernel."""
     if spec.nd != 2:
-        return NoSplit(f"a {spec.nd}-D kernel has no row/column split")
+        return _no_split(f"a {spec.nd}-D kernel has no row/column split")
     out_channels, in_channels, rows, cols = spec.weight.shape
     if rows == 1 or cols == 1:
-        return NoSplit("the kernel is already a single row or column")
+        return _no_split("the kernel is already a single row or column")
     if max_rank is not None and max_rank < 1:
-        return NoSplit("a split would cost more than the conv at any rank")
+        return _no_split("a split would cost more than the conv at any rank")
     full = min(in_channels * rows, out_channels * cols)
     too_high = full if max_rank is None else min(max_rank + 1, full)     # the lowest rank of no use
     described = f"as a [{in_channels}x{rows}, {out_channels}x{cols}] matrix" + (
         "" if too_high == full else f"; a split pays below rank {too_high}")
     if _plainly_of_rank(spec.weight, too_high):
-        return NoSplit(f"the kernel has rank {too_high} or more {described}")
+        return _no_split(f"the kernel has rank {too_high} or more {described}")
     u, singular, vt = np.linalg.svd(_matricise(spec.weight), full_matrices=False)
     if not singular.size or singular[0] == 0:
-        return NoSplit("the kernel is zero")
+        return _no_split("the kernel is zero")
     rank = int(np.count_nonzero(singular > RANK_TOLERANCE * singular[0]))
     if rank >= too_high:
-        return NoSplit(f"the kernel has rank {rank} {described}")
+        return _no_split(f"the kernel has rank {rank} {described}")
     root = np.sqrt(singular[:rank])
     tall = (u[:, :rank] * root).T.reshape(rank, in_channels, rows, 1)
     wide = (vt[:rank].T * root).reshape(out_channels, cols, rank).transpose(0, 2, 1)[:, :, None, :]

@@ -8,16 +8,22 @@ e; x is zero outside [0, L). AxisGeometry holds those five numbers for one axis.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 
 @dataclass(frozen=True)
 class Refusal:
-    """A fold that was not done because its result would not be exact; `reason` says why."""
+    """Every "no" of the rewrite stage, with its reason: a fold whose result would not be
+    exact, a condition that fails, a rewrite that a cost or measure decision declined (with
+    its numbers in `decision`), or, not `reported`, a match that is simply not a case for the
+    primitive (a full-rank kernel for a low-rank split): the report's `skipped` lists only the
+    reported ones."""
 
     reason: str
+    decision: dict | None = field(default=None, compare=False)
+    reported: bool = True
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
+from .. import ir
 from ..algebra import Refusal
 from ..algebra.batching import grouped_from_branches, pack_linear_heads, stack_conv_heads
-from ..graph import attribute_or, constant_value, is_absent
+from ..ir import attribute_or, constant_value, is_absent
 from ..rewrite.primitives import Rewrite
 from .conv_chain import output_dtype
 
@@ -42,7 +42,7 @@ RESHAPES = {"Reshape", "Unsqueeze", "Squeeze", "Flatten"}
 class Stacked:
     """N branch tensors of shape `shape` held as one tensor `value` (see the module doc)."""
 
-    value: gs.Variable
+    value: ir.Variable
     shape: tuple
     prefix: tuple            # the branch dims before the block, unit dims dropped
     count: int
@@ -74,14 +74,14 @@ class _Builder:
         self.context, self.dtype, self.nodes = context, dtype, []
 
     def node(self, op, inputs, attrs=None, shape=None, dtype=None, base="batched"):
-        output = gs.Variable(self.context.fresh(base), dtype=dtype or self.dtype, shape=list(shape) if shape else None)
-        self.nodes.append(gs.Node(op, self.context.fresh(base + "_" + op.lower()), dict(attrs or {}), list(inputs), [output]))
+        output = ir.Variable(self.context.fresh(base), dtype=dtype or self.dtype, shape=list(shape) if shape else None)
+        self.nodes.append(ir.Node(op, self.context.fresh(base + "_" + op.lower()), dict(attrs or {}), list(inputs), [output]))
         return output
 
     def const(self, value, base="batched_const", dtype=None):
-        return gs.Constant(self.context.fresh(base), np.asarray(value, dtype or self.dtype))
+        return ir.Constant(self.context.fresh(base), np.asarray(value, dtype or self.dtype))
 
-    def view(self, stacked: Stacked, axis: int) -> gs.Variable:
+    def view(self, stacked: Stacked, axis: int) -> ir.Variable:
         """The stacked tensor shaped as the branch shape with dim `axis` times N."""
         target = stacked.view_shape(axis)
         if tuple(stacked.value.shape or ()) == tuple(target):
@@ -270,9 +270,9 @@ def _split_back(build, stacked: Stacked, ends, note, steps) -> Rewrite | Refusal
     if view is None:
         return Refusal("the batched branches cannot be split back (symbolic dims)")
     sizes = build.const(np.full(stacked.count, stacked.shape[axis], np.int64), "split_sizes", np.int64)
-    outputs = [gs.Variable(build.context.fresh("branch"), dtype=build.dtype, shape=list(stacked.shape))
+    outputs = [ir.Variable(build.context.fresh("branch"), dtype=build.dtype, shape=list(stacked.shape))
                for _ in ends]
-    build.nodes.append(gs.Node("Split", build.context.fresh("batched_split"), {"axis": axis}, [view, sizes], outputs))
+    build.nodes.append(ir.Node("Split", build.context.fresh("batched_split"), {"axis": axis}, [view, sizes], outputs))
     return Rewrite(build.nodes, list(zip(ends, outputs)), f"{note}; {steps} step(s) batched, then split",
                    extra={"branches": stacked.count, "batched_steps": steps})
 

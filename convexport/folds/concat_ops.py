@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
+from .. import ir
 from ..rewrite.primitives import Rewrite, reach
 from .conv_chain import output_dtype
 
@@ -36,8 +36,8 @@ def flatten_concats(match, context) -> Rewrite | None:
     if not merged:
         return None
     output = root.outputs[0]
-    result = gs.Variable(context.fresh(output.name + "_flat"), dtype=output_dtype(root), shape=output.shape)
-    node = gs.Node("Concat", context.fresh(root.name + "_flat"), {"axis": axis}, flat, [result])
+    result = ir.Variable(context.fresh(output.name + "_flat"), dtype=output_dtype(root), shape=output.shape)
+    node = ir.Node("Concat", context.fresh(root.name + "_flat"), {"axis": axis}, flat, [result])
     return Rewrite([node], [(output, result)], f"{merged} nested Concat(s) flattened")
 
 
@@ -50,9 +50,9 @@ def repeat_as_tile(match, context) -> Rewrite | None:
         return None
     rank = len(shape)
     axis = root.attrs["axis"] % rank
-    repeats = gs.Constant(context.fresh("repeats"), np.array([len(parts) if i == axis else 1 for i in range(rank)],
+    repeats = ir.Constant(context.fresh("repeats"), np.array([len(parts) if i == axis else 1 for i in range(rank)],
                                                              np.int64))
     output = root.outputs[0]
-    result = gs.Variable(context.fresh(output.name + "_tiled"), dtype=output_dtype(root), shape=output.shape)
-    node = gs.Node("Tile", context.fresh(root.name + "_tile"), {}, [parts[0], repeats], [result])
+    result = ir.Variable(context.fresh(output.name + "_tiled"), dtype=output_dtype(root), shape=output.shape)
+    node = ir.Node("Tile", context.fresh(root.name + "_tile"), {}, [parts[0], repeats], [result])
     return Rewrite([node], [(output, result)], f"a tensor concatenated with itself {len(parts)} times as a Tile")

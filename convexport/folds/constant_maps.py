@@ -8,12 +8,12 @@ once, here, and consecutive constant Adds become one.
 from __future__ import annotations
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
-from ..algebra import Refusal, apply_conv
-from ..graph import constant_value
+from .. import ir
+from ..algebra import DEFAULT_BORDER_LIMIT_BYTES, Refusal, apply_conv
+from ..ir import constant_value
 from ..rewrite.primitives import Rewrite, reach
-from .conv_chain import BORDER_LIMIT_BYTES, output_dtype
+from .conv_chain import output_dtype
 from .linear_nodes import linear_spec
 
 
@@ -46,17 +46,17 @@ def linear_of_constant_map(match, context) -> Rewrite | Refusal:
         return spec
     out_shape = spec.output_shape(value.shape[2:])
     size = 4 * spec.out_channels * int(np.prod(out_shape))
-    limit = int(context.params.get("map_limit_bytes", BORDER_LIMIT_BYTES))
+    limit = int(context.params.get("map_limit_bytes", DEFAULT_BORDER_LIMIT_BYTES))
     if size > limit:
         return Refusal(f"the map after {node.op} would take {size} bytes, over the limit of {limit}")
     moved = apply_conv(spec, value, with_bias=False)
     dtype = output_dtype(node)
-    inner = gs.Variable(context.fresh(node.outputs[0].name + "_before_map"), dtype=dtype)
+    inner = ir.Variable(context.fresh(node.outputs[0].name + "_before_map"), dtype=dtype)
     inputs = [t if tensor is add.outputs[0] else tensor for tensor in node.inputs]
-    moved_node = gs.Node(node.op, context.fresh(node.name + "_moved"), dict(node.attrs), inputs, [inner])
-    result = gs.Variable(context.fresh(node.outputs[0].name + "_plus_map"), dtype=dtype)
-    constant = gs.Constant(context.fresh(node.outputs[0].name + "_map"), np.asarray(moved, dtype))
-    plus = gs.Node("Add", context.fresh(node.name + "_map_add"), inputs=[inner, constant], outputs=[result])
+    moved_node = ir.Node(node.op, context.fresh(node.name + "_moved"), dict(node.attrs), inputs, [inner])
+    result = ir.Variable(context.fresh(node.outputs[0].name + "_plus_map"), dtype=dtype)
+    constant = ir.Constant(context.fresh(node.outputs[0].name + "_map"), np.asarray(moved, dtype))
+    plus = ir.Node("Add", context.fresh(node.name + "_map_add"), inputs=[inner, constant], outputs=[result])
     # The cost of the move is the Add's: over t before, over the (maybe larger) output after.
     return Rewrite([moved_node, plus], [(node.outputs[0], result)],
                    f"constant map moved past {node.op} ({size} bytes as float32)",
@@ -70,8 +70,8 @@ def merge_constant_adds(match, context) -> Rewrite | Refusal:
     total = m1 + m2
     output = match.root.outputs[0]
     dtype = output_dtype(match.root)
-    result = gs.Variable(context.fresh(output.name + "_sum"), dtype=dtype)
-    node = gs.Node("Add", context.fresh(match.root.name + "_merged"),
-                   inputs=[match.values["t"], gs.Constant(context.fresh(output.name + "_summed_map"), np.asarray(total, dtype))],
+    result = ir.Variable(context.fresh(output.name + "_sum"), dtype=dtype)
+    node = ir.Node("Add", context.fresh(match.root.name + "_merged"),
+                   inputs=[match.values["t"], ir.Constant(context.fresh(output.name + "_summed_map"), np.asarray(total, dtype))],
                    outputs=[result])
     return Rewrite([node], [(output, result)], "two constant Adds merged into one")

@@ -3,29 +3,21 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
-from ..algebra import Composition, Refusal, compose, scale_shift_after, scale_shift_onnx_weight
+from .. import ir
+from ..algebra import DEFAULT_BORDER_LIMIT_BYTES, Composition, Refusal, compose, scale_shift_after, scale_shift_onnx_weight
 from ..algebra.onnx_conv import conv_geometry
 from ..algebra.outline import composite_outline
-from ..graph import tensor_dtype
-from ..rewrite.primitives import Rewrite, on_proto, reach
-from .batchnorm_on_proto import fold_batchnorms_on_proto
+from ..ir import tensor_dtype
+from ..rewrite.primitives import Rewrite, reach
 from .convnodes import conv_attributes, conv_node, conv_weights, make_conv, node_flops, spatial_shape
 from .linear_nodes import channel_affine, composed_note, data_input, linear_spec
 
-# A bias of the first node read through the second's zero padding is exact only with a
-# constant correction map added to the output ([O, *out], float32); it is used when at most
-# this many bytes (a 64x128x128 map), so the fold never trades compute for a large tensor.
-BORDER_LIMIT_BYTES = 4 << 20
-
-
-def output_dtype(node: gs.Node) -> np.dtype:
+def output_dtype(node: ir.Node) -> np.dtype:
     return tensor_dtype(node.outputs[0])
 
 
 @reach(0)
-@on_proto(fold_batchnorms_on_proto)
 def compose_linear(match, context) -> Rewrite | Refusal:
     """second(first(x)) -> Conv'(x) [+ border map]; the algebra is convexport.algebra.compose,
     or, for a Conv then a per-channel affine map, scale_shift_onnx_weight on the Conv's own
@@ -46,7 +38,7 @@ def compose_linear(match, context) -> Rewrite | Refusal:
     return prospect if prospect is not None else _composed(first, second, x, note, context)
 
 
-def _composed(first: gs.Node, second: gs.Node, x, note: str, context) -> Rewrite | Refusal:
+def _composed(first: ir.Node, second: ir.Node, x, note: str, context) -> Rewrite | Refusal:
     """The composite conv itself, and a border map where first's bias reads through second's padding."""
     output = second.outputs[0]
     composition = _composition(first, second, spatial_shape(x), context)
@@ -55,16 +47,16 @@ def _composed(first: gs.Node, second: gs.Node, x, note: str, context) -> Rewrite
     node, folded = make_conv(context, x, composition.spec, output_dtype(second), output.name, output.shape)
     nodes, extra = [node], {}
     if composition.border is not None:
-        border = gs.Constant(context.fresh(output.name + "_border"), composition.border[None].astype(output_dtype(second)))
-        corrected = gs.Variable(context.fresh(output.name + "_corrected"), dtype=output_dtype(second),
+        border = ir.Constant(context.fresh(output.name + "_border"), composition.border[None].astype(output_dtype(second)))
+        corrected = ir.Variable(context.fresh(output.name + "_corrected"), dtype=output_dtype(second),
                                 shape=output.shape)
-        nodes.append(gs.Node("Add", context.fresh(output.name + "_border_add"), inputs=[folded, border], outputs=[corrected]))
+        nodes.append(ir.Node("Add", context.fresh(output.name + "_border_add"), inputs=[folded, border], outputs=[corrected]))
         extra["border_map_bytes"] = int(composition.border.size * output_dtype(second).itemsize)
         note += f" plus a constant border map of {extra['border_map_bytes']} bytes"
     return _rewrite(first, second, nodes, note, extra)
 
 
-def _prospect(first: gs.Node, second: gs.Node, x, note: str, context) -> Rewrite | Refusal | None:
+def _prospect(first: ir.Node, second: ir.Node, x, note: str, context) -> Rewrite | Refusal | None:
     """The composite of two Convs as a prospect: a stand-in Conv with the outline's weight
     shape (algebra/outline.py; zeros broadcast, no memory), completed by _composed. None
     where the outline needs what only the composition checks (an auto_pad resolved from an
@@ -83,17 +75,17 @@ def _prospect(first: gs.Node, second: gs.Node, x, note: str, context) -> Rewrite
     outline = composite_outline(weights[0][0], int(attrs[0].get("group", 1)), geometry[0],
                                 weights[1][0], int(attrs[1].get("group", 1)), geometry[1])
     dtype, output = output_dtype(second), second.outputs[0]
-    inputs = [x, gs.Constant(output.name + "_prospect_weight", np.broadcast_to(np.zeros((), dtype), outline.weight_shape))]
+    inputs = [x, ir.Constant(output.name + "_prospect_weight", np.broadcast_to(np.zeros((), dtype), outline.weight_shape))]
     if weights[0][1] is not None or weights[1][1] is not None:
-        inputs.append(gs.Constant(output.name + "_prospect_bias", np.broadcast_to(np.zeros((), dtype), outline.out_channels)))
-    stand_in = gs.Node("Conv", output.name + "_prospect", {"group": outline.group}, inputs,
-                       [gs.Variable(output.name + "_prospect", dtype=dtype, shape=output.shape)])
+        inputs.append(ir.Constant(output.name + "_prospect_bias", np.broadcast_to(np.zeros((), dtype), outline.out_channels)))
+    stand_in = ir.Node("Conv", output.name + "_prospect", {"group": outline.group}, inputs,
+                       [ir.Variable(output.name + "_prospect", dtype=dtype, shape=output.shape)])
     prospect = _rewrite(first, second, [stand_in], note)
     prospect.complete = lambda: _composed(first, second, x, note, context)
     return prospect
 
 
-def _rewrite(first: gs.Node, second: gs.Node, nodes: list[gs.Node], note: str, extra: dict | None = None) -> Rewrite:
+def _rewrite(first: ir.Node, second: ir.Node, nodes: list[ir.Node], note: str, extra: dict | None = None) -> Rewrite:
     """second's output from the last of `nodes`; FLOPs of the two old nodes against the new Conv's."""
     output = second.outputs[0]
     parts = [node_flops(first), node_flops(second)]
@@ -102,7 +94,7 @@ def _rewrite(first: gs.Node, second: gs.Node, nodes: list[gs.Node], note: str, e
     return Rewrite(nodes, [(output, nodes[-1].outputs[0])], note, before, after, extra or {})
 
 
-def _rescaled_conv(first: gs.Node, second: gs.Node, opset: int) -> tuple | Refusal | None:
+def _rescaled_conv(first: ir.Node, second: ir.Node, opset: int) -> tuple | Refusal | None:
     """(weight, bias, attributes) of first, a Conv, with second's per-channel affine map folded
     into its own weight; None when first is no Conv or second no such map."""
     if first.op != "Conv":
@@ -116,7 +108,7 @@ def _rescaled_conv(first: gs.Node, second: gs.Node, opset: int) -> tuple | Refus
     return (*scale_shift_onnx_weight(*weights, *affine), conv_attributes(first))
 
 
-def _composition(first: gs.Node, second: gs.Node, input_spatial, context) -> Composition | Refusal:
+def _composition(first: ir.Node, second: ir.Node, input_spatial, context) -> Composition | Refusal:
     """second(first(x)) as one conv (compose), or, when second is a per-channel affine map
     (BatchNormalization, Mul / Add by a per-channel constant), first's conv rescaled and
     shifted: never built as a dense [C, C] kernel, which is O(C^2) memory for an O(C) map."""
@@ -133,7 +125,7 @@ def _composition(first: gs.Node, second: gs.Node, input_spatial, context) -> Com
         return second_spec
     if _is_separable_pair(first_spec.kernel_shape, second_spec.kernel_shape, first_spec.has_bias):
         return SEPARABLE_PAIR
-    limit = int(context.params.get("border_limit_bytes", BORDER_LIMIT_BYTES))
+    limit = int(context.params.get("border_limit_bytes", DEFAULT_BORDER_LIMIT_BYTES))
     return compose(first_spec, second_spec, input_spatial, limit)
 
 

@@ -1,15 +1,14 @@
-"""Between ONNX Conv nodes in a gs.Graph and the algebra's ConvSpec."""
+"""Between ONNX Conv nodes in a ir.Graph and the algebra's ConvSpec."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
+from .. import ir
 from ..algebra import ConvSpec, Refusal, conv_from_onnx, conv_to_onnx
-from ..graph import constant_value, is_absent
-from ..gs_import import new_constant, new_node, new_variable
+from ..ir import constant_value, is_absent
 
 
 def spatial_shape(tensor) -> tuple[int | None, ...] | None:
@@ -20,7 +19,7 @@ def spatial_shape(tensor) -> tuple[int | None, ...] | None:
     return tuple(d if isinstance(d, int) and d >= 0 else None for d in shape[2:])
 
 
-def conv_weights(node: gs.Node) -> tuple[np.ndarray, np.ndarray | None] | Refusal:
+def conv_weights(node: ir.Node) -> tuple[np.ndarray, np.ndarray | None] | Refusal:
     """A Conv node's constant weight [O, I/g, *k] and bias [O] (None when it has none)."""
     weight = constant_value(node.inputs[1])
     bias_input = node.inputs[2] if len(node.inputs) > 2 else None
@@ -30,11 +29,11 @@ def conv_weights(node: gs.Node) -> tuple[np.ndarray, np.ndarray | None] | Refusa
     return weight, bias
 
 
-def conv_attributes(node: gs.Node) -> dict:
+def conv_attributes(node: ir.Node) -> dict:
     return {key: (list(value) if isinstance(value, (list, tuple)) else value) for key, value in node.attrs.items()}
 
 
-def conv_spec(node: gs.Node) -> ConvSpec | Refusal:
+def conv_spec(node: ir.Node) -> ConvSpec | Refusal:
     """The ConvSpec of a Conv node whose weight (and bias) are constants."""
     weights = conv_weights(node)
     if isinstance(weights, Refusal):
@@ -42,28 +41,24 @@ def conv_spec(node: gs.Node) -> ConvSpec | Refusal:
     return conv_from_onnx(*weights, conv_attributes(node), spatial_shape(node.inputs[0]))
 
 
-def weight_dtype(node: gs.Node) -> np.dtype:
-    return np.asarray(constant_value(node.inputs[1])).dtype
-
-
-def make_conv(context, x, spec: ConvSpec, dtype: np.dtype, base: str, shape=None) -> tuple[gs.Node, gs.Variable]:
+def make_conv(context, x, spec: ConvSpec, dtype: np.dtype, base: str, shape=None) -> tuple[ir.Node, ir.Variable]:
     """A Conv node computing `spec` on x; weights cast back to the model's dtype. `shape` is
     its output's, where the caller knows it (that of the tensor it stands in for)."""
     return conv_node(context, x, *conv_to_onnx(spec), dtype, base, shape)
 
 
 def conv_node(context, x, weight: np.ndarray, bias: np.ndarray | None, attrs: dict, dtype: np.dtype, base: str,
-              shape=None) -> tuple[gs.Node, gs.Variable]:
+              shape=None) -> tuple[ir.Node, ir.Variable]:
     """A Conv node with these ONNX weight, bias (or None) and attributes, as make_conv."""
-    inputs = [x, new_constant(context.fresh(base + "_weight"), weight.astype(dtype))]
+    inputs = [x, ir.Constant(context.fresh(base + "_weight"), weight.astype(dtype))]
     if bias is not None:
-        inputs.append(new_constant(context.fresh(base + "_bias"), bias.astype(dtype)))
-    output = new_variable(context.fresh(base), dtype, shape)
-    node = new_node("Conv", context.fresh(base + "_conv"), attrs, inputs, [output])
+        inputs.append(ir.Constant(context.fresh(base + "_bias"), bias.astype(dtype)))
+    output = ir.Variable(context.fresh(base), dtype, shape)
+    node = ir.Node("Conv", context.fresh(base + "_conv"), attrs, inputs, [output])
     return node, output
 
 
-def node_flops(node: gs.Node, output_shape=None) -> float | None:
+def node_flops(node: ir.Node, output_shape=None) -> float | None:
     """FLOPs per sample of a node (its output shape, or `output_shape` for a new node that
     has none yet): see flops_per_sample."""
     shape = node.outputs[0].shape if output_shape is None else output_shape

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
+from .. import ir
 from ..algebra import Refusal
 from ..algebra.fft_conv import direct_flops, fft_flops, plan_fft_conv
-from ..graph import constant_value
+from ..ir import constant_value
 from ..rewrite.primitives import Rewrite, reach
 from .convnodes import conv_spec, spatial_shape
 
@@ -67,12 +67,12 @@ class _Graph:
         self.context, self.opset, self.nodes = context, opset, []
 
     def node(self, op, inputs, attrs=None, outputs=1, base="fft"):
-        made = [gs.Variable(self.context.fresh(base), dtype=np.float32) for _ in range(outputs)]
-        self.nodes.append(gs.Node(op, self.context.fresh(base + "_" + op.lower()), dict(attrs or {}), list(inputs), made))
+        made = [ir.Variable(self.context.fresh(base), dtype=np.float32) for _ in range(outputs)]
+        self.nodes.append(ir.Node(op, self.context.fresh(base + "_" + op.lower()), dict(attrs or {}), list(inputs), made))
         return made[0] if outputs == 1 else made
 
     def const(self, value, base="fft_const"):
-        return gs.Constant(self.context.fresh(base), np.asarray(value))
+        return ir.Constant(self.context.fresh(base), np.asarray(value))
 
     def ints(self, values, base="fft_ints"):
         return self.const(np.asarray(values, np.int64), base)
@@ -80,7 +80,7 @@ class _Graph:
     def dft(self, x, axis, inverse=False, onesided=False, length=None):
         """DFT along `axis` (DFT-17 below opset 20, DFT-20 from it)."""
         attrs = {"inverse": int(inverse), "onesided": int(onesided)}
-        length_input = self.const(np.array(length, np.int64), "fft_length") if length else gs.Variable.empty()
+        length_input = self.const(np.array(length, np.int64), "fft_length") if length else ir.Variable.empty()
         if self.opset >= 20:
             return self.node("DFT", [x, length_input, self.const(np.array(axis, np.int64), "fft_axis")], attrs)
         inputs = [x, length_input] if length else [x]
@@ -103,7 +103,7 @@ class _Graph:
         kernel = plan.spectrum[..., None]                                           # [O, I, *N', 1] complex
         k_real = self.const(kernel.real.astype(np.float32), "fft_kernel_real")
         k_imag = self.const(kernel.imag.astype(np.float32), "fft_kernel_imag")
-        image = gs.Variable(self.context.fresh("fft_image"), np.float32, [spec.in_channels, *spatial_shape(x)])
+        image = ir.Variable(self.context.fresh("fft_image"), np.float32, [spec.in_channels, *spatial_shape(x)])
         body = self._body([image], lambda one: self._one_image(one, k_real, k_imag, kernel.shape[1:], plan, spec))
         result = self.node("Scan", [x], {"body": body, "num_scan_inputs": 1})      # [B, O, *out]
         if spec.has_bias and np.any(spec.bias):
@@ -111,14 +111,14 @@ class _Graph:
             result = self.node("Add", [result, bias])
         return result
 
-    def _body(self, inputs, build) -> gs.Graph:
+    def _body(self, inputs, build) -> ir.Graph:
         """A Scan body: the nodes build(*inputs) makes, as a graph of their own."""
         outer, self.nodes = self.nodes, []
         try:
             output = build(*inputs)
         finally:
             made, self.nodes = self.nodes, outer
-        return gs.Graph(nodes=made, inputs=list(inputs), outputs=[output], name=self.context.fresh("fft_body"),
+        return ir.Graph(nodes=made, inputs=list(inputs), outputs=[output], name=self.context.fresh("fft_body"),
                         opset=self.opset)
 
     def _one_image(self, image, k_real, k_imag, kernel_shape, plan, spec):
@@ -137,7 +137,7 @@ class _Graph:
             spectrum = self.pad(spectrum, rank + 1, {2: begin[2]}, {2: end[2] + plan.sizes[0] - plan.padded[0]})
             spectrum = self.dft(spectrum, 2)
         real, imaginary = self.node("Split", [spectrum, self.ints([1, 1])], {"axis": -1}, outputs=2)
-        k_slices = [gs.Variable(self.context.fresh(name), np.float32, list(kernel_shape))
+        k_slices = [ir.Variable(self.context.fresh(name), np.float32, list(kernel_shape))
                     for name in ("fft_k_real", "fft_k_imag")]
         body = self._body(k_slices, lambda kr, ki: self._one_channel(real, imaginary, kr, ki, plan, spec))
         return self.node("Scan", [k_real, k_imag], {"body": body, "num_scan_inputs": 2})      # [O, *out]

@@ -8,11 +8,11 @@ zero Pad is an identity kernel with pads. Composing and summing them is then one
 from __future__ import annotations
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
+from .. import ir
 from ..algebra import (ConvSpec, Refusal, avgpool_as_conv, batchnorm_scale_shift, identity_conv,
                        merge_zero_pad, scale_shift_after)
-from ..graph import attribute, attribute_or, constant_value, is_absent
+from ..ir import attribute, attribute_or, constant_value, is_absent
 from .convnodes import conv_spec, spatial_shape
 
 ELEMENTWISE = ("Mul", "Div", "Add", "Sub")
@@ -23,14 +23,14 @@ def composed_note(first_op: str, second_op: str) -> str:
     return f"{first_op} -> {second_op} composed into one Conv"
 
 
-def data_input(node: gs.Node):
+def data_input(node: ir.Node):
     """The run-time operand of a linear node (for elementwise ops, the non-constant one)."""
     if node.op in ELEMENTWISE:
         return node.inputs[1] if constant_value(node.inputs[0]) is not None else node.inputs[0]
     return node.inputs[0]
 
 
-def linear_spec(node: gs.Node, opset: int) -> ConvSpec | Refusal:
+def linear_spec(node: ir.Node, opset: int) -> ConvSpec | Refusal:
     """The ConvSpec that computes `node` from data_input(node)."""
     if node.op == "Conv":
         return conv_spec(node)
@@ -50,7 +50,7 @@ def linear_spec(node: gs.Node, opset: int) -> ConvSpec | Refusal:
     return Refusal(f"{node.name}: {node.op} is not a linear op convexport folds")
 
 
-def channel_affine(node: gs.Node, opset: int) -> tuple[np.ndarray, np.ndarray] | Refusal | None:
+def channel_affine(node: ir.Node, opset: int) -> tuple[np.ndarray, np.ndarray] | Refusal | None:
     """(scale, shift), each [C], with node(x) = scale * x + shift per channel: BatchNormalization,
     and x*k, x/k, x+k, x-k, k*x, k+x, k-x for a constant k of shape [C,1..] or a scalar. None for
     any other op (it is no per-channel affine map)."""
@@ -79,7 +79,7 @@ def channel_affine(node: gs.Node, opset: int) -> tuple[np.ndarray, np.ndarray] |
     return (one, -k) if data_first else (-one, k)
 
 
-def _channels_and_rank(node: gs.Node) -> tuple[int, int] | Refusal:
+def _channels_and_rank(node: ir.Node) -> tuple[int, int] | Refusal:
     """The channel count and spatial rank of the node's data input [N, C, *spatial]."""
     shape = getattr(data_input(node), "shape", None)
     if shape is None or len(shape) < 3 or not isinstance(shape[1], int):
@@ -97,7 +97,7 @@ def _per_channel(value: np.ndarray, channels: int, nd: int) -> np.ndarray | Refu
     return np.broadcast_to(full.reshape(-1), (channels,)).astype(np.float64)
 
 
-def _avgpool_spec(node: gs.Node, channels: int, nd: int, spatial, opset: int) -> ConvSpec | Refusal:
+def _avgpool_spec(node: ir.Node, channels: int, nd: int, spatial, opset: int) -> ConvSpec | Refusal:
     kernel = tuple(attribute(node, "kernel_shape", opset))
     strides = tuple(attribute_or(node, "strides", opset, (1,) * nd))
     pads = tuple(attribute_or(node, "pads", opset, (0,) * (2 * nd)))
@@ -111,7 +111,7 @@ def _avgpool_spec(node: gs.Node, channels: int, nd: int, spatial, opset: int) ->
                            bool(attribute_or(node, "ceil_mode", opset, 0)), spatial)
 
 
-def _pad_spec(node: gs.Node, channels: int, nd: int, opset: int) -> ConvSpec | Refusal:
+def _pad_spec(node: ir.Node, channels: int, nd: int, opset: int) -> ConvSpec | Refusal:
     mode = attribute_or(node, "mode", opset, "constant")
     if mode != "constant":
         return Refusal(f"{node.name}: Pad mode {mode!r} is not zero padding")

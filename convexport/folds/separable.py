@@ -5,23 +5,24 @@ from __future__ import annotations
 import math
 
 from ..algebra import Refusal
-from ..algebra.separable import NoSplit, rank_at_least, split_separable
-from ..graph import constant_value
+from ..algebra.separable import rank_at_least, split_separable
+from ..ir import constant_value
 from ..rewrite.primitives import Rewrite, reach
 from .conv_chain import output_dtype
 from .convnodes import conv_flops, conv_spec, make_conv, node_flops, spatial_shape
 
 
 @reach(0)
-def conv_as_separable(match, context) -> Rewrite | Refusal | None:
+def conv_as_separable(match, context) -> Rewrite | Refusal:
     """Conv(x) -> Conv_tall(x) [R, I, Kh, 1] -> Conv_wide [O, R, 1, Kw], when the kernel's rank
-    R is low enough that the pair costs fewer FLOPs (highest_paying_rank). None for 1-D/3-D
-    convs, single rows or columns, and kernels of full rank or of a rank too high to pay."""
+    R is low enough that the pair costs fewer FLOPs (highest_paying_rank). An unreported
+    Refusal for grouped and 1-D/3-D convs, single rows or columns, and kernels of full rank or
+    of a rank too high to pay: most kernels are such, no news for the report."""
     conv = match.root
     weight_shape = conv.inputs[1].shape      # checked before conv_spec, which costs far more
     if conv.attrs.get("group", 1) != 1 or (weight_shape is not None and (len(weight_shape) != 4
                                                                         or 1 in weight_shape[2:])):
-        return None
+        return Refusal("not an ungrouped conv with a 2-D kernel of two rows and columns or more", reported=False)
     x, output = conv.inputs[0], conv.outputs[0]
     spatial = spatial_shape(x)
     before = None if spatial is None or None in spatial else node_flops(conv)     # the node as it stands
@@ -30,14 +31,12 @@ def conv_as_separable(match, context) -> Rewrite | Refusal | None:
                 else highest_paying_rank(weight.shape, output.shape, spatial, before))
     # split_separable's screen on the raw weight, before conv_spec's float64 copy: most kernels stop here
     if max_rank is not None and rank_at_least(weight, max_rank + 1):
-        return None
+        return Refusal(f"the kernel has rank {max_rank + 1} or more; a split pays below it", reported=False)
     spec = conv_spec(conv)
-    if isinstance(spec, Refusal) or spec.nd != 2 or 1 in spec.kernel_shape:
-        return None if not isinstance(spec, Refusal) else spec
+    if isinstance(spec, Refusal):
+        return spec
     split = split_separable(spec, max_rank)
-    if isinstance(split, NoSplit):       # mostly full rank: most kernels are, no news for the report
-        return None
-    if isinstance(split, Refusal):       # a split that would not be exact: reported
+    if isinstance(split, Refusal):
         return split
     if before is None:
         return Refusal("the input's spatial shape is unknown")

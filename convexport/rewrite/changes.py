@@ -18,32 +18,32 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import onnx_graphsurgeon as gs
+from .. import ir
 
 
 class ChangeLog:
     def __init__(self):
-        self._touched: list[gs.Variable] = []     # in the order touched (kept alive: ids stay unique)
+        self._touched: list[ir.Variable] = []     # in the order touched (kept alive: ids stay unique)
         self._looked: dict[tuple[int, str], int] = {}    # (scope, rule) -> len(_touched) when it last looked
-        self._dead: dict[int, gs.Node] = {}
+        self._dead: dict[int, ir.Node] = {}
 
     def touch(self, tensors: Iterable) -> None:
         """Tensors whose producer or readers changed (constants aside: who reads a weight
         never decides a match)."""
-        self._touched.extend(t for t in tensors if isinstance(t, gs.Variable) and t.name)
+        self._touched.extend(t for t in tensors if isinstance(t, ir.Variable) and t.name)
 
-    def bury(self, node: gs.Node) -> None:
+    def bury(self, node: ir.Node) -> None:
         """A node a rewrite left dead: its inputs lose a reader."""
         self._dead[id(node)] = node
         self.touch(node.inputs)
 
-    def is_dead(self, node: gs.Node) -> bool:
+    def is_dead(self, node: ir.Node) -> bool:
         return id(node) in self._dead
 
-    def start_looking(self, scope: gs.Graph, rule) -> None:
+    def start_looking(self, scope: ir.Graph, rule) -> None:
         self._looked[(id(scope), rule.name)] = len(self._touched)
 
-    def region(self, scope: gs.Graph, rule, candidates: list[gs.Node], reach: int | None) -> set[int] | None:
+    def region(self, scope: ir.Graph, rule, candidates: list[ir.Node], reach: int | None) -> set[int] | None:
         """Where `rule` must look in `scope` among the `candidates` (live nodes of its root op,
         or every live node for a group): None for everywhere (it has not looked yet, or its
         primitive has no declared reach and something changed), else the ids of the nodes near
@@ -59,7 +59,7 @@ class ChangeLog:
         return _near(recent, 2 * len(rule.pattern) + reach + 1)
 
 
-def _near(tensors: list[gs.Variable], depth: int) -> set[int]:
+def _near(tensors: list[ir.Variable], depth: int) -> set[int]:
     """Ids of the nodes within `depth` steps of `tensors` through producers and readers
     (constants are not followed: a shared weight links nodes that have nothing else in common)."""
     seen_tensors = {id(t) for t in tensors}
@@ -73,7 +73,7 @@ def _near(tensors: list[gs.Variable], depth: int) -> set[int]:
                     continue
                 nodes.add(id(node))
                 for other in (*node.inputs, *node.outputs):
-                    if isinstance(other, gs.Variable) and id(other) not in seen_tensors:
+                    if isinstance(other, ir.Variable) and id(other) not in seen_tensors:
                         seen_tensors.add(id(other))
                         following.append(other)
         frontier = following

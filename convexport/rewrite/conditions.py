@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import onnx_graphsurgeon as gs
 
-from ..graph import constant_value, is_absent, is_constant, is_static
+from .. import ir
+from ..ir import constant_value, is_absent, is_constant, is_static
 
 
 def _each(values: dict, names) -> list[tuple[str, object]]:
@@ -40,7 +40,7 @@ def _label(name: str, tensor) -> str:
     return f"{name} ({tensor.name})" if getattr(tensor, "name", "") else name
 
 
-def constant(values: dict, names, graph: gs.Graph) -> str | None:
+def constant(values: dict, names, graph: ir.Graph) -> str | None:
     for name, tensor in _each(values, names):
         if not is_absent(tensor) and not is_constant(tensor):
             fed = any(tensor is value for value in graph.inputs)
@@ -50,7 +50,7 @@ def constant(values: dict, names, graph: gs.Graph) -> str | None:
     return None
 
 
-def private(values: dict, names, graph: gs.Graph) -> str | None:
+def private(values: dict, names, graph: ir.Graph) -> str | None:
     outputs = set(map(id, graph.outputs))
     for name, tensor in _each(values, names):
         if is_absent(tensor):
@@ -63,7 +63,7 @@ def private(values: dict, names, graph: gs.Graph) -> str | None:
     return None
 
 
-def same(values: dict, names, graph: gs.Graph) -> str | None:
+def same(values: dict, names, graph: ir.Graph) -> str | None:
     for name in names:
         elements = values.get(name) or []
         if any(element is not elements[0] for element in elements):
@@ -71,14 +71,14 @@ def same(values: dict, names, graph: gs.Graph) -> str | None:
     return None
 
 
-def count(values: dict, minimums: dict, graph: gs.Graph) -> str | None:
+def count(values: dict, minimums: dict, graph: ir.Graph) -> str | None:
     for name, minimum in minimums.items():
         if len(values.get(name) or []) < int(minimum):
             return f"{name} has {len(values.get(name) or [])} element(s), fewer than {minimum}"
     return None
 
 
-def static_shape(values: dict, names, graph: gs.Graph) -> str | None:
+def static_shape(values: dict, names, graph: ir.Graph) -> str | None:
     for name, tensor in _each(values, names):
         shape = getattr(tensor, "shape", None)
         if not is_absent(tensor) and not is_static(shape):
@@ -86,7 +86,7 @@ def static_shape(values: dict, names, graph: gs.Graph) -> str | None:
     return None
 
 
-def rank(values: dict, ranks: dict, graph: gs.Graph) -> str | None:
+def rank(values: dict, ranks: dict, graph: ir.Graph) -> str | None:
     for name, allowed in ranks.items():
         allowed = allowed if isinstance(allowed, list) else [allowed]
         for label, tensor in _each(values, name):
@@ -96,7 +96,7 @@ def rank(values: dict, ranks: dict, graph: gs.Graph) -> str | None:
     return None
 
 
-def per_channel(values: dict, pairs: dict, graph: gs.Graph) -> str | None:
+def per_channel(values: dict, pairs: dict, graph: ir.Graph) -> str | None:
     for constant_name, tensor_name in pairs.items():
         value, tensor = constant_value(values.get(constant_name)), values.get(tensor_name)
         shape = getattr(tensor, "shape", None)
@@ -109,13 +109,13 @@ def per_channel(values: dict, pairs: dict, graph: gs.Graph) -> str | None:
     return None
 
 
-CONDITIONS: dict[str, Callable[[dict, object, gs.Graph], str | None]] = {
+CONDITIONS: dict[str, Callable[[dict, object, ir.Graph], str | None]] = {
     "constant": constant, "private": private, "same": same, "count": count,
     "static_shape": static_shape, "rank": rank, "per_channel": per_channel,
 }
 
 
-def first_failure(require, values: dict, graph: gs.Graph) -> str | None:
+def first_failure(require, values: dict, graph: ir.Graph) -> str | None:
     for name, argument in require:
         reason = CONDITIONS[name](values, argument, graph)
         if reason:

@@ -22,10 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
-import onnx_graphsurgeon as gs
-
-from ..graph import node_subgraphs, numpy_dtype
+from .. import ir
+from ..ir import node_subgraphs, numpy_dtype
 
 
 @dataclass(frozen=True)
@@ -63,8 +61,8 @@ class NodeWork(NamedTuple):
     on_host: bool           # the device leaves it to the CPU
 
 
-def estimate(nodes: list[gs.Node], device: Device, flops: float | None = None,
-             replaced: dict[int, gs.Tensor] | None = None) -> Estimate:
+def estimate(nodes: list[ir.Node], device: Device, flops: float | None = None,
+             replaced: dict[int, ir.Tensor] | None = None) -> Estimate:
     """The time of `nodes` on `device` (see the module doc). `flops`, the primitive's count,
     is shared out over the nodes in proportion to their own counts. `replaced` maps the id of
     a new tensor to the old tensor it stands for, whose shape it has."""
@@ -76,22 +74,6 @@ def estimate(nodes: list[gs.Node], device: Device, flops: float | None = None,
         seen.update(map(id, fresh))
         work.append(NodeWork(_node_flops(node, replaced), sum([_bytes(t, node, replaced) for t in fresh]),
                              bool(device.host_ops) and _runs_on_host(node, device)))
-    return estimate_work(work, device, flops)
-
-
-def named_node_work(op: str, flops: float, device: Device, seen: set[str],
-                    tensors: list[tuple[str, float]]) -> NodeWork:
-    """estimate()'s count of one node, its tensors given as (name, bytes) in its inputs-then-
-    outputs order: a named one an earlier node of the estimate touched (its name in `seen`)
-    is not counted, one this node reads twice is, twice, and a nameless one always is."""
-    fresh = [(name, size) for name, size in tensors if not name or name not in seen]
-    seen.update(name for name, _ in fresh if name)
-    return NodeWork(flops, sum([size for _, size in fresh]), op in device.host_ops)
-
-
-def estimate_work(work: list[NodeWork], device: Device, flops: float | None = None) -> Estimate:
-    """The time of nodes doing `work` on `device`: estimate() once each node is counted (the
-    proto forms of primitives count theirs from the ModelProto)."""
     counted = sum([w.flops for w in work])
     factor = flops / counted if flops is not None and counted > 0 else 1.0
     seconds = flops / device.flops_per_s if flops is not None and counted == 0 else 0.0
@@ -103,7 +85,7 @@ def estimate_work(work: list[NodeWork], device: Device, flops: float | None = No
     return Estimate(seconds, counted if flops is None else flops, sum([w.bytes for w in work]), len(work))
 
 
-def _runs_on_host(node: gs.Node, device: Device) -> bool:
+def _runs_on_host(node: ir.Node, device: Device) -> bool:
     """The node is, or holds in a subgraph (a Scan body), an op the device leaves to the CPU."""
     if node.op in device.host_ops:
         return True
@@ -114,11 +96,11 @@ def _seconds(device: Device, flops: float, moved: float) -> float:
     return flops / device.flops_per_s + moved / device.bytes_per_s + device.seconds_per_node
 
 
-def _shape(tensor, node: gs.Node, replaced: dict[int, gs.Tensor]) -> tuple[int, ...] | None:
+def _shape(tensor, node: ir.Node, replaced: dict[int, ir.Tensor]) -> tuple[int, ...] | None:
     stand_in = replaced.get(id(tensor), tensor)
     shape = stand_in.shape
     if shape is None and any(tensor is out for out in node.outputs):
-        inputs = [_shape(t, node, {}) for t in node.inputs if not isinstance(t, gs.Constant)]
+        inputs = [_shape(t, node, {}) for t in node.inputs if not isinstance(t, ir.Constant)]
         inputs = [s for s in inputs if s is not None]
         return max(inputs, key=lambda s: int(math.prod(s)), default=None)
     return None if shape is None else counted_shape(shape)
@@ -134,11 +116,8 @@ def tensor_bytes(shape, dtype) -> float:
     return float(math.prod(counted_shape(shape))) * _itemsize(dtype)
 
 
-def _bytes(tensor, node: gs.Node, replaced) -> float:
-    if isinstance(tensor, gs.Constant):     # from its shape: reading .values would load the weight
-        values = tensor._values
-        if type(values) is np.ndarray:      # loaded: its own count, the same number
-            return float(values.nbytes)
+def _bytes(tensor, node: ir.Node, replaced) -> float:
+    if isinstance(tensor, ir.Constant):     # from its shape: reading .values would load the weight
         return float(math.prod(tensor.shape)) * _itemsize(tensor.dtype)
     if not tensor.name:
         return 0.0
@@ -152,7 +131,7 @@ def _itemsize(dtype) -> int:
     return numpy_dtype(dtype).itemsize
 
 
-def _node_flops(node: gs.Node, replaced) -> float:
+def _node_flops(node: ir.Node, replaced) -> float:
     out = _shape(node.outputs[0], node, replaced) if node.outputs else None
     if out is None:
         return 0.0

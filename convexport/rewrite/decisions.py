@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import onnx_graphsurgeon as gs
 
+from .. import ir
 from .cost import DEVICES, Estimate, estimate
 from .measure import Unmeasurable, measure
 from .primitives import Rewrite
@@ -20,12 +20,12 @@ class Decision:
     reason: str = ""        # why not, when it is not applied
 
 
-def replaced_nodes(rewrite: Rewrite, graph_outputs: set[int]) -> list[gs.Node]:
+def replaced_nodes(rewrite: Rewrite, graph_outputs: set[int]) -> list[ir.Node]:
     """The old nodes the rewrite leaves without readers: the producers of the tensors it
     replaces, and theirs in turn, while all they feed is replaced or going too (a batching
     primitive replaces more than its match: the branches it followed)."""
     replaced = {id(old) for old, _ in rewrite.replace}
-    doomed: dict[int, gs.Node] = {}
+    doomed: dict[int, ir.Node] = {}
     stack = [old.inputs[0] for old, _ in rewrite.replace if old.inputs]
     while stack:
         node = stack.pop()
@@ -34,7 +34,7 @@ def replaced_nodes(rewrite: Rewrite, graph_outputs: set[int]) -> list[gs.Node]:
         if all(id(out) in replaced or (id(out) not in graph_outputs and all(id(c) in doomed for c in out.outputs))
                for out in node.outputs):
             doomed[id(node)] = node
-            stack.extend(t.inputs[0] for t in node.inputs if isinstance(t, gs.Variable) and t.inputs)
+            stack.extend(t.inputs[0] for t in node.inputs if isinstance(t, ir.Variable) and t.inputs)
     return list(doomed.values())
 
 

@@ -21,22 +21,16 @@ import gc
 from dataclasses import dataclass, field, replace
 
 import onnx
-import onnx_graphsurgeon as gs
 
+from .. import ir
 from ..algebra import Refusal
 from ..errors import ConvexportError, first_line
-from ..export import infer_shapes
-from ..gs_import import new_variable
-from ..graph import (NameGenerator, all_graphs, cleaned_up, default_opset, fully_shaped, import_graph, proto_scopes,
-                     toposort)
-from ..reexport import Originals, export_graph
 from .changes import ChangeLog
 from .conditions import first_failure
 from .decisions import by_estimate, by_measurement
 from .local_shapes import infer_new_shapes
 from .matcher import Match, PatternMatcher
-from .primitives import Primitive, Rewrite, proto_form_of, reach_of
-from .proto_look import ProtoLook
+from .primitives import Primitive, Rewrite, reach_of
 from .rulefile import Rule
 
 MAX_PASSES = 32
@@ -47,21 +41,13 @@ STRATEGIES = ("exact", "cost", "measure")
 class RewriteContext:
     """What a primitive may use besides its match."""
 
-    graph: gs.Graph
+    graph: ir.Graph
     opset: int
-    fresh: NameGenerator
+    fresh: ir.NameGenerator
     params: dict
     strategy: str
     device: str = "cpu"          # the target of --strategy cost and measure
     decided: dict = field(default_factory=dict)     # (rule, nodes) -> Decision, see rewrite_model
-
-
-@dataclass(frozen=True)
-class Skip:
-    """A match left alone: why, and the numbers of a cost or measure decision."""
-
-    reason: str
-    decision: dict | None = None
 
 
 @dataclass
@@ -81,7 +67,7 @@ class _Run:
     applied: list[dict]
     skipped: dict[tuple, dict]
     limit: int | None
-    created: list[gs.Node] = field(default_factory=list)      # nodes the current pass inserted
+    created: list[ir.Node] = field(default_factory=list)      # nodes the current pass inserted
 
     def full(self) -> bool:
         return self.limit is not None and len(self.applied) >= self.limit
@@ -100,12 +86,11 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule], primitives: dict[st
 
 @contextlib.contextmanager
 def _collector_paused():
-    """Python's cyclic garbage collector off while the graph is rewritten. Importing a graph
+    """Python's cyclic garbage collector off while the graph is rewritten: importing a graph
     allocates a few objects per node and tensor, each allocation counts toward the next
-    collection, and a full collection walks every object of the process: on a 4,678-node graph
-    in a process that holds torch and a few exported models, optimize took 1.23 s, and 1.06 s
-    with the collector paused here. The gs graph's node <-> tensor cycles wait for the next
-    collection after the rewrite, as they would have waited for the next full one anyway."""
+    collection, and a full collection walks every object of the process (torch's included).
+    The graph's node <-> tensor cycles wait for the next collection after the rewrite, as they
+    would have waited for the next full one anyway."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -116,22 +101,16 @@ def _collector_paused():
 
 
 def _rewrite(model, rules, primitives, strategy, source, limit, device, decided) -> RewriteOutcome:
-    opset = default_opset(model)
+    opset = ir.onnx_opset(model) or ir.DEFAULT_OPSET
     decided = {} if decided is None else decided
-    early = _leading_looks(ProtoLook(model, opset, strategy, device, decided, limit), rules, primitives)
-    start = early.model()
-    graph = import_graph(start)
-    originals = Originals(graph, start)
-    fresh = early.fresh if early.applied else NameGenerator(graph)
-    base = RewriteContext(graph, opset, fresh, {}, strategy, device, decided)
+    graph = ir.import_graph(model)
+    base = RewriteContext(graph, opset, ir.NameGenerator(graph), {}, strategy, device, decided)
     state = _Run(primitives, ChangeLog(), [], {}, limit)
-    for rule, node_names, rewrite in early.applied:
-        _record(state, rule, node_names, rewrite)
     passes, changed_at_all = 0, False
     for passes in range(1, MAX_PASSES + 1):
         state.created = []
-        changed = passes == 1 and bool(early.applied)    # the first looks that made them were this pass's
-        for scope in all_graphs(graph):     # each scope on its own: see _run_scope
+        changed = False
+        for scope in ir.all_graphs(graph):     # each scope on its own: see _run_scope
             changed |= _run_scope(scope, rules, replace(base, graph=scope), state)
         if not changed:
             break
@@ -139,30 +118,29 @@ def _rewrite(model, rules, primitives, strategy, source, limit, device, decided)
         # a tensor that now has a shape may now match where it did not: a change like any other
         alive = [node for node in state.created if not state.changes.is_dead(node)]
         state.changes.touch(infer_new_shapes(alive, opset))
-        for scope in all_graphs(graph):
-            toposort(scope)
+        for scope in ir.all_graphs(graph):
+            ir.toposort(scope)
     # unchanged, the graph is `model` again (nothing to export), and every refusal still stands,
     # under the names import_graph gave the nodes
     current, still_there = model, list(state.skipped.values())
     if changed_at_all:
-        graph = cleaned_up(graph)
-        current = export_graph(graph, model, originals)
-        if not fully_shaped(graph):         # else its value_info already holds all inference would give
-            current = infer_shapes(current, source)
+        current = ir.export_graph(ir.cleaned_up(graph), model)
+        if not ir.fully_shaped(current):         # else its value_info already holds all inference would give
+            current = ir.infer_shapes(current, source)
         if still_there:
-            final_nodes = {node.name for scope in proto_scopes(current.graph) for node in scope.node}
+            final_nodes = {node.name for scope in ir.proto_scopes(current.graph) for node in scope.node}
             still_there = [entry for entry in still_there if set(entry["nodes"]) <= final_nodes]
     return RewriteOutcome(current, state.applied, still_there, passes)
 
 
-def _run_scope(graph: gs.Graph, rules: list[Rule], base: RewriteContext, state: _Run) -> bool:
+def _run_scope(graph: ir.Graph, rules: list[Rule], base: RewriteContext, state: _Run) -> bool:
     """One pass of every rule over one scope: the main graph or a subgraph (If branches, Loop
     and Scan bodies). A match never spans two scopes, so nothing moves in or out of a
     subgraph, and a tensor that a subgraph reads from outside counts as read there (not private)."""
     changed = False
     dead = state.changes.is_dead    # nodes a rewrite left without readers, dropped at the end
     members = set(map(id, graph.nodes))      # this scope's nodes, new ones added as they come
-    by_op: dict[str, list[gs.Node]] = {}     # this scope's nodes by op, in graph order, new ones last
+    by_op: dict[str, list[ir.Node]] = {}     # this scope's nodes by op, in graph order, new ones last
     for node in graph.nodes:
         by_op.setdefault(node.op, []).append(node)
     for rule in rules:
@@ -189,10 +167,8 @@ def _run_scope(graph: gs.Graph, rules: list[Rule], base: RewriteContext, state: 
             if match is None or first_failure(rule.where, match.values, graph):
                 continue
             verdict = _decide(match, primitive, context)
-            if verdict is None:
-                continue
             _record(state, rule, match.node_names(), verdict)
-            if isinstance(verdict, Skip):
+            if isinstance(verdict, Refusal):
                 continue
             _apply(graph, verdict, base.fresh, state.changes)
             state.created.extend(verdict.nodes)
@@ -205,30 +181,20 @@ def _run_scope(graph: gs.Graph, rules: list[Rule], base: RewriteContext, state: 
     return changed
 
 
-def _leading_looks(look: ProtoLook, rules: list[Rule], primitives: dict[str, Primitive]) -> ProtoLook:
-    """The first looks at the main graph that the leading rules' proto forms make (see
-    proto_look.py): rule by rule, while each form makes its whole look. A rule with an op of
-    its pattern missing from the graph is passed over, as the engine passes it over."""
-    for rule in rules:
-        if not rule.ops <= look.live_ops():
-            continue
-        form = proto_form_of(rule.plugin or primitives[rule.apply])
-        if form is None or not form(look, rule):
-            break
-    return look
-
-
-def _record(state: _Run, rule: Rule, node_names: list[str], verdict: Rewrite | Skip) -> None:
-    """A verdict into the report's lists: applied, or skipped with its reason."""
+def _record(state: _Run, rule: Rule, node_names: list[str], verdict: Rewrite | Refusal) -> None:
+    """A verdict into the report's lists: applied, or skipped with its reason (a refusal that
+    is not to be reported: nowhere)."""
     entry = {"rule": rule.name, "file": rule.file, "nodes": node_names}
-    if isinstance(verdict, Skip):
+    if isinstance(verdict, Refusal):
+        if not verdict.reported:
+            return
         decision = {"decision": verdict.decision} if verdict.decision else {}
         state.skipped[(rule.name, tuple(node_names))] = {**entry, "reason": verdict.reason, **decision}
     else:
         state.applied.append({**entry, "reason": verdict.note, **_cost_fields(verdict), **verdict.extra})
 
 
-def _anchors(graph: gs.Graph, rule: Rule, candidates: list[gs.Node], region: set[int] | None) -> list:
+def _anchors(graph: ir.Graph, rule: Rule, candidates: list[ir.Node], region: set[int] | None) -> list:
     """Where matching starts, in topological order: each candidate node (the live nodes of the
     root's op, for a root pattern), or each tensor a candidate (any live node) reads or writes
     (for a group pattern, whose members all read one shared tensor); only within `region`
@@ -245,24 +211,24 @@ def _anchors(graph: gs.Graph, rule: Rule, candidates: list[gs.Node], region: set
     return tensors
 
 
-def _decide(match: Match, primitive: Primitive, context: RewriteContext) -> Rewrite | Skip | None:
-    """The Rewrite to apply, the reason not to, or None when the primitive finds nothing to do."""
+def _decide(match: Match, primitive: Primitive, context: RewriteContext) -> Rewrite | Refusal:
+    """The Rewrite to apply, or the Refusal that says why not."""
     reason = first_failure(match.rule.require, match.values, context.graph)
     if reason:
-        return Skip(reason)
+        return Refusal(reason)
     result = _called(match.rule, lambda: primitive(match, context))
-    if result is None or isinstance(result, Skip):
+    if isinstance(result, Refusal):
         return result
     if result.complete is not None and context.strategy != "cost":    # only the estimate judges a prospect
         result = _completed(result, match.rule)
     result = _checked(result, context.graph)
-    if isinstance(result, Skip):
+    if isinstance(result, Refusal):
         return result
     return _judged(result, match.rule, match.node_names(), context)
 
 
-def _judged(result: Rewrite, rule: Rule, node_names: list[str], context: RewriteContext) -> Rewrite | Skip:
-    """The rewrite with its decision's numbers, or the Skip that the decision gives (under
+def _judged(result: Rewrite, rule: Rule, node_names: list[str], context: RewriteContext) -> Rewrite | Refusal:
+    """The rewrite with its decision's numbers, or the Refusal that the decision gives (under
     --strategy exact, the rewrite as it is)."""
     if context.strategy == "exact":
         return result
@@ -272,33 +238,37 @@ def _judged(result: Rewrite, rule: Rule, node_names: list[str], context: Rewrite
     decision = context.decided.get(key) or judge(result, context.opset, context.device, outputs)
     if decision.apply and result.complete is not None:      # a prospect that passes: build it, judge that
         result = _checked(_completed(result, rule), context.graph)
-        if isinstance(result, Skip):
+        if isinstance(result, Refusal):
             return result
         decision = context.decided.get(key) or judge(result, context.opset, context.device, outputs)
     context.decided[key] = decision      # a replay (the bisection) takes it as it is
     if not decision.apply:
         _discard(result)
-        return Skip(decision.reason, decision.numbers)
+        return Refusal(decision.reason, decision.numbers)
     result.extra["decision"] = decision.numbers
     return result
 
 
-def _completed(prospect: Rewrite, rule: Rule) -> Rewrite | Skip | None:
+def _completed(prospect: Rewrite, rule: Rule) -> Rewrite | Refusal:
     _discard(prospect)
     return _called(rule, prospect.complete)
 
 
 def _discard(rewrite: Rewrite) -> None:
-    """Unhook a rewrite that will not be applied from the graph's tensors: building a gs.Node
+    """Unhook a rewrite that will not be applied from the graph's tensors: building a node
     adds it to the readers of its inputs, where it would count as a reader of x (`private`
     would fail) and keep x's producer alive."""
     for node in rewrite.nodes:
         _disconnect_inputs(node)
 
 
-def _called(rule: Rule, call) -> Rewrite | Skip | None:
-    """A primitive's (or a prospect's completion's) result: a Refusal as a Skip, the algebra's
-    ValueError as a Skip, a plugin's error or wrong return type as a ConvexportError."""
+NOTHING_TO_DO = Refusal("the primitive found nothing to do", reported=False)
+
+
+def _called(rule: Rule, call) -> Rewrite | Refusal:
+    """A primitive's (or a prospect's completion's) result: a Rewrite or a Refusal (a user
+    primitive's None: nothing to do); the algebra's ValueError as a Refusal, a plugin's error
+    or wrong return type as a ConvexportError."""
     try:
         result = call()
     except Exception as exc:
@@ -306,29 +276,29 @@ def _called(rule: Rule, call) -> Rewrite | Skip | None:
             raise ConvexportError(f"{rule.file}:{rule.line}: rule {rule.name!r}: primitive {rule.apply} raised "
                                   f"{type(exc).__name__}: {first_line(exc)}") from exc
         if isinstance(exc, ValueError):  # the algebra's word for shapes it cannot work with
-            return Skip(f"{rule.apply} cannot handle these shapes: {exc}")
+            return Refusal(f"{rule.apply} cannot handle these shapes: {exc}")
         if not rule.builtin:            # a user's pattern that does not bind what the primitive reads
             raise ConvexportError(f"{rule.file}:{rule.line}: rule {rule.name!r}: primitive {rule.apply} raised "
                                   f"{type(exc).__name__}: {first_line(exc)} (does the pattern bind the names "
                                   f"{rule.apply} reads? see docs/rules.md)") from exc
         raise
-    if result is not None and not isinstance(result, (Rewrite, Refusal)):
+    if result is None:
+        return NOTHING_TO_DO
+    if not isinstance(result, (Rewrite, Refusal)):
         raise ConvexportError(f"{rule.file}:{rule.line}: rule {rule.name!r}: primitive {rule.apply} returned a "
                               f"{type(result).__name__}, not a Rewrite, a Refusal or None")
-    return Skip(result.reason) if isinstance(result, Refusal) else result
+    return result
 
 
-def _checked(result: Rewrite | Skip | None, graph: gs.Graph) -> Rewrite | Skip:
-    """The rewrite, or a Skip: the one given, for a completion that returned nothing, or for a
-    rewrite that would rename a graph output."""
-    if result is None:
-        return Skip("the prospect's completion returned nothing")
-    if isinstance(result, Skip):
+def _checked(result: Rewrite | Refusal, graph: ir.Graph) -> Rewrite | Refusal:
+    """The rewrite, or a Refusal: the one given, or one for a rewrite that would rename a
+    graph output."""
+    if isinstance(result, Refusal):
         return result
     for old, new in result.replace:
         if not _takes_over(new, graph) and _is_graph_output(old, graph):
             _discard(result)
-            return Skip(f"would rename graph output {old.name!r} to {new.name!r}")
+            return Refusal(f"would rename graph output {old.name!r} to {new.name!r}")
     return result
 
 
@@ -338,7 +308,7 @@ def _cost_fields(rewrite: Rewrite) -> dict:
     return {"flops_before": rewrite.flops_before, "flops_after": rewrite.flops_after}
 
 
-def _apply(graph: gs.Graph, rewrite: Rewrite, fresh: NameGenerator, changes: ChangeLog) -> None:
+def _apply(graph: ir.Graph, rewrite: Rewrite, fresh: ir.NameGenerator, changes: ChangeLog) -> None:
     """Insert the new nodes and make each replaced tensor come from its replacement; the nodes
     this leaves dead are disconnected and buried in `changes` (to be dropped from the graph).
 
@@ -362,7 +332,7 @@ def _apply(graph: gs.Graph, rewrite: Rewrite, fresh: NameGenerator, changes: Cha
             producer = new.inputs[0]
             for consumer in list(new.outputs):
                 _rewire(consumer, new, old)
-            producer.outputs[producer.outputs.index(new)] = old
+            producer.outputs[_position(producer.outputs, new)] = old
         else:       # a reader that reads a constant now may match where it did not: its outputs are touched
             for consumer in list(old.outputs):
                 _rewire(consumer, old, new)
@@ -370,7 +340,7 @@ def _apply(graph: gs.Graph, rewrite: Rewrite, fresh: NameGenerator, changes: Cha
     _remove_dead(orphans, {id(t) for t in graph.outputs}, changes)
 
 
-def _remove_dead(candidates: list[gs.Node], outputs: set[int], changes: ChangeLog) -> None:
+def _remove_dead(candidates: list[ir.Node], outputs: set[int], changes: ChangeLog) -> None:
     """Disconnect every node whose outputs nobody reads, then the producers that this leaves
     unread in turn; the work is proportional to what is removed, not to the graph."""
     stack = list(candidates)
@@ -383,43 +353,36 @@ def _remove_dead(candidates: list[gs.Node], outputs: set[int], changes: ChangeLo
         _disconnect_inputs(node)
 
 
-def _disconnect_inputs(node: gs.Node) -> None:
-    """node.inputs.clear() by identity: gs's own removal compares nodes with a deep __eq__,
-    which is quadratic on tensors read by many nodes."""
+def _disconnect_inputs(node: ir.Node) -> None:
+    """node.inputs.clear() by identity: gs's own removal finds the node among its inputs'
+    readers with a deep __eq__, which can match another node of the same fields."""
     for tensor in node.inputs:
         list.pop(tensor.outputs, _position(tensor.outputs, node))
     list.clear(node.inputs)
 
 
 def _position(items: list, item) -> int:
-    """items.index(item) by identity (gs's own compares nodes and tensors with a deep __eq__).
-    A weight shared by a thousand nodes loses them one by one, in graph order, which puts the
-    node first or last in its readers (in the order they were added) far more often than not;
-    elsewhere the search runs over ids, at C speed."""
-    if items[0] is item:
-        return 0
-    if items[-1] is item:
-        return len(items) - 1
-    return list(map(id, items)).index(id(item))
+    """items.index(item) by identity (gs's own compares nodes and tensors with a deep __eq__)."""
+    return next(index for index, each in enumerate(items) if each is item)
 
 
-def _rewire(consumer: gs.Node, old, new) -> None:
+def _rewire(consumer: ir.Node, old, new) -> None:
     """Make `consumer` read `new` wherever it read `old` (gs lists take item assignment only)."""
     for index, tensor in enumerate(list(consumer.inputs)):
         if tensor is old:
             consumer.inputs[index] = new
 
 
-def _takes_over(new, graph: gs.Graph) -> bool:
+def _takes_over(new, graph: ir.Graph) -> bool:
     """The replacement's producer can output the old tensor instead (keeping its name)."""
     return bool(new.inputs) and not _is_graph_output(new, graph)
 
 
-def _is_graph_output(tensor, graph: gs.Graph) -> bool:
+def _is_graph_output(tensor, graph: ir.Graph) -> bool:
     return any(tensor is out for out in graph.outputs)
 
 
-def _detach(tensor: gs.Variable, fresh: NameGenerator) -> None:
+def _detach(tensor: ir.Variable, fresh: ir.NameGenerator) -> None:
     """Give the old producer a dead placeholder output in place of `tensor`."""
     for producer in list(tensor.inputs):
-        producer.outputs[_position(producer.outputs, tensor)] = new_variable(fresh(tensor.name + "_dead"))
+        producer.outputs[_position(producer.outputs, tensor)] = ir.Variable(fresh(tensor.name + "_dead"))

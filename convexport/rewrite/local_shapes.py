@@ -5,22 +5,21 @@ the shapes the graph knows) and ONNX shape inference runs on that alone."""
 from __future__ import annotations
 
 import onnx
-import onnx_graphsurgeon as gs
 
-from ..graph import tensor_dtype
-from ..reexport import nodes_as_model
+from .. import ir
+from ..ir import tensor_dtype
 
 # Constants up to this size go into the cut as values (shape inference reads those of shape-like
 # inputs: Reshape's shape, Slice's starts); larger ones as typed inputs, so nothing big is copied.
 VALUE_LIMIT_BYTES = 1 << 16
 
 
-def infer_new_shapes(nodes: list[gs.Node], opset: int) -> list[gs.Variable]:
+def infer_new_shapes(nodes: list[ir.Node], opset: int) -> list[ir.Variable]:
     """Set the shape (and a missing dtype) of every output of `nodes` that has none, as far as
     ONNX shape inference can tell from the nodes and the shapes of what they read; return the
     tensors that got one."""
     pending = {t.name: t for node in nodes for t in node.outputs
-               if isinstance(t, gs.Variable) and t.name and t.shape is None}
+               if isinstance(t, ir.Variable) and t.name and t.shape is None}
     if not pending:
         return []
     try:                        # a convenience: what stays unshaped is inferred after the export
@@ -41,7 +40,7 @@ def infer_new_shapes(nodes: list[gs.Node], opset: int) -> list[gs.Variable]:
     return shaped
 
 
-def _cut(nodes: list[gs.Node], pending: dict, opset: int) -> onnx.ModelProto:
+def _cut(nodes: list[ir.Node], pending: dict, opset: int) -> onnx.ModelProto:
     """The nodes as a model: what they read from elsewhere as inputs (small constants as values),
     the pending tensors as outputs."""
     cut = _with_constant_producers(nodes)
@@ -52,27 +51,27 @@ def _cut(nodes: list[gs.Node], pending: dict, opset: int) -> onnx.ModelProto:
             if id(tensor) in produced or id(tensor) in seen or not tensor.name:
                 continue
             seen.add(id(tensor))
-            if isinstance(tensor, gs.Constant) and _small(tensor):
+            if isinstance(tensor, ir.Constant) and _small(tensor):
                 constants.append(tensor)
             else:
                 inputs.append(_value_info(tensor))
-    return nodes_as_model(cut, inputs, [onnx.helper.make_tensor_value_info(name, 0, None) for name in pending],
+    return ir.nodes_as_model(cut, inputs, [onnx.helper.make_tensor_value_info(name, 0, None) for name in pending],
                           constants, opset, "new_nodes")
 
 
-def _with_constant_producers(nodes: list[gs.Node]) -> list[gs.Node]:
+def _with_constant_producers(nodes: list[ir.Node]) -> list[ir.Node]:
     """The nodes and, first, the Constant nodes outside them whose outputs they read."""
     inside = {id(node) for node in nodes}
-    extra: dict[int, gs.Node] = {}
+    extra: dict[int, ir.Node] = {}
     for node in nodes:
         for tensor in node.inputs:
-            for producer in tensor.inputs if isinstance(tensor, gs.Variable) else ():
+            for producer in tensor.inputs if isinstance(tensor, ir.Variable) else ():
                 if producer.op == "Constant" and id(producer) not in inside:
                     extra[id(producer)] = producer
     return [*extra.values(), *nodes]
 
 
-def _small(constant: gs.Constant) -> bool:
+def _small(constant: ir.Constant) -> bool:
     return getattr(constant.values, "nbytes", VALUE_LIMIT_BYTES + 1) <= VALUE_LIMIT_BYTES
 
 

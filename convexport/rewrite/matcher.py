@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-import onnx_graphsurgeon as gs
 
-from ..graph import NOT_IN_SCHEMA, attribute, is_absent, is_constant
+from .. import ir
+from ..ir import NOT_IN_SCHEMA, attribute, is_absent, is_constant
 from .pattern import COMMUTATIVE, PatternNode, ValueRef
 from .rulefile import Rule
 
@@ -22,11 +22,11 @@ class Match:
 
     rule: Rule
     values: dict            # name -> tensor, None (absent optional) or list of those
-    nodes: dict             # a line's first output name -> gs.Node or list of gs.Node
-    root: gs.Node
+    nodes: dict             # a line's first output name -> ir.Node or list of ir.Node
+    root: ir.Node
 
-    def node_list(self) -> list[gs.Node]:
-        found: list[gs.Node] = []
+    def node_list(self) -> list[ir.Node]:
+        found: list[ir.Node] = []
         for line in self.rule.pattern:
             bound = self.nodes.get(line.outputs[0].name)
             for node in bound if isinstance(bound, list) else [bound]:
@@ -69,9 +69,9 @@ class PatternMatcher:
         # without per-element names the bindings need no regrouping into lists
         self.per_element = any(ref.per_element for line in rule.pattern for ref in (*line.inputs, *line.outputs))
 
-    def match(self, root: gs.Node) -> Match | None:
+    def match(self, root: ir.Node) -> Match | None:
         if self.root_feeders:
-            made_by = [t.inputs[0].op for t in root.inputs if isinstance(t, gs.Variable) and len(t.inputs) == 1]
+            made_by = [t.inputs[0].op for t in root.inputs if isinstance(t, ir.Variable) and len(t.inputs) == 1]
             for op, count in self.root_feeders:
                 if made_by.count(op) < count:
                     return None
@@ -103,7 +103,7 @@ class PatternMatcher:
         values, nodes = _collect(state.values), _collect(state.nodes)
         return Match(self.rule, values, nodes, nodes[root.outputs[0].name][0])
 
-    def _node(self, line: PatternNode, node: gs.Node, state: _State, element: int | None) -> bool:
+    def _node(self, line: PatternNode, node: ir.Node, state: _State, element: int | None) -> bool:
         if node.op != line.op_type or (node.domain or "") not in ("", "ai.onnx") or id(node) not in self.members:
             return False
         first = line.outputs[0]
@@ -182,7 +182,7 @@ class PatternMatcher:
         line = self.producers.get(ref.name)
         if line is None:
             return True
-        if not isinstance(tensor, gs.Variable) or len(tensor.inputs) != 1:
+        if not isinstance(tensor, ir.Variable) or len(tensor.inputs) != 1:
             return False
         producer = tensor.inputs[0]
         if producer.outputs.index(tensor) != line.output_names.index(ref.name):
@@ -193,9 +193,9 @@ class PatternMatcher:
         return bool(tensor.outputs) or id(tensor) in self.graph_outputs
 
 
-def _downstream(tensor, depth: int) -> list[gs.Node]:
+def _downstream(tensor, depth: int) -> list[ir.Node]:
     """Nodes within `depth` consumer steps of `tensor`, breadth first, each once."""
-    found: list[gs.Node] = []
+    found: list[ir.Node] = []
     seen: set[int] = set()
     frontier = [tensor]
     for _ in range(depth):

@@ -6,13 +6,12 @@ block-interleaved as `profile` does, for about MEASURE_BUDGET_S each."""
 from __future__ import annotations
 
 import onnx
-import onnx_graphsurgeon as gs
 
+from .. import ir
 from ..errors import ConvexportError
-from ..graph import tensor_dtype
+from ..ir import tensor_dtype
 from ..inputs import InputSpec, random_inputs
 from ..profile import time_models
-from ..reexport import nodes_as_model
 
 MEASURE_BUDGET_S = 0.25
 
@@ -22,7 +21,7 @@ class Unmeasurable(Exception):
     symbolic dim whose stand-in 1 is too small for them)."""
 
 
-def measure(old_nodes: list[gs.Node], old_outputs: list, new_nodes: list[gs.Node], new_outputs: list,
+def measure(old_nodes: list[ir.Node], old_outputs: list, new_nodes: list[ir.Node], new_outputs: list,
             opset: int, device: str) -> dict:
     """{"before_ms", "after_ms", "runs"}: medians of the two cut-out models."""
     old_inputs = _outside_inputs(old_nodes)
@@ -36,29 +35,29 @@ def measure(old_nodes: list[gs.Node], old_outputs: list, new_nodes: list[gs.Node
     return {"before_ms": timed["before"], "after_ms": timed["after"], "runs": timed["runs"]}
 
 
-def _outside_inputs(nodes: list[gs.Node]) -> list[gs.Variable]:
+def _outside_inputs(nodes: list[ir.Node]) -> list[ir.Variable]:
     produced = {id(t) for node in nodes for t in node.outputs}
-    found: list[gs.Variable] = []
+    found: list[ir.Variable] = []
     for node in nodes:
         for tensor in node.inputs:
-            if isinstance(tensor, gs.Variable) and tensor.name and id(tensor) not in produced \
+            if isinstance(tensor, ir.Variable) and tensor.name and id(tensor) not in produced \
                     and all(tensor is not seen for seen in found):
                 found.append(tensor)
     return found
 
 
-def _static(tensor: gs.Variable) -> tuple[int, ...]:
+def _static(tensor: ir.Variable) -> tuple[int, ...]:
     if tensor.shape is None or tensor.dtype is None:
         raise Unmeasurable(f"{tensor.name} has no known shape")
     return tuple(d if isinstance(d, int) and d > 0 else 1 for d in tensor.shape)
 
 
-def _cut(nodes: list[gs.Node], inputs: list[gs.Variable], outputs: list, opset: int) -> onnx.ModelProto:
+def _cut(nodes: list[ir.Node], inputs: list[ir.Variable], outputs: list, opset: int) -> onnx.ModelProto:
     """The nodes as a model of their own (graph.nodes_as_model), inputs at static shapes."""
     if not nodes:
         raise Unmeasurable("no nodes to time")
-    constants = {id(t): t for node in nodes for t in node.inputs if isinstance(t, gs.Constant)}
-    return nodes_as_model(nodes, [onnx.helper.make_tensor_value_info(t.name, _onnx_dtype(t), _static(t)) for t in inputs],
+    constants = {id(t): t for node in nodes for t in node.inputs if isinstance(t, ir.Constant)}
+    return ir.nodes_as_model(nodes, [onnx.helper.make_tensor_value_info(t.name, _onnx_dtype(t), _static(t)) for t in inputs],
                           [onnx.helper.make_tensor_value_info(t.name, _onnx_dtype(t), None) for t in outputs],
                           list(constants.values()), opset, "cut")
 

@@ -2,7 +2,8 @@
 
 A primitive is `f(match, context) -> Rewrite | Refusal`. It builds the replacement nodes
 from the match's tensors (the weight algebra lives in convexport.algebra) and says which
-tensors of the old graph they replace. It never edits the graph itself.
+tensors of the old graph they replace, or says why not with a Refusal (not `reported` where
+the match is simply not a case for it). It never edits the graph itself.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import onnx_graphsurgeon as gs
+from .. import ir
 
 
 @dataclass
@@ -25,8 +26,8 @@ class Rewrite:
     cost what its completion's own nodes cost: a primitive offers one only where the shapes
     are known without the weights."""
 
-    nodes: list[gs.Node]
-    replace: list            # (old gs.Variable, new tensor made by `nodes` or existing) pairs
+    nodes: list[ir.Node]
+    replace: list            # (old ir.Variable, new tensor made by `nodes` or existing) pairs
     note: str                # what was done, for the report
     flops_before: float | None = None
     flops_after: float | None = None
@@ -47,25 +48,6 @@ def reach(steps: int) -> Callable[[Primitive], Primitive]:
 
 def reach_of(primitive: Primitive) -> int | None:
     return getattr(primitive, "reach", None)
-
-
-# on_proto's form: (look: proto_look.ProtoLook, rule) -> bool, True when it made the rule's whole look
-ProtoForm = Callable[[object, object], bool]
-
-
-def on_proto(form: ProtoForm) -> Callable[[Primitive], Primitive]:
-    """Declare a form of a primitive that makes its rule's first look at the main graph on the
-    ModelProto, before the import (rewrite/proto_look.py), when the rules before it made theirs
-    there too. It must make the very rewrites the primitive would (same nodes, same names, same
-    order, the same report entries), or a prefix of them, leaving the rest to the engine, and
-    return whether it made them all. It pays where a rule removes many nodes: an import, a
-    match and a rewire per node saved (folds/cleanup.py forwards Identity nodes this way,
-    folds/batchnorm_on_proto.py folds BatchNormalization into the Conv before it)."""
-    return _declaring("on_proto", form)
-
-
-def proto_form_of(primitive: Primitive) -> ProtoForm | None:
-    return getattr(primitive, "on_proto", None)
 
 
 def _declaring(attribute: str, value) -> Callable[[Primitive], Primitive]:

@@ -1,57 +1,32 @@
-"""drop-identity's first look made on the proto (folds/cleanup.py, rewrite/proto_look.py): the
-engine must come out exactly as it does when it makes those rewrites itself."""
+"""drop-identity and conv-batchnorm on graphs as torch exports them (each BN parameter read
+through an Identity, nameless nodes, Identities placed after their readers, Identity chains,
+an Identity giving a graph output), and under a rewrite limit: the engine's results must
+compute what the model does and leave the input as it was."""
 
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-from convexport.folds.cleanup import forward_identities_on_proto, forward_input
-from convexport.folds.conv_chain import compose_linear
-from convexport.rewrite.engine import _leading_looks, rewrite_model
-from convexport.rewrite.primitives import builtin_primitives, proto_form_of, reach
-from convexport.rewrite.proto_look import ProtoLook
-from convexport.rewrite.rulefile import parse_rule_file
+import onnx
+from convexport.rewrite.engine import rewrite_model
+from convexport.rewrite.primitives import builtin_primitives
 from graphs import RULES, assert_same_outputs
 from helpers import make_model, op_counts, tensor
 from test_random_graphs import FUZZ_EXAMPLES, random_graph
 
 RNG = np.random.default_rng(7)
-DROP_IDENTITY = RULES[0]
 
 
-def without_proto_forms() -> dict:
-    """The built-in primitives without their proto forms: the engine does it all."""
-    return {**builtin_primitives(), "forward_input": reach(0)(lambda match, context: forward_input(match, context)),
-            "compose_linear": reach(0)(lambda match, context: compose_linear(match, context))}
-
-
-def both_ways(model, strategy="exact", limit=None, rules=RULES):
-    """(outcome with the proto forms, outcome without), the input left as it was."""
+def rewritten(model, strategy="exact", limit=None, rules=RULES):
+    """The engine's outcome; the input left as it was."""
     before = model.SerializeToString()
-    early = rewrite_model(model, rules, builtin_primitives(), strategy, limit=limit)
-    engine = rewrite_model(model, rules, without_proto_forms(), strategy, limit=limit)
+    outcome = rewrite_model(model, rules, builtin_primitives(), strategy, limit=limit)
     assert model.SerializeToString() == before
-    return early, engine
-
-
-def assert_same_outcome(model, strategy="exact", limit=None, rules=RULES):
-    early, engine = both_ways(model, strategy, limit, rules)
-    assert early.applied == engine.applied
-    assert early.skipped == engine.skipped
-    assert early.passes == engine.passes
-    assert early.model.SerializeToString() == engine.model.SerializeToString()
-    return early
-
-
-def look_at(model, rule=DROP_IDENTITY, form=forward_identities_on_proto, strategy="exact", limit=None):
-    """(whether `form` made the whole look, the look) on a fresh ProtoLook of model."""
-    look = ProtoLook(model, 18, strategy, "cpu", {}, limit)
-    return form(look, rule), look
+    return outcome
 
 
 def conv_bn_through_identities(named=True, shuffled=False):
@@ -72,21 +47,10 @@ def conv_bn_through_identities(named=True, shuffled=False):
 @pytest.mark.parametrize("shuffled", [False, True])
 def test_bn_parameters_through_identities(strategy, named, shuffled):
     model = conv_bn_through_identities(named, shuffled)
-    outcome = assert_same_outcome(model, strategy)
+    outcome = rewritten(model, strategy)
     assert op_counts(outcome.model) == {"Conv": 1, "Relu": 1}
     assert [entry["rule"] for entry in outcome.applied] == ["drop-identity"] * 4 + ["conv-batchnorm"]
     assert_same_outputs(model, outcome.model, [1, 4, 6, 6])
-
-
-def test_the_proto_form_removes_what_the_engine_would_have_imported():
-    whole, look = look_at(conv_bn_through_identities(named=False))
-    model = look.model()
-    assert whole
-    assert [node.op_type for node in model.graph.node] == ["Conv", "BatchNormalization", "Relu"]
-    assert [node.name for node in model.graph.node] == ["Conv_4", "BatchNormalization_5", "Relu_6"]
-    assert list(model.graph.node[1].input) == ["c", "s", "t", "m", "v"]
-    assert [names for _, names, _ in look.applied] == [["Identity_0"], ["Identity_1"], ["Identity_2"], ["Identity_3"]]
-    assert not {value.name for value in model.graph.value_info} & {"s_id", "t_id", "m_id", "v_id"}
 
 
 def chain_model(middle_op=None, output_identity=False):
@@ -117,51 +81,30 @@ def chain_model(middle_op=None, output_identity=False):
 @pytest.mark.parametrize("limit", [None, 0, 1, 2, 3, 4, 6])
 def test_chains_takeovers_graph_outputs_and_limits(middle_op, output_identity, limit):
     model = chain_model(middle_op, output_identity)
-    outcome = assert_same_outcome(model, "cost", limit)
+    outcome = rewritten(model, "cost", limit)
+    if limit is not None:
+        assert len(outcome.applied) <= limit
     assert_same_outputs(model, outcome.model, [2, 3, 4, 4])
+    if limit is None:
+        assert "Identity" not in op_counts(outcome.model) or output_identity
 
 
-def test_an_identity_made_by_a_node_ends_the_proto_form():
-    whole, look = look_at(chain_model("Relu"))
-    assert not whole
-    assert [names for _, names, _ in look.applied] == [["i1"], ["i2"], ["i3"]]     # not i4, nor i5 after it
-
-
-def test_an_identity_giving_a_graph_output_ends_it_before_it_starts():
-    whole, look = look_at(chain_model(output_identity=True))
-    assert not whole and not look.applied and look.model() is look.source
-
-
-def test_the_proto_form_declines_graphs_with_subgraphs():
-    branch = helper.make_graph([helper.make_node("Identity", ["w1"], ["o"])], "branch", [],
-                               [helper.make_tensor_value_info("o", onnx.TensorProto.FLOAT, None)])
+def test_an_identity_in_a_branch_reading_an_outer_weight():
+    """An If branch's Identity of a weight from the outer scope: forwarded within its scope."""
+    branch = helper.make_graph([helper.make_node("Identity", ["w1"], ["o1"]), helper.make_node("Relu", ["o1"], ["o"])],
+                               "branch", [], [helper.make_tensor_value_info("o", onnx.TensorProto.FLOAT, None)])
     nodes = [helper.make_node("Identity", ["w"], ["w1"], name="i1"),
              helper.make_node("If", ["c"], ["y"], name="if", then_branch=branch, else_branch=branch)]
     model = make_model(nodes, [tensor("c", [], onnx.TensorProto.BOOL)], [tensor("y", None)],
                        {"w": np.ones(3, np.float32)})
-    whole, look = look_at(model)
-    assert not whole and not look.applied
-    assert_same_outcome(model)
+    outcome = rewritten(model)
+    assert op_counts(outcome.model) == {"If": 1}
+    onnx.checker.check_model(outcome.model, full_check=True)
 
 
-def test_the_proto_form_declines_other_patterns(tmp_path):
-    text = ("rules:\n"
-            "  - name: a\n    doc: d\n    match: [y = Identity(x:const)]\n    apply: forward_input\n"
-            "  - name: b\n    doc: d\n    match: [y = Identity(x)]\n    where: {static_shape: [x]}\n    apply: forward_input\n"
-            "  - name: c\n    doc: d\n    match: [y = Identity(x)]\n    apply: forward_input\n")
-    path = tmp_path / "rules.yaml"
-    path.write_text(text)
-    constant_only, conditioned, plain = parse_rule_file(path, set(builtin_primitives()))
-    model = conv_bn_through_identities()
-    assert not look_at(model, constant_only)[0] and not look_at(model, constant_only)[1].applied
-    assert not look_at(model, conditioned)[0] and not look_at(model, conditioned)[1].applied
-    assert look_at(model, plain)[0]
-    assert proto_form_of(builtin_primitives()["forward_input"]) is forward_identities_on_proto
-
-
-def test_only_leading_rules_get_it():
-    """After a rule without a proto form has looked, the state a proto form would start from
-    is not the model's: drop-identity last, behind conv-mul (whose Conv and Mul the model has)."""
+def test_a_reader_rewired_to_a_constant_is_looked_at_again():
+    """drop-identity after conv-mul: the Mul reads the constant only once the Identity is
+    gone, and conv-mul, which looked earlier in the pass, folds it in the next."""
     model = make_model([helper.make_node("Identity", ["k"], ["k1"], name="i"),
                         helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
                         helper.make_node("Mul", ["c", "k1"], ["y"], name="mul")],
@@ -169,9 +112,7 @@ def test_only_leading_rules_get_it():
                        {"w": RNG.standard_normal([3, 2, 1, 1]).astype(np.float32),
                         "k": RNG.uniform(0.5, 2, [1, 3, 1, 1]).astype(np.float32)})
     conv_mul = next(rule for rule in RULES if rule.name == "conv-mul")
-    rules = [conv_mul, DROP_IDENTITY]
-    assert not _leading_looks(ProtoLook(model, 18, "exact", "cpu", {}, None), rules, builtin_primitives()).applied
-    outcome = assert_same_outcome(model, rules=rules)
+    outcome = rewritten(model, rules=[conv_mul, RULES[0]])
     assert [entry["rule"] for entry in outcome.applied] == ["drop-identity", "conv-mul"]
 
 
@@ -212,19 +153,16 @@ def with_identities(model: onnx.ModelProto, rng) -> onnx.ModelProto:
 def test_random_graphs_with_identities_come_out_the_same(seed, strategy):
     builder, y = random_graph(seed)
     model = with_identities(builder.model([y]), np.random.default_rng(seed))
-    outcome = assert_same_outcome(model, strategy)
+    outcome = rewritten(model, strategy)
     assert_same_outputs(model, outcome.model, builder.input_shape, seed=seed)
 
 
-def test_the_random_graphs_exercise_the_proto_form():
-    """The generator is not vacuous: in most graphs the proto form removes Identities, in some
-    all of them, in others it stops and leaves the rest to the engine."""
-    removed, remaining = [], []
+def test_the_random_graphs_have_identities_to_forward():
+    """The generator is not vacuous: most graphs get Identities, and the engine forwards them."""
+    forwarded = []
     for seed in range(20):
         builder, y = random_graph(seed)
         model = with_identities(builder.model([y]), np.random.default_rng(seed))
-        removed.append(len(look_at(model)[1].applied))
-        remaining.append(sum(node.op_type == "Identity" for node in model.graph.node) - removed[-1])
-    assert sum(count > 0 for count in removed) >= 12, removed
-    assert any(count > 1 and left == 0 for count, left in zip(removed, remaining)), (removed, remaining)
-    assert any(count > 1 and left > 0 for count, left in zip(removed, remaining)), (removed, remaining)
+        outcome = rewritten(model)
+        forwarded.append(sum(entry["rule"] == "drop-identity" for entry in outcome.applied))
+    assert sum(count > 0 for count in forwarded) >= 12, forwarded

@@ -1,0 +1,36 @@
+"""The one place that touches ONNX protos and graph objects.
+
+The rewrite stage works on an onnx-graphsurgeon graph, imported once and exported once
+(convert.py); everything else reads and writes ModelProtos. Build nodes and tensors with the
+graph classes themselves (`ir.Node(op, name, attrs, inputs, outputs)`, `ir.Variable(name,
+dtype, shape)`, `ir.Constant(name, array)`): a node joins its inputs' readers and its
+outputs' producers as it is made.
+
+    convert.py   ModelProto <-> Graph; a few nodes as a model of their own
+    query.py     constant values, attributes with schema defaults, dtypes, the opset
+    naming.py    names for nameless nodes, fresh names
+    scopes.py    subgraphs, topological order, clean-up
+    shapes.py    shape inference, and whether a model needs it
+    large.py     models of 1 GiB of weights or more: external data, the weightless skeleton
+"""
+
+from onnx_graphsurgeon import Constant, Graph, Node, Tensor, Variable
+
+from .convert import IR_VERSION, export_graph, import_graph, nodes_as_model, overridable_initializers
+from .large import needs_external_data, save_with_external_data
+from .naming import NameGenerator
+from .query import (DEFAULT_OPSET, NOT_IN_SCHEMA, attribute, attribute_or, constant_value, is_absent, is_constant,
+                    is_static, numpy_dtype, onnx_opset, tensor_dtype)
+from .scopes import all_graphs, cleaned_up, node_subgraphs, proto_scopes, proto_subgraphs, tensor_map, toposort
+from .shapes import fully_shaped, infer_shapes
+
+__all__ = [
+    "Constant", "Graph", "Node", "Tensor", "Variable",
+    "IR_VERSION", "export_graph", "import_graph", "nodes_as_model", "overridable_initializers",
+    "needs_external_data", "save_with_external_data",
+    "NameGenerator",
+    "DEFAULT_OPSET", "NOT_IN_SCHEMA", "attribute", "attribute_or", "constant_value", "is_absent", "is_constant",
+    "is_static", "numpy_dtype", "onnx_opset", "tensor_dtype",
+    "all_graphs", "cleaned_up", "node_subgraphs", "proto_scopes", "proto_subgraphs", "tensor_map", "toposort",
+    "fully_shaped", "infer_shapes",
+]

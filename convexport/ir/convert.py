@@ -1,0 +1,88 @@
+"""onnx.ModelProto <-> gs.Graph, and a few of a graph's nodes as a model of their own."""
+
+from __future__ import annotations
+
+import onnx
+import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.logger import G_LOGGER
+
+from .naming import name_nodes
+
+# onnx-graphsurgeon warns (on stderr, several lines) whenever a bfloat16 constant is read as
+# float32, which is exact; convexport keeps stderr for its one-line messages.
+G_LOGGER.severity = G_LOGGER.ERROR
+
+IR_VERSION = 10     # of the models convexport builds itself: ONNX Runtime 1.14 and later read it
+
+
+def import_graph(model: onnx.ModelProto) -> gs.Graph:
+    """The model's graph, every node named (reports name nodes), its overridable initializers
+    kept as the graph inputs they are (see below). The graph owns a copy of the model: gs's
+    exporter renames an imported initializer's proto in place, which must never reach the
+    caller's model."""
+    own = onnx.ModelProto()
+    own.CopyFrom(model)
+    graph = gs.import_onnx(own)
+    _inputs_with_defaults_stay_inputs(graph, model)
+    name_nodes(graph)
+    return graph
+
+
+def overridable_initializers(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """Initializers that are also main-graph inputs: from IR version 4 on, a default value the
+    caller may feed something else in place of (ONNX Runtime does not fold them either), so
+    not a constant; under IR 3 every initializer had to be listed as an input, and is one."""
+    if model.ir_version < 4:
+        return []
+    inputs = {value.name for value in model.graph.input}
+    return [init for init in model.graph.initializer if init.name in inputs]
+
+
+def _inputs_with_defaults_stay_inputs(graph: gs.Graph, model: onnx.ModelProto) -> None:
+    """gs imports an initializer listed as an input as a Constant and drops it from the inputs:
+    put a Variable of its type back in its place among the inputs and in its readers
+    (export_graph gives it its initializer back)."""
+    defaults = {init.name for init in overridable_initializers(model)}
+    if not defaults:
+        return
+    tensors = graph.tensors()
+    stand_ins = {}
+    for name in defaults:
+        constant = tensors[name]
+        stand_ins[name] = gs.Variable(name, constant.dtype, list(constant.shape))
+        for reader in list(constant.outputs):
+            for index, tensor in enumerate(reader.inputs):
+                if tensor is constant:
+                    reader.inputs[index] = stand_ins[name]
+    imported = {t.name: t for t in graph.inputs}
+    graph.inputs = [stand_ins.get(value.name) or imported[value.name] for value in model.graph.input]
+
+
+def export_graph(graph: gs.Graph, template: onnx.ModelProto) -> onnx.ModelProto:
+    """gs.Graph -> ModelProto with the template's IR version, opsets, producer and metadata,
+    and the template's initializers for the inputs that have one."""
+    model = gs.export_onnx(graph, do_type_check=False, opset_imports=list(template.opset_import))
+    input_names = {t.name for t in graph.inputs}
+    model.graph.initializer.extend(init for init in overridable_initializers(template) if init.name in input_names)
+    model.ir_version = template.ir_version
+    model.producer_name = template.producer_name or "convexport"
+    model.producer_version = template.producer_version
+    del model.metadata_props[:]
+    model.metadata_props.extend(template.metadata_props)
+    return model
+
+
+def nodes_as_model(nodes: list[gs.Node], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
+                   constants: list[gs.Constant], opset: int, name: str) -> onnx.ModelProto:
+    """Some of a graph's nodes as a model of their own (for shape inference or timing on their
+    own); `constants` become initializers. The graph's objects are only read: a gs.Graph built
+    over them would relink their tensors."""
+    exporter = gs.exporters.onnx_exporter.OnnxExporter
+    graph = onnx.helper.make_graph([exporter.export_node(node) for node in nodes], name, inputs, outputs,
+                                   [_constant_proto(t) for t in constants])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=IR_VERSION)
+
+
+def _constant_proto(constant: gs.Constant) -> onnx.TensorProto:
+    """The constant as a TensorProto of its own (never the imported proto it may hold)."""
+    return onnx.numpy_helper.from_array(constant.values, constant.name)

@@ -1,0 +1,82 @@
+"""ONNX shape inference for whole models, and whether a model needs it."""
+
+from __future__ import annotations
+
+import itertools
+
+import onnx
+
+from ..errors import ConvexportError
+from .large import skeleton, with_weights_of
+from .scopes import proto_scopes, proto_subgraphs
+
+
+def infer_shapes(model: onnx.ModelProto, source: str) -> onnx.ModelProto:
+    """The model with every shape ONNX can infer in its value_info (a new model; subgraphs
+    included). It runs on the model's skeleton (large.py), so weights of any size never go
+    through protobuf serialisation; ConvexportError naming `source` when inference fails."""
+    light, stripped = skeleton(model)
+    try:
+        inferred = _infer(light)
+    except Exception as exc:
+        raise ConvexportError(f"{source}: ONNX shape inference failed: {str(exc).splitlines()[0]}") from exc
+    with_weights_of(inferred, stripped)
+    return inferred
+
+
+def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    # A body nested in a body (a Scan in a Scan) gets its shapes only once the outer body's
+    # are in the outer value_info, and ONNX never fills a value_info it left unshaped: one
+    # more round per level of nesting, without the unshaped entries
+    for _ in range(_depth(inferred.graph) - 1):
+        retry = onnx.ModelProto()
+        retry.CopyFrom(inferred)
+        _drop_unshaped_value_info(retry.graph)
+        again = onnx.shape_inference.infer_shapes(retry, check_type=False, strict_mode=False, data_prop=True)
+        if _shaped_values(again.graph) <= _shaped_values(inferred.graph):
+            break
+        inferred = again
+    return inferred
+
+
+def fully_shaped(model: onnx.ModelProto) -> bool:
+    """Every node output has a value_info (or graph output) entry with an element type and a
+    static shape, and no node holds a subgraph: shape inference would give the model back as
+    it is (it fills in value_info, never replaces a static shape)."""
+    graph = model.graph
+    shaped = {""}       # an omitted optional output
+    for value in (*graph.value_info, *graph.output):
+        if not _typed_and_static(value.type):
+            return False
+        shaped.add(value.name)
+    return shaped.issuperset(itertools.chain.from_iterable(node.output for node in graph.node)) and not any(
+        proto_subgraphs(node) for node in graph.node)
+
+
+def _typed_and_static(type_proto: onnx.TypeProto) -> bool:
+    """A tensor type with an element type and a shape whose every dim has a value > 0."""
+    tensor_type = type_proto.tensor_type      # empty for any other type
+    return bool(tensor_type.elem_type) and tensor_type.HasField("shape") and all(
+        dim.dim_value > 0 for dim in tensor_type.shape.dim)
+
+
+def _depth(graph: onnx.GraphProto) -> int:
+    """How many levels of subgraphs lie below `graph` (0: none)."""
+    return max((1 + _depth(sub) for node in graph.node for sub in proto_subgraphs(node)), default=0)
+
+
+def _drop_unshaped_value_info(graph: onnx.GraphProto) -> None:
+    """Drop value_info entries without a shape, in the graph and its subgraphs, except for the
+    outputs of ops outside the ONNX domain (whose types inference cannot redo). An unshaped
+    entry in a body for a tensor of the enclosing graph hides that tensor's shape there."""
+    for scope in proto_scopes(graph):
+        custom = {name for node in scope.node if node.domain not in ("", "ai.onnx") for name in node.output}
+        kept = [value for value in scope.value_info if value.type.tensor_type.HasField("shape") or value.name in custom]
+        del scope.value_info[:]
+        scope.value_info.extend(kept)
+
+
+def _shaped_values(graph: onnx.GraphProto) -> int:
+    """value_info entries with a shape, in the graph and its subgraphs."""
+    return sum(value.type.tensor_type.HasField("shape") for scope in proto_scopes(graph) for value in scope.value_info)
