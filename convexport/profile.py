@@ -3,12 +3,11 @@ time per op type, on the CUDA provider (IO binding, device memory) or the CPU pr
 
 Latency: warm-up, then timed runs. When several models are profiled (before/after) they take
 turns in blocks of up to BLOCK runs (A x10, B x10, A x10, ...), and in at least ALTERNATIONS
-blocks each (a slow model timed 10 times goes A x2, B x2, ...), so machine noise hits them
-alike: in one block each, seed 003's direct conv once read 518 ms beside the very same graph's
-389 ms (the machine slowing down for a few seconds, as far as can be told). The first run of
+blocks each (a slow model timed 10 times goes A x2, B x2, ...), so machine noise (a machine slowing down
+for a few seconds) hits them alike instead of the one model timed during it. The first run of
 each block is not counted: ORT's worker threads spin for a while after a run, and one
 session's spinning threads would slow the other's next run if they alternated run by run
-(measured on seed 002: 2.8 vs 1.8 ms for the same model). Per-op time comes
+(bench/RESULTS.md, "Measurements behind the code"). Per-op time comes
 from ORT's own profiler in a separate session. Peak memory is measured in a child process
 per model: on the CPU, the growth of its peak resident set over what it had before creating
 the session (weights, arena, activations); on a GPU, the growth of device memory in use

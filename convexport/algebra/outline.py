@@ -1,8 +1,8 @@
 """The shape of the conv compose.py would build for second(first(x)), from the two ONNX
 convs' grouped weights and geometry, without building it: what the cost model needs to refuse
 a composite that would be slower. (An Xception depthwise 3x3 then a 2048 -> 2048 pointwise
-conv composes to a dense [2048, 2048, 3, 3] kernel: 4.4 s and 1 GB to build, for a rewrite
-that costs nine times the FLOPs and is refused.)
+conv composes to a dense [2048, 2048, 3, 3] kernel, seconds and a gigabyte to build, for a
+rewrite that costs nine times the FLOPs and is refused.)
 
 The composite's entry K[o, c, r] is the sum of W2[o, m, u] * W1[m, c, t] over the middle
 channels m and the tap pairs (u, t) that land on r (compose.py); call it structurally nonzero

@@ -12,8 +12,8 @@ bias. T has no bias, so padding its output with zero columns is the same as runn
 padded with zero columns: the split is exact for any stride, dilation and zero padding.
 The rank is numerical: singular values below RANK_TOLERANCE times the largest count as zero,
 and the split is refused unless the product reproduces W to fp32 rounding. A rank screen (R's
-diagonal of a QR, read from a Cholesky factor) finds most full-rank kernels (trained weights nearly always are) before the SVD; given the highest
-rank at which the split still pays, it only has to show that the rank exceeds that, which a
+diagonal of a QR, read from a Cholesky factor) finds most full-rank kernels (trained weights
+nearly always are) before the SVD; given the highest rank at which the split still pays, it only has to show that the rank exceeds that, which a
 nonsingular square submatrix of that size proves at a fraction of the cost.
 """
 
@@ -92,14 +92,15 @@ def rank_at_least(weight: np.ndarray, rank: int) -> bool:
 
 def _plainly_of_rank(weight: np.ndarray, rank: int) -> bool:
     """Whether a screen (_independent_columns) shows that the kernel's matrix (_matricise) has
-    rank `rank` or more; False sends the kernel to the SVD, which costs ten times more (1.2 s
-    for a 512 -> 512 3x3 kernel's 1536 x 1536 matrix; the screen 0.1 s).
+    rank `rank` or more; False sends the kernel to the SVD, which costs an order of magnitude
+    more than the screen.
 
     Below full rank, a nonsingular rank x rank submatrix (rows and columns drawn with a fixed
     seed) is proof: its columns are independent, so are the matrix's columns they come from.
-    For 512 -> 512 3x3, where a split pays only below rank 768, that is a 768 x 768 screen (19 ms).
-    A submatrix that misses the proof (a structured kernel) leaves it to the whole matrix, as
-    does a small matrix (up to SUBMATRIX_FROM columns, about 20 us either way).
+    For 512 -> 512 3x3, where a split pays only below rank 768, that is a 768 x 768 screen
+    instead of the 1536 x 1536 matrix. A submatrix that misses the proof (a structured kernel)
+    leaves it to the whole matrix, as does a small matrix (up to SUBMATRIX_FROM columns, where
+    the draw costs as much as the screen).
 
     At full rank, R of the whole (tall) matrix's QR: if its columns are dependent, the first column
     in the span of those before it has a zero diagonal entry in R, to rounding: an exactly low
@@ -123,8 +124,7 @@ def _independent_columns(tall: np.ndarray) -> bool:
     """Every diagonal entry of R (tall = QR, rows >= columns) above SCREEN_TOLERANCE of the largest.
 
     R's diagonal is read from the Cholesky factor L of the Gram matrix G = tall^T tall [C, C]:
-    G = R^T R, so L = R^T up to signs and |R_kk| = L_kk, at half the cost of QR (13 against 26 us
-    for 24 x 24, and fewer flops at any size). Squaring the matrix squares its condition number,
+    G = R^T R, so L = R^T up to signs and |R_kk| = L_kk, with fewer flops than a QR at any size. Squaring the matrix squares its condition number,
     but an entry at the tolerance (1e-4 of the largest) is 1e-8 of it in G, far above float64's
     rounding; dependent columns leave G singular, where Cholesky fails or gives a diagonal
     entry near 1e-8 of the largest: not independent either way."""

@@ -167,8 +167,8 @@ def batch_gathered_linears(match, context) -> Rewrite | Refusal | None:
 def _contract(build, rows, weight, shape, form: str):
     """[B, N, I] x [N, I, O] -> [B, N, O], as `einsum` ("bni,nio->bno") or as `matmul`
     (Transpose to [N, B, I], a batched MatMul, Transpose back). The default is matmul: ONNX
-    Runtime's CPU Einsum is a generic contraction, 1.2x to 6x slower than its batched GEMM
-    here (17x64x16 at B=2: 15.7 vs 11.3 us; 100x256x256 at B=32: 10.5 vs 3.9 ms)."""
+    Runtime's CPU Einsum is a generic contraction, slower than its batched GEMM at every size
+    measured (bench/RESULTS.md, "Measurements behind the code")."""
     if form == "einsum":
         return build.node("Einsum", [rows, weight], {"equation": "bni,nio->bno"}, shape, base="einsum")
     if form != "matmul":

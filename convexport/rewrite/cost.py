@@ -37,8 +37,8 @@ class Device:
 
 
 # CPU: fitted to ONNX Runtime 1.31 on 2 cores (AVX2) timing a depthwise 3x3 + pointwise 1x1 pair
-# against the dense 3x3 it folds to, at 56x56x32 and 112x112x64 (--strategy measure's numbers):
-# dense convs ran at 75-110 GFLOP/s, the depthwise pair at 2-3 GB/s of traffic.
+# against the dense 3x3 it folds to (--strategy measure's numbers; bench/RESULTS.md,
+# "Measurements behind the code").
 CPU = Device("cpu", flops_per_s=80e9, bytes_per_s=4e9, seconds_per_node=5e-6)
 # CUDA: round figures for an H100 under ONNX Runtime (cuDNN fp32 convs, HBM3), not measured here.
 CUDA = Device("cuda", flops_per_s=25e12, bytes_per_s=1.5e12, seconds_per_node=8e-6,

@@ -62,7 +62,7 @@ def estimated_decision(before: Estimate, after: Estimate, device: str) -> Decisi
 
 
 # Cut-out subgraphs that run in less than this differ by scheduling noise more than by their
-# work (on seed 000, 10 us pieces measured "faster" made the whole model slower): the
+# work (on seed 000, pieces of a few microseconds measured "faster" made the whole model slower): the
 # estimate decides those, and the report keeps both.
 NOISE_FLOOR_MS = 0.05
 

@@ -11,10 +11,10 @@
         require:            # reported: the report's `skipped` lists the failing reason
           constant: [w, b, scale, shift, mean, var]
           private: [c]
-        apply: conv_scale_shift_after
+        apply: compose_linear
         with: {}            # optional parameters for the primitive
 
-See README.md ("Writing rules") for the language; pattern lines are parsed by pattern.py.
+See docs/rules.md for the language; pattern lines are parsed by pattern.py.
 """
 
 from __future__ import annotations
@@ -137,9 +137,9 @@ def _builtin_folder() -> Path:
 
 @functools.cache
 def _parsed_builtin(file: str, text: str, primitives: frozenset[str]) -> tuple[Rule, ...]:
-    """convexport's own rule files, parsed once per process for each text (4 ms per optimize
-    call otherwise, 3% of it on a 2,000-node graph); they name no plugin, whose module a
-    later call would have to import again."""
+    """convexport's own rule files, parsed once per process for each text (a pipeline that
+    calls optimize in a loop parses them once); they name no plugin, whose module a later
+    call would have to import again."""
     return tuple(_parsed(file, text, primitives))
 
 
