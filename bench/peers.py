@@ -242,7 +242,18 @@ def main() -> None:
     if args.only is None or args.only == "wall":
         bench_wall_time(lines)
     if args.write:
-        args.write.write_text("\n".join(lines) + "\n")
+        args.write.write_text("\n".join(lines) + "\n" + kept_section(args.write))
+
+
+KEPT_HEADING = "## Measurements behind the code"
+
+
+def kept_section(path: Path) -> str:
+    """The hand-kept section of the results file (the measurements the code's comments point
+    to), from its heading to the end: rewriting the tables keeps it."""
+    text = path.read_text() if path.exists() else ""
+    start = text.find(KEPT_HEADING)
+    return "" if start < 0 else "\n" + text[start:]
 
 
 if __name__ == "__main__":
