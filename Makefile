@@ -1,6 +1,6 @@
 # Two entry points for a fresh machine with nothing but Python >= 3.11:
 #   make demo   create .venv, install, optimize a bundled sample model, print the summary
-#   make test   create .venv, install, run the test suite
+#   make test   create .venv, install, lint (ruff) and run the test suite
 # torch is installed first and pinned (TORCH_SPEC) so that a CPU-only machine gets the CPU
 # wheel instead of several GB of CUDA packages; override it on a GPU machine, e.g.
 #   make test TORCH_SPEC='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128'
@@ -26,6 +26,8 @@ demo: $(STAMP)
 	$(VENV)/bin/convexport optimize sample_models/seed004_full_padding.py -o out/seed004.opt.onnx --report out/seed004.report.json
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check convexport
+	$(VENV)/bin/ruff format --check convexport
 	$(PY) -m pytest
 
 fuzz: $(STAMP)

@@ -10,7 +10,7 @@ import contextlib
 import sys
 import traceback
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -19,8 +19,12 @@ from .errors import ConvexportError, ValidationError, first_line
 
 EXIT_USER, EXIT_VALIDATION, EXIT_INTERNAL = 1, 3, 70
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Export PyTorch models to ONNX, fold their linear structure exactly, prove it.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Export PyTorch models to ONNX, fold their linear structure exactly, prove it.",
+)
 rules_app = typer.Typer(no_args_is_help=True, help="List, show, check and test rule files.")
 app.add_typer(rules_app, name="rules")
 
@@ -35,51 +39,80 @@ def _main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks."
     _debug = debug
 
 
-InputOpt = Annotated[Optional[list[str]], typer.Option("--input", help="NAME:DIMS[:DTYPE], e.g. x:1x3x224x224 (N or batch = dynamic).")]
-OpsetOpt = Annotated[Optional[int], typer.Option("--opset", help="ONNX opset for torch exports (default 18).")]
+InputOpt = Annotated[
+    list[str] | None, typer.Option("--input", help="NAME:DIMS[:DTYPE], e.g. x:1x3x224x224 (N or batch = dynamic).")
+]
+OpsetOpt = Annotated[int | None, typer.Option("--opset", help="ONNX opset for torch exports (default 18).")]
 DynamicOpt = Annotated[bool, typer.Option("--dynamic-batch", help="Make the first dim of every input dynamic.")]
-TrustOpt = Annotated[bool, typer.Option("--trust-pickle", help="Allow a pickled nn.Module (.pt/.pth); unpickling runs code.")]
+TrustOpt = Annotated[
+    bool, typer.Option("--trust-pickle", help="Allow a pickled nn.Module (.pt/.pth); unpickling runs code.")
+]
 
 
 @app.command()
 def optimize(
-    model: Annotated[str, typer.Argument(help="*.onnx, *.pt/*.pth (TorchScript), *.pt2, file.py[:callable] or package.module:callable.")],
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Where to write (default <stem>.opt.onnx beside MODEL).")] = None,
+    model: Annotated[
+        str,
+        typer.Argument(help="*.onnx, *.pt/*.pth (TorchScript), *.pt2, file.py[:callable] or package.module:callable."),
+    ],
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Where to write (default <stem>.opt.onnx beside MODEL).")
+    ] = None,
     input: InputOpt = None,
-    rules: Annotated[Optional[list[Path]], typer.Option("--rules", help="Rule file or folder (repeatable).")] = None,
+    rules: Annotated[list[Path] | None, typer.Option("--rules", help="Rule file or folder (repeatable).")] = None,
     no_builtin_rules: Annotated[bool, typer.Option("--no-builtin-rules", help="Use only the --rules given.")] = False,
     strategy: Annotated[str, typer.Option("--strategy", help="exact | cost | measure.")] = "cost",
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda (profiling).")] = "auto",
-    report: Annotated[Optional[Path], typer.Option("--report", help="Write the JSON report here.")] = None,
-    html: Annotated[Optional[Path], typer.Option("--html", help="Write an HTML report here.")] = None,
+    report: Annotated[Path | None, typer.Option("--report", help="Write the JSON report here.")] = None,
+    html: Annotated[Path | None, typer.Option("--html", help="Write an HTML report here.")] = None,
     no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip validation (not recommended).")] = False,
     no_profile: Annotated[bool, typer.Option("--no-profile", help="Skip profiling.")] = False,
-    rtol: Annotated[Optional[list[str]], typer.Option("--rtol", help="Relative tolerance; NAME:F for one output (repeatable).")] = None,
-    atol: Annotated[Optional[list[str]], typer.Option("--atol", help="Absolute tolerance; NAME:F for one output (repeatable).")] = None,
+    rtol: Annotated[
+        list[str] | None, typer.Option("--rtol", help="Relative tolerance; NAME:F for one output (repeatable).")
+    ] = None,
+    atol: Annotated[
+        list[str] | None, typer.Option("--atol", help="Absolute tolerance; NAME:F for one output (repeatable).")
+    ] = None,
     opset: OpsetOpt = None,
     dynamic_batch: DynamicOpt = False,
-    freeze_input_defaults: Annotated[bool, typer.Option(
-        "--freeze-input-defaults", help="Treat initializers also listed as graph inputs as constants (drops them from the inputs).")] = False,
+    freeze_input_defaults: Annotated[
+        bool,
+        typer.Option(
+            "--freeze-input-defaults",
+            help="Treat initializers also listed as graph inputs as constants (drops them from the inputs).",
+        ),
+    ] = False,
     trust_pickle: TrustOpt = False,
 ):
     """Export MODEL, fold its linear structure, validate, profile and write the result."""
     from . import pipeline
     from .files import writable_place
     from .report import print_optimize_summary, write_json
-
     from .report_html import write_html
 
     def run():
-        for destination in (report, html):      # before the work, not after the model is written
+        for destination in (report, html):  # before the work, not after the model is written
             if destination is not None:
                 writable_place(destination)
         try:
             with _progress() as progress:
                 result = pipeline.optimize(
-                    model, input or [], output, rules or [], strategy, device, not no_validate, not no_profile,
-                    builtin_rules=not no_builtin_rules, rtol=rtol, atol=atol, opset=opset,
-                    dynamic_batch=dynamic_batch, freeze_input_defaults=freeze_input_defaults,
-                    trust_pickle=trust_pickle, progress=progress,
+                    model,
+                    input or [],
+                    output,
+                    rules or [],
+                    strategy,
+                    device,
+                    not no_validate,
+                    not no_profile,
+                    builtin_rules=not no_builtin_rules,
+                    rtol=rtol,
+                    atol=atol,
+                    opset=opset,
+                    dynamic_batch=dynamic_batch,
+                    freeze_input_defaults=freeze_input_defaults,
+                    trust_pickle=trust_pickle,
+                    progress=progress,
                 )
         except ValidationError as exc:
             if exc.report is not None:
@@ -99,7 +132,9 @@ def optimize(
 
 @app.command()
 def export(
-    model: Annotated[str, typer.Argument(help="*.onnx, *.pt/*.pth, *.pt2, file.py[:callable] or package.module:callable.")],
+    model: Annotated[
+        str, typer.Argument(help="*.onnx, *.pt/*.pth, *.pt2, file.py[:callable] or package.module:callable.")
+    ],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the ONNX model.")],
     input: InputOpt = None,
     opset: OpsetOpt = None,
@@ -113,20 +148,27 @@ def export(
     def warn(warning: str) -> None:
         stdout.print(tracer_warning(warning), markup=False)
 
-    _guarded(lambda: stdout.print(
-        f"wrote {export_only(model, output, input or [], opset, dynamic_batch, trust_pickle, warn=warn)}"))
+    _guarded(
+        lambda: stdout.print(
+            f"wrote {export_only(model, output, input or [], opset, dynamic_batch, trust_pickle, warn=warn)}"
+        )
+    )
 
 
 @app.command("validate")
 def validate_command(
     reference: Annotated[Path, typer.Argument(help="The reference ONNX model.")],
     candidate: Annotated[Path, typer.Argument(help="The ONNX model to check against it.")],
-    inputs: Annotated[Optional[Path], typer.Option("--inputs", help="DATA.npz of input arrays.")] = None,
+    inputs: Annotated[Path | None, typer.Option("--inputs", help="DATA.npz of input arrays.")] = None,
     runs: Annotated[int, typer.Option("--runs", help="Seeded random input sets.")] = 3,
-    rtol: Annotated[Optional[list[str]], typer.Option("--rtol", help="Relative tolerance; NAME:F for one output (repeatable).")] = None,
-    atol: Annotated[Optional[list[str]], typer.Option("--atol", help="Absolute tolerance; NAME:F for one output (repeatable).")] = None,
+    rtol: Annotated[
+        list[str] | None, typer.Option("--rtol", help="Relative tolerance; NAME:F for one output (repeatable).")
+    ] = None,
+    atol: Annotated[
+        list[str] | None, typer.Option("--atol", help="Absolute tolerance; NAME:F for one output (repeatable).")
+    ] = None,
     input: InputOpt = None,
-    report: Annotated[Optional[Path], typer.Option("--report")] = None,
+    report: Annotated[Path | None, typer.Option("--report")] = None,
 ):
     """Compare two ONNX models on the same inputs (exit 3 when they differ)."""
     from . import validate as checks
@@ -134,14 +176,16 @@ def validate_command(
     from .report import write_json
 
     def run():
-        result = checks.validate_files(reference, candidate, inputs, runs, checks.Tolerances.parse(rtol, atol),
-                                       input_specs(input))
+        result = checks.validate_files(
+            reference, candidate, inputs, runs, checks.Tolerances.parse(rtol, atol), input_specs(input)
+        )
         if report is not None:
             write_json(result.to_report(), report)
         verdict = "passed" if result.passed else "FAILED"
         stdout.print(f"validation {verdict} over {result.runs} run(s): {result.summary()}", markup=False)
         if not result.passed:
             raise ValidationError(f"{candidate} does not match {reference}: {result.summary()}")
+
     _guarded(run)
 
 
@@ -149,9 +193,11 @@ def validate_command(
 def profile(
     model: Annotated[Path, typer.Argument(help="An ONNX model.")],
     device: Annotated[str, typer.Option("--device")] = "auto",
-    runs: Annotated[Optional[int], typer.Option("--runs", help="Timed runs (default: about 2 s worth, 10 to 200).")] = None,
+    runs: Annotated[
+        int | None, typer.Option("--runs", help="Timed runs (default: about 2 s worth, 10 to 200).")
+    ] = None,
     warmup: Annotated[int, typer.Option("--warmup")] = 3,
-    report: Annotated[Optional[Path], typer.Option("--report")] = None,
+    report: Annotated[Path | None, typer.Option("--report")] = None,
     input: InputOpt = None,
 ):
     """Time an ONNX model on ONNX Runtime."""
@@ -175,29 +221,35 @@ def profile(
         entry = measured["model"]
         latency = entry["latency_ms"]
         ops = ", ".join(f"{op} {ms:.3f}" for op, ms in list(entry["op_time_ms"].items())[:5])
-        stdout.print(f"{model} on {measured['provider']}: median {latency['median']:.3f} ms, p90 {latency['p90']:.3f} ms "
-                     f"over {measured['runs']} runs, {entry['throughput_per_s']:.1f} samples/s, peak memory "
-                     f"{entry['peak_memory_bytes'] / 2**20:.1f} MiB; ms per op type: {ops}", markup=False)
+        stdout.print(
+            f"{model} on {measured['provider']}: median {latency['median']:.3f} ms, p90 {latency['p90']:.3f} ms "
+            f"over {measured['runs']} runs, {entry['throughput_per_s']:.1f} samples/s, peak memory "
+            f"{entry['peak_memory_bytes'] / 2**20:.1f} MiB; ms per op type: {ops}",
+            markup=False,
+        )
+
     _guarded(run)
 
 
-RulesOpt = Annotated[Optional[list[Path]], typer.Option("--rules", help="Also these rule files or folders.")]
+RulesOpt = Annotated[list[Path] | None, typer.Option("--rules", help="Also these rule files or folders.")]
 
 
 @rules_app.command("list")
 def rules_list(rules: RulesOpt = None):
     """Every rule, one line each, with its file."""
+
     def run():
         for rule in _all_rules(rules):
             location = f"{_shown_path(rule.file)}:{rule.line}"
-            stdout.print(f"{rule.name:26} {location:32} {rule.doc}",
-                         markup=False, highlight=False, soft_wrap=True)
+            stdout.print(f"{rule.name:26} {location:32} {rule.doc}", markup=False, highlight=False, soft_wrap=True)
+
     _guarded(run)
 
 
 @rules_app.command("show")
 def rules_show(name: Annotated[str, typer.Argument(help="A rule name.")], rules: RulesOpt = None):
     """A rule's text and doc."""
+
     def run():
         found = [rule for rule in _all_rules(rules) if rule.name == name]
         if not found:
@@ -206,7 +258,8 @@ def rules_show(name: Annotated[str, typer.Argument(help="A rule name.")], rules:
         lines = Path(rule.file).read_text(encoding="utf-8").splitlines()
         end = next((i for i in range(rule.line, len(lines)) if lines[i].lstrip().startswith("- name:")), len(lines))
         stdout.print(f"# {_shown_path(rule.file)}:{rule.line}", markup=False, highlight=False)
-        stdout.print("\n".join(lines[rule.line - 1:end]).rstrip(), markup=False, highlight=False)
+        stdout.print("\n".join(lines[rule.line - 1 : end]).rstrip(), markup=False, highlight=False)
+
     _guarded(run)
 
 
@@ -219,14 +272,15 @@ def rules_check(files: Annotated[list[Path], typer.Argument(help="Rule files to 
     def run():
         rules = load_rules(rule_files(list(files)), set(builtin_primitives()))
         stdout.print(f"{len(rules)} rule(s) OK")
+
     _guarded(run)
 
 
 @rules_app.command("test")
 def rules_test(
-    files: Annotated[Optional[list[Path]], typer.Argument(help="Rule files or folders to test.")] = None,
+    files: Annotated[list[Path] | None, typer.Argument(help="Rule files or folders to test.")] = None,
     builtin: Annotated[bool, typer.Option("--builtin", help="Also test the built-in rules.")] = False,
-    only: Annotated[Optional[list[str]], typer.Option("--rule", help="Only this rule (repeatable).")] = None,
+    only: Annotated[list[str] | None, typer.Option("--rule", help="Only this rule (repeatable).")] = None,
     examples: Annotated[int, typer.Option("--examples", min=1, help="Random instances per rule.")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random instances.")] = 0,
     out: Annotated[Path, typer.Option("--out", help="Folder for counterexamples.")] = Path("counterexamples"),
@@ -255,23 +309,40 @@ def rules_test(
                 where = f"{_shown_path(rule.file)}:{rule.line}"
                 if result.failure:
                     failed.append(result)
-                    stdout.print(f"FAIL     {rule.name:28} {where}\n         {result.failure}\n         counterexample: "
-                                 + ", ".join(str(path) for path in result.saved), markup=False, highlight=False)
+                    stdout.print(
+                        f"FAIL     {rule.name:28} {where}\n         {result.failure}\n         counterexample: "
+                        + ", ".join(str(path) for path in result.saved),
+                        markup=False,
+                        highlight=False,
+                    )
                 elif result.untested:
                     untested.append(result)
-                    stdout.print(f"UNTESTED {rule.name:28} {where}\n         {result.untested}", markup=False, highlight=False)
+                    stdout.print(
+                        f"UNTESTED {rule.name:28} {where}\n         {result.untested}", markup=False, highlight=False
+                    )
                 else:
-                    stdout.print(f"ok       {rule.name:28} {result.instances} instances, rewritten in {result.applied}",
-                                 markup=False, highlight=False)
-        stdout.print(f"{len(rules)} rule(s): {len(rules) - len(failed) - len(untested)} passed, {len(failed)} failed, "
-                     f"{len(untested)} untested", markup=False, highlight=False)
+                    stdout.print(
+                        f"ok       {rule.name:28} {result.instances} instances, rewritten in {result.applied}",
+                        markup=False,
+                        highlight=False,
+                    )
+        stdout.print(
+            f"{len(rules)} rule(s): {len(rules) - len(failed) - len(untested)} passed, {len(failed)} failed, "
+            f"{len(untested)} untested",
+            markup=False,
+            highlight=False,
+        )
         if failed:
             first = failed[0]
-            raise ValidationError(f"rule {first.rule.name!r} is not exact: {first.failure}; counterexample "
-                                  f"{first.saved[0]}" + (f" (and {len(failed) - 1} more failing rule(s))" if len(failed) > 1 else ""))
+            raise ValidationError(
+                f"rule {first.rule.name!r} is not exact: {first.failure}; counterexample "
+                f"{first.saved[0]}" + (f" (and {len(failed) - 1} more failing rule(s))" if len(failed) > 1 else "")
+            )
         if untested:
-            raise ConvexportError(f"{len(untested)} rule(s) could not be tested: "
-                                  + ", ".join(result.rule.name for result in untested))
+            raise ConvexportError(
+                f"{len(untested)} rule(s) could not be tested: " + ", ".join(result.rule.name for result in untested)
+            )
+
     _guarded(run)
 
 
@@ -321,8 +392,11 @@ def _guarded(action) -> None:
     except Exception as exc:
         if _debug:
             traceback.print_exc()
-        stderr.print(f"convexport: internal error: {type(exc).__name__}: {first_line(exc)} "
-                     "(please report it; --debug shows the traceback)", markup=False)
+        stderr.print(
+            f"convexport: internal error: {type(exc).__name__}: {first_line(exc)} "
+            "(please report it; --debug shows the traceback)",
+            markup=False,
+        )
         raise typer.Exit(EXIT_INTERNAL) from None
 
 

@@ -31,14 +31,18 @@ _BATCH_DIM = "batch"
 @dataclass
 class ExportResult:
     model: onnx.ModelProto
-    inputs: list[InputSpec]      # one per graph input, in order; dynamic dims by name
-    exporter: str                # onnx (no export) | dynamo | torchscript
-    warnings: list[str] = field(default_factory=list)    # the TorchScript tracer's, when it traced
+    inputs: list[InputSpec]  # one per graph input, in order; dynamic dims by name
+    exporter: str  # onnx (no export) | dynamo | torchscript
+    warnings: list[str] = field(default_factory=list)  # the TorchScript tracer's, when it traced
 
 
-def export_model(loaded: LoadedModel, input_specs: list[InputSpec] | None = None,
-                 opset: int | None = None, dynamic_batch: bool = False,
-                 freeze_input_defaults: bool = False) -> ExportResult:
+def export_model(
+    loaded: LoadedModel,
+    input_specs: list[InputSpec] | None = None,
+    opset: int | None = None,
+    dynamic_batch: bool = False,
+    freeze_input_defaults: bool = False,
+) -> ExportResult:
     """Export (or, for ONNX, take) the model and return it shape-inferred with its inputs. An
     ONNX model given as it is and already fully shaped is returned itself, not a copy: nothing
     after this writes to it (the rewrite, validation and profiling only read it).
@@ -51,10 +55,12 @@ def export_model(loaded: LoadedModel, input_specs: list[InputSpec] | None = None
     if loaded.kind == "onnx":
         model_opset = ir.onnx_opset(loaded.onnx_model) or 0
         if model_opset < MIN_OPSET:
-            raise ConvexportError(f"{loaded.source}: opset {model_opset} is below the supported {MIN_OPSET}; "
-                                  "convert it first (onnx.version_converter.convert_version(model, 18))")
+            raise ConvexportError(
+                f"{loaded.source}: opset {model_opset} is below the supported {MIN_OPSET}; "
+                "convert it first (onnx.version_converter.convert_version(model, 18))"
+            )
         as_given = not (input_specs or dynamic_batch or freeze_input_defaults)
-        if as_given and ir.fully_shaped(loaded.onnx_model):     # nothing to edit, nothing to infer: the
+        if as_given and ir.fully_shaped(loaded.onnx_model):  # nothing to edit, nothing to infer: the
             return ExportResult(loaded.onnx_model, graph_input_specs(loaded.onnx_model), "onnx")  # model itself
         model = onnx.ModelProto()
         model.CopyFrom(loaded.onnx_model)
@@ -122,7 +128,7 @@ def _apply_input_specs(model: onnx.ModelProto, specs: list[InputSpec], dynamic_b
             else:
                 dim.dim_param = value
     if dynamic_batch:
-        defaults = {init.name for init in model.graph.initializer}     # an input with a default is a weight
+        defaults = {init.name for init in model.graph.initializer}  # an input with a default is a weight
         for value in model.graph.input:
             if value.name in defaults:
                 continue
@@ -140,7 +146,8 @@ def _example_arguments(loaded: LoadedModel, specs: list[InputSpec]) -> tuple[tup
         generator = torch.Generator().manual_seed(0)
         args = tuple(
             torch.randn(spec.concrete_shape(), generator=generator).to(_torch_dtype(spec))
-            if spec.numpy_dtype.kind == "f" else torch.zeros(spec.concrete_shape(), dtype=_torch_dtype(spec))
+            if spec.numpy_dtype.kind == "f"
+            else torch.zeros(spec.concrete_shape(), dtype=_torch_dtype(spec))
             for spec in specs
         )
         return args, [spec.name for spec in specs]
@@ -214,14 +221,21 @@ def _export_dynamo(loaded: LoadedModel, args: tuple, names: list[str], opset: in
         dynamic_shapes = tuple({0: batch} if t.dim() else None for t in args)
     with quiet_libraries():
         program = torch.onnx.export(
-            loaded.program, args, dynamo=True, opset_version=opset, input_names=names,
-            dynamic_shapes=dynamic_shapes, verbose=False, optimize=True,
+            loaded.program,
+            args,
+            dynamo=True,
+            opset_version=opset,
+            input_names=names,
+            dynamic_shapes=dynamic_shapes,
+            verbose=False,
+            optimize=True,
         )
     return program.model_proto
 
 
-def _export_torchscript(loaded: LoadedModel, args: tuple, names: list[str], opset: int, dynamic: bool
-                        ) -> tuple[onnx.ModelProto, list[str]]:
+def _export_torchscript(
+    loaded: LoadedModel, args: tuple, names: list[str], opset: int, dynamic: bool
+) -> tuple[onnx.ModelProto, list[str]]:
     """The model and the tracer's warnings (each once): a module that is traced, not scripted,
     runs once on `args`, and where its Python code branched on a tensor's value the graph holds
     only the branch taken, which the tracer warns about and nothing else would notice."""
@@ -231,8 +245,14 @@ def _export_torchscript(loaded: LoadedModel, args: tuple, names: list[str], opse
     dynamic_axes = {name: {0: _BATCH_DIM} for name, t in zip(names, args) if t.dim()} if dynamic else None
     with quiet_libraries() as caught:
         torch.onnx.export(
-            loaded.program, args, buffer, dynamo=False, opset_version=opset, input_names=names,
-            dynamic_axes=dynamic_axes, do_constant_folding=True,
+            loaded.program,
+            args,
+            buffer,
+            dynamo=False,
+            opset_version=opset,
+            input_names=names,
+            dynamic_axes=dynamic_axes,
+            do_constant_folding=True,
         )
     tracer = [first_line(w.message) for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
     return onnx.load_from_string(buffer.getvalue()), list(dict.fromkeys(tracer))

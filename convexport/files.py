@@ -16,7 +16,7 @@ def write_atomically(destination: str | Path, write: Callable[[str], None]) -> N
     destination = writable_place(destination)
     try:
         handle, temporary = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
-    except OSError as exc:          # a folder one may not write in (read-only, /proc)
+    except OSError as exc:  # a folder one may not write in (read-only, /proc)
         raise ConvexportError(f"{destination}: cannot write ({exc.strerror or exc})") from exc
     os.close(handle)
     try:
@@ -53,4 +53,5 @@ def write_text_atomically(text: str, destination: str | Path) -> None:
     def write(path: str) -> None:
         with open(path, "w", encoding="utf-8") as stream:
             stream.write(text)
+
     write_atomically(destination, write)

@@ -11,11 +11,23 @@ import numpy as np
 from .errors import ConvexportError
 
 DTYPES = {
-    "float32": np.float32, "float": np.float32, "fp32": np.float32,
-    "float16": np.float16, "half": np.float16, "fp16": np.float16,
-    "float64": np.float64, "double": np.float64, "bfloat16": ml_dtypes.bfloat16, "bf16": ml_dtypes.bfloat16,
-    "int64": np.int64, "long": np.int64, "int32": np.int32, "int": np.int32,
-    "int8": np.int8, "uint8": np.uint8, "bool": np.bool_,
+    "float32": np.float32,
+    "float": np.float32,
+    "fp32": np.float32,
+    "float16": np.float16,
+    "half": np.float16,
+    "fp16": np.float16,
+    "float64": np.float64,
+    "double": np.float64,
+    "bfloat16": ml_dtypes.bfloat16,
+    "bf16": ml_dtypes.bfloat16,
+    "int64": np.int64,
+    "long": np.int64,
+    "int32": np.int32,
+    "int": np.int32,
+    "int8": np.int8,
+    "uint8": np.uint8,
+    "bool": np.bool_,
 }
 _DIM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -34,10 +46,12 @@ class InputSpec:
 
     @property
     def numpy_dtype(self) -> np.dtype:
-        if self.dtype not in DTYPES:        # an ONNX input of a type convexport makes no data for
-            raise ConvexportError(f"input {self.name!r} is {self.dtype}: convexport makes test data only for "
-                                  f"{', '.join(sorted({str(np.dtype(t)) for t in DTYPES.values()}))} inputs "
-                                  "(optimize --no-validate --no-profile skips the runs that need it)")
+        if self.dtype not in DTYPES:  # an ONNX input of a type convexport makes no data for
+            raise ConvexportError(
+                f"input {self.name!r} is {self.dtype}: convexport makes test data only for "
+                f"{', '.join(sorted({str(np.dtype(t)) for t in DTYPES.values()}))} inputs "
+                "(optimize --no-validate --no-profile skips the runs that need it)"
+            )
         return np.dtype(DTYPES[self.dtype])
 
     @property
@@ -60,9 +74,7 @@ def parse_input_spec(text: str) -> InputSpec:
     name, dims_text = parts[0], parts[1]
     dtype = parts[2] if len(parts) == 3 else "float32"
     if dtype not in DTYPES:
-        raise ConvexportError(
-            f"--input {text!r}: unknown dtype {dtype!r} (one of {', '.join(sorted(set(DTYPES)))})"
-        )
+        raise ConvexportError(f"--input {text!r}: unknown dtype {dtype!r} (one of {', '.join(sorted(set(DTYPES)))})")
     dims: list[int | str] = []
     for token in dims_text.split("x"):  # so a dimension name cannot contain an 'x'
         if token.isdigit() and int(token) > 0:
@@ -86,8 +98,7 @@ def input_specs(given) -> list[InputSpec]:
     return specs
 
 
-def random_inputs(specs: list[InputSpec], seed: int, dynamic_size: int = DEFAULT_DYNAMIC_SIZE
-                  ) -> dict[str, np.ndarray]:
+def random_inputs(specs: list[InputSpec], seed: int, dynamic_size: int = DEFAULT_DYNAMIC_SIZE) -> dict[str, np.ndarray]:
     """Seeded data for each input: standard normal floats, small non-negative integers."""
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
@@ -108,8 +119,10 @@ def with_overrides(specs: list[InputSpec], given: list[InputSpec], source) -> li
     by_name = {spec.name: spec for spec in given}
     unknown = set(by_name) - {spec.name for spec in specs}
     if unknown:
-        raise ConvexportError(f"--input {', '.join(sorted(unknown))}: {source} has no such input "
-                              f"(inputs: {', '.join(s.name for s in specs)})")
+        raise ConvexportError(
+            f"--input {', '.join(sorted(unknown))}: {source} has no such input "
+            f"(inputs: {', '.join(s.name for s in specs)})"
+        )
     return [by_name.get(spec.name, spec) for spec in specs]
 
 

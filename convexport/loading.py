@@ -28,11 +28,11 @@ DEFAULT_FACTORY = "build"
 class LoadedModel:
     """What a MODEL argument names, ready for export."""
 
-    source: str                      # the MODEL argument as given
-    kind: str                        # onnx | torchscript | exported_program | module
-    default_output: Path             # <stem>.opt.onnx beside the model (cwd for modules)
-    onnx_model: Any = None           # onnx.ModelProto when kind == "onnx"
-    program: Any = None              # nn.Module, ScriptModule or ExportedProgram
+    source: str  # the MODEL argument as given
+    kind: str  # onnx | torchscript | exported_program | module
+    default_output: Path  # <stem>.opt.onnx beside the model (cwd for modules)
+    onnx_model: Any = None  # onnx.ModelProto when kind == "onnx"
+    program: Any = None  # nn.Module, ScriptModule or ExportedProgram
     example_inputs: tuple | None = None
     input_names: list[str] = field(default_factory=list)
 
@@ -76,13 +76,12 @@ def _load_onnx(path: Path):
     # onnx.checker.ValidationError: an external-data file that is missing
     except (DecodeError, ValueError, OSError, RuntimeError, onnx.checker.ValidationError) as exc:
         raise ConvexportError(
-            f"{path}: not a readable ONNX model ({first_line(exc)}); re-export it or check the "
-            "file was copied whole"
+            f"{path}: not a readable ONNX model ({first_line(exc)}); re-export it or check the file was copied whole"
         ) from exc
     if not model.graph.node and not model.graph.output:
         raise ConvexportError(f"{path}: the file parses as ONNX but holds no graph")
     try:
-        onnx.checker.check_model(str(path), full_check=False)    # by path: a model may be over 2 GiB
+        onnx.checker.check_model(str(path), full_check=False)  # by path: a model may be over 2 GiB
     except onnx.checker.ValidationError as exc:
         raise ConvexportError(f"{path}: invalid ONNX model: {first_line(exc)}") from exc
     return model
@@ -100,8 +99,9 @@ def _load_exported_program(path: Path, default_output: Path) -> LoadedModel:
             "torch.export.save(torch.export.export(model, inputs), 'model.pt2')"
         ) from exc
     names, inputs = _exported_program_inputs(program)
-    return LoadedModel(str(path), "exported_program", default_output, program=program,
-                       example_inputs=inputs, input_names=names)
+    return LoadedModel(
+        str(path), "exported_program", default_output, program=program, example_inputs=inputs, input_names=names
+    )
 
 
 def _exported_program_inputs(program) -> tuple[list[str], tuple | None]:
@@ -179,8 +179,7 @@ def _load_factory(source: str, path_text: str, factory_name: str) -> LoadedModel
         default_output = Path(path_text).with_name(f"{Path(path_text).stem}.opt.onnx")
     else:
         default_output = Path.cwd() / f"{path_text.rsplit('.', 1)[-1]}.opt.onnx"
-    return LoadedModel(source, "module", default_output,
-                       program=program.eval(), example_inputs=inputs)
+    return LoadedModel(source, "module", default_output, program=program.eval(), example_inputs=inputs)
 
 
 def _import_factory_module(source: str, path_text: str):
@@ -198,7 +197,9 @@ def _import_factory_module(source: str, path_text: str):
             spec.loader.exec_module(module)
         except Exception as exc:
             del sys.modules[name]
-            raise ConvexportError(f"{source}: importing {path_text} raised {type(exc).__name__}: {first_line(exc)}") from exc
+            raise ConvexportError(
+                f"{source}: importing {path_text} raised {type(exc).__name__}: {first_line(exc)}"
+            ) from exc
         finally:
             sys.path.remove(loader_dir)
         return module
@@ -227,4 +228,3 @@ def _as_tuple(inputs) -> tuple:
     if isinstance(inputs, torch.Tensor):
         return (inputs,)
     return tuple(inputs)
-

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import onnx
 
-from . import __version__
+from . import __version__, ir
 from .errors import ConvexportError, ValidationError
 from .export import ExportResult, export_model
 from .files import give_default_permissions, writable_place, write_atomically
 from .inputs import InputSpec, input_specs
-from . import ir
 from .ir import needs_external_data, save_with_external_data
 from .loading import LoadedModel, load_model
 from .profile import profile_models
@@ -30,19 +29,31 @@ Progress = Callable[[str], None]
 @dataclass
 class OptimizeResult:
     report: dict
-    model: onnx.ModelProto          # the optimized graph
-    original: onnx.ModelProto       # the exported graph it was checked against
-    output: Path | None             # where it was written (None when not written)
+    model: onnx.ModelProto  # the optimized graph
+    original: onnx.ModelProto  # the exported graph it was checked against
+    output: Path | None  # where it was written (None when not written)
 
 
-def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str | Path | None = None,
-             rules: Sequence[str | Path] = (), strategy: str = "cost", device: str = "auto",
-             validate: bool = True, profile: bool = True, *, builtin_rules: bool = True,
-             rtol: float | list[str] | None = None, atol: float | list[str] | None = None,
-             opset: int | None = None,
-             dynamic_batch: bool = False, freeze_input_defaults: bool = False, trust_pickle: bool = False,
-             write: bool = True,
-             progress: Progress | None = None) -> OptimizeResult:
+def optimize(
+    model,
+    inputs: Sequence[str | InputSpec] | None = None,
+    output: str | Path | None = None,
+    rules: Sequence[str | Path] = (),
+    strategy: str = "cost",
+    device: str = "auto",
+    validate: bool = True,
+    profile: bool = True,
+    *,
+    builtin_rules: bool = True,
+    rtol: float | list[str] | None = None,
+    atol: float | list[str] | None = None,
+    opset: int | None = None,
+    dynamic_batch: bool = False,
+    freeze_input_defaults: bool = False,
+    trust_pickle: bool = False,
+    write: bool = True,
+    progress: Progress | None = None,
+) -> OptimizeResult:
     """Optimize MODEL (a path or MODEL string, an onnx.ModelProto, or an nn.Module).
 
     Raises ConvexportError for user errors and ValidationError (nothing written) when the
@@ -52,7 +63,7 @@ def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str
     tolerances = Tolerances.parse(rtol, atol)
     if strategy not in STRATEGIES:
         raise ConvexportError(f"--strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
-    device = resolve_device(device)       # where the model will run: what cost and measure decide for
+    device = resolve_device(device)  # where the model will run: what cost and measure decide for
     specs = input_specs(inputs)
     loaded = _load(model, trust_pickle)
     rule_list = _rules(rules, builtin_rules)
@@ -62,29 +73,51 @@ def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str
     exported = export_model(loaded, specs, opset, dynamic_batch, freeze_input_defaults)
     say("rewriting")
     primitives = builtin_primitives()
-    decided: dict = {}         # cost/measure decisions, replayed by the bisection below
-    outcome = rewrite_model(exported.model, rule_list, primitives, strategy, loaded.source, device=device,
-                            decided=decided)
+    decided: dict = {}  # cost/measure decisions, replayed by the bisection below
+    outcome = rewrite_model(
+        exported.model, rule_list, primitives, strategy, loaded.source, device=device, decided=decided
+    )
     report = _report(loaded, destination, exported, outcome)
 
     inputs_for_check = _validation_inputs(exported, specs)
     if validate:
         say("validating")
-        result = compare_models(exported.model, outcome.model, inputs_for_check, DEFAULT_RUNS, tolerances,
-                                labels=(f"{loaded.source} (as exported)", "the optimized graph"))
+        result = compare_models(
+            exported.model,
+            outcome.model,
+            inputs_for_check,
+            DEFAULT_RUNS,
+            tolerances,
+            labels=(f"{loaded.source} (as exported)", "the optimized graph"),
+        )
         report["validation"] = result.to_report()
         if not result.passed:
             say("finding the rewrite that broke it")
-            culprit = find_bad_rewrite(exported.model, outcome.applied, inputs_for_check, tolerances,
-                                       lambda limit: rewrite_model(exported.model, rule_list, primitives, strategy,
-                                                                   loaded.source, limit, device, decided).model)
+            culprit = find_bad_rewrite(
+                exported.model,
+                outcome.applied,
+                inputs_for_check,
+                tolerances,
+                lambda limit: (
+                    rewrite_model(
+                        exported.model, rule_list, primitives, strategy, loaded.source, limit, device, decided
+                    ).model
+                ),
+            )
             report["validation"]["culprit"] = culprit
-            blame = "" if culprit is None else (
-                f"; rewrite #{culprit['index']} {culprit['rule']!r} ({culprit['file']}) at "
-                f"{', '.join(culprit['nodes'])} is the first that breaks it")
+            blame = (
+                ""
+                if culprit is None
+                else (
+                    f"; rewrite #{culprit['index']} {culprit['rule']!r} ({culprit['file']}) at "
+                    f"{', '.join(culprit['nodes'])} is the first that breaks it"
+                )
+            )
             raise ValidationError(
                 f"{loaded.source}: the optimized graph does not match the original ({result.summary()}){blame}; "
-                "nothing was written", report)
+                "nothing was written",
+                report,
+            )
     measured = None
     if profile:
         say(f"profiling on {device}")
@@ -95,7 +128,10 @@ def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str
     if measured:
         before, after = measured["before"]["latency_ms"]["median"], measured["after"]["latency_ms"]["median"]
         report["profile"] = {**measured, "speedup": before / after if after > 0 else None}
-        peak_before, peak_after = measured["before"].get("peak_memory_bytes"), measured["after"].get("peak_memory_bytes")
+        peak_before, peak_after = (
+            measured["before"].get("peak_memory_bytes"),
+            measured["after"].get("peak_memory_bytes"),
+        )
         if peak_before and peak_after:
             report["profile"]["memory_ratio"] = peak_after / peak_before
     if destination is not None:
@@ -104,15 +140,21 @@ def optimize(model, inputs: Sequence[str | InputSpec] | None = None, output: str
     return OptimizeResult(report, outcome.model, exported.model, destination)
 
 
-def find_bad_rewrite(reference: onnx.ModelProto, applied: list[dict], inputs: list[InputSpec],
-                     tolerances: Tolerances, rewrite_first: Callable[[int], onnx.ModelProto]) -> dict | None:
+def find_bad_rewrite(
+    reference: onnx.ModelProto,
+    applied: list[dict],
+    inputs: list[InputSpec],
+    tolerances: Tolerances,
+    rewrite_first: Callable[[int], onnx.ModelProto],
+) -> dict | None:
     """The first rewrite after which validation fails, by bisection over how many of the (always
     identically ordered) rewrites are applied. The caller saw all of them fail; None when there
     were none (the failure is not a rewrite's)."""
+
     def fails(count: int) -> bool:
         return not compare_models(reference, rewrite_first(count), inputs, DEFAULT_RUNS, tolerances).passed
 
-    low, high = 0, len(applied)          # invariant: `low` rewrites pass, `high` fail
+    low, high = 0, len(applied)  # invariant: `low` rewrites pass, `high` fail
     if not applied:
         return None
     while high - low > 1:
@@ -124,9 +166,16 @@ def find_bad_rewrite(reference: onnx.ModelProto, applied: list[dict], inputs: li
     return {"index": high, **{key: applied[high - 1][key] for key in ("rule", "file", "nodes", "reason")}}
 
 
-def export_only(model, output: str | Path, inputs: Sequence[str | InputSpec] | None = None,
-                opset: int | None = None, dynamic_batch: bool = False, trust_pickle: bool = False, *,
-                warn: Callable[[str], None] | None = None) -> Path:
+def export_only(
+    model,
+    output: str | Path,
+    inputs: Sequence[str | InputSpec] | None = None,
+    opset: int | None = None,
+    dynamic_batch: bool = False,
+    trust_pickle: bool = False,
+    *,
+    warn: Callable[[str], None] | None = None,
+) -> Path:
     """Export MODEL to `output` and return where it went; `warn` gets each of the TorchScript
     tracer's warnings (see the report's export_warnings)."""
     specs = input_specs(inputs)
@@ -190,7 +239,7 @@ def _report(loaded: LoadedModel, destination: Path | None, exported: ExportResul
         "opset": ir.onnx_opset(exported.model),
         "inputs": [str(spec) for spec in exported.inputs],
         "before": before,
-        "after": before if outcome.model is exported.model else graph_stats(outcome.model),   # unchanged: the same
+        "after": before if outcome.model is exported.model else graph_stats(outcome.model),  # unchanged: the same
         "rewrites": outcome.applied,
         "skipped": outcome.skipped,
         "validation": None,
@@ -211,4 +260,5 @@ def save_atomically(model: onnx.ModelProto, destination: Path) -> None:
     def save(path: str) -> None:
         save_with_external_data(model, path, location)
         give_default_permissions(data)
+
     write_atomically(destination, save)

@@ -30,7 +30,7 @@ from .inputs import DEFAULT_DYNAMIC_SIZE, InputSpec, dynamic_dims_note, random_i
 from .ir import needs_external_data, save_with_external_data
 from .runtime import CPU, CUDA, checked_run, create_session
 
-DEFAULT_RUNS = None         # chosen so that each model is timed for about TIME_BUDGET_S
+DEFAULT_RUNS = None  # chosen so that each model is timed for about TIME_BUDGET_S
 TIME_BUDGET_S = 2.0
 MIN_RUNS, MAX_RUNS = 10, 200
 BLOCK = 10
@@ -39,19 +39,33 @@ DEFAULT_WARMUP = 3
 PER_OP_RUNS = 10
 
 
-def profile_models(models: dict[str, onnx.ModelProto], inputs: list[InputSpec], device: str,
-                   runs: int | None = DEFAULT_RUNS, warmup: int = DEFAULT_WARMUP, memory: bool = True,
-                   per_op: bool = True) -> dict:
+def profile_models(
+    models: dict[str, onnx.ModelProto],
+    inputs: list[InputSpec],
+    device: str,
+    runs: int | None = DEFAULT_RUNS,
+    warmup: int = DEFAULT_WARMUP,
+    memory: bool = True,
+    per_op: bool = True,
+) -> dict:
     """Per model label: latency_ms, throughput, peak_memory_bytes, op_time_ms; measured on one device."""
     feeds = random_inputs(inputs, seed=0)
     batch = next((int(v.shape[0]) for v in feeds.values() if v.ndim), 1)
     hint = dynamic_dims_note(inputs, f"made {DEFAULT_DYNAMIC_SIZE}")
     latencies, runs = _block_latency(models, feeds, device, runs, warmup, hint=hint)
-    result = {"device": device, "provider": CUDA if device == "cuda" else CPU, "runs": runs, "warmup": warmup,
-              "batch": batch}
+    result = {
+        "device": device,
+        "provider": CUDA if device == "cuda" else CPU,
+        "runs": runs,
+        "warmup": warmup,
+        "batch": batch,
+    }
     for label, model in models.items():
         latency = _latency(latencies[label])
-        entry = {"latency_ms": latency, "throughput_per_s": batch * 1e3 / latency["median"] if latency["median"] else None}
+        entry = {
+            "latency_ms": latency,
+            "throughput_per_s": batch * 1e3 / latency["median"] if latency["median"] else None,
+        }
         if memory:
             entry.update(_peak_memory(model, feeds, device, 3))
         if per_op:
@@ -67,14 +81,17 @@ def time_models(models: dict[str, onnx.ModelProto], feeds: dict, device: str, bu
     return {"runs": runs, **{label: float(np.median(samples)) for label, samples in latencies.items()}}
 
 
-def _block_latency(models, feeds, device, runs, warmup, budget_s=TIME_BUDGET_S, hint: str = ""
-                   ) -> tuple[dict[str, list[float]], int]:
-    named = {label: f"the model profiled as {label!r}" for label in models}     # in load and run failures
-    runners = {label: _runner(create_session(model, device, what=named[label]), feeds, device)
-               for label, model in models.items()}
+def _block_latency(
+    models, feeds, device, runs, warmup, budget_s=TIME_BUDGET_S, hint: str = ""
+) -> tuple[dict[str, list[float]], int]:
+    named = {label: f"the model profiled as {label!r}" for label in models}  # in load and run failures
+    runners = {
+        label: _runner(create_session(model, device, what=named[label]), feeds, device)
+        for label, model in models.items()
+    }
     slowest = 0.0
     for label, run in runners.items():
-        for _ in range(max(warmup, 1)):     # a model that cannot run on `feeds` fails here, in one line
+        for _ in range(max(warmup, 1)):  # a model that cannot run on `feeds` fails here, in one line
             start = time.perf_counter()
             checked_run(run, feeds, named[label], hint)
             slowest = max(slowest, time.perf_counter() - start)
@@ -84,7 +101,7 @@ def _block_latency(models, feeds, device, runs, warmup, budget_s=TIME_BUDGET_S, 
     block = max(1, min(BLOCK, runs // ALTERNATIONS))
     while any(len(samples) < runs for samples in times.values()):
         for label, run in runners.items():
-            run()                                    # let the other session's threads settle
+            run()  # let the other session's threads settle
             for _ in range(min(block, runs - len(times[label]))):
                 start = time.perf_counter()
                 run()
@@ -109,13 +126,18 @@ def _runner(session, feeds, device):
     def run():
         session.run_with_iobinding(binding)
         binding.synchronize_outputs()
+
     return run
 
 
 def _latency(samples: list[float]) -> dict:
     values = np.asarray(samples)
-    return {"median": float(np.median(values)), "p90": float(np.percentile(values, 90)),
-            "min": float(values.min()), "mean": float(values.mean())}
+    return {
+        "median": float(np.median(values)),
+        "p90": float(np.percentile(values, 90)),
+        "min": float(values.min()),
+        "mean": float(values.mean()),
+    }
 
 
 def _op_times(model: onnx.ModelProto, feeds, device) -> dict[str, float]:
@@ -123,7 +145,7 @@ def _op_times(model: onnx.ModelProto, feeds, device) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as folder:
         session = create_session(model, device, profile_path=os.path.join(folder, "ort"))
         run = _runner(session, feeds, device)
-        run()                                   # the first run includes one-off work
+        run()  # the first run includes one-off work
         for _ in range(PER_OP_RUNS):
             run()
         with open(session.end_profiling(), encoding="utf-8") as stream:

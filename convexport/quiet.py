@@ -19,14 +19,19 @@ def quiet_libraries():
     swallowed, and the warnings kept in the list it yields instead of shown."""
     manager = logging.Logger.manager
     loggers = [logging.getLogger(name) for name in _LIBRARIES] + [
-        logger for name, logger in list(manager.loggerDict.items())
-        if isinstance(logger, logging.Logger) and name.startswith(tuple(f"{lib}." for lib in _LIBRARIES))]
+        logger
+        for name, logger in list(manager.loggerDict.items())
+        if isinstance(logger, logging.Logger) and name.startswith(tuple(f"{lib}." for lib in _LIBRARIES))
+    ]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
     try:
-        with (warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()),
-              contextlib.redirect_stderr(io.StringIO())):     # torch.export prints graphs there on failure
+        with (
+            warnings.catch_warnings(record=True) as caught,
+            contextlib.redirect_stdout(io.StringIO()),
+            contextlib.redirect_stderr(io.StringIO()),
+        ):  # torch.export prints graphs there on failure
             warnings.simplefilter("always")
             yield caught
     finally:

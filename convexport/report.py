@@ -43,12 +43,17 @@ def print_optimize_summary(report: dict, console: Console) -> None:
     table.add_row("params", si(before["params"]), si(after["params"]))
     profile = report.get("profile")
     if profile:
-        table.add_row(f"latency ms ({profile['device']}, median)",
-                      f"{profile['before']['latency_ms']['median']:.3f}",
-                      f"{profile['after']['latency_ms']['median']:.3f}")
+        table.add_row(
+            f"latency ms ({profile['device']}, median)",
+            f"{profile['before']['latency_ms']['median']:.3f}",
+            f"{profile['after']['latency_ms']['median']:.3f}",
+        )
         if profile["before"].get("peak_memory_bytes") is not None:
-            table.add_row("peak memory MiB", f"{profile['before']['peak_memory_bytes'] / 2**20:.1f}",
-                          f"{profile['after']['peak_memory_bytes'] / 2**20:.1f}")
+            table.add_row(
+                "peak memory MiB",
+                f"{profile['before']['peak_memory_bytes'] / 2**20:.1f}",
+                f"{profile['after']['peak_memory_bytes'] / 2**20:.1f}",
+            )
     console.print(table)
     for warning in report.get("export_warnings", []):
         console.print(tracer_warning(warning), markup=False)

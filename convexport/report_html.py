@@ -28,23 +28,33 @@ def write_html(report: dict, destination: str | Path) -> None:
 def render(report: dict) -> str:
     before, after = report["before"], report["after"]
     profile, validation = report.get("profile"), report.get("validation")
-    parts = [f"<h1>convexport: {_e(report['model'])}</h1>",
-             f"<p class=sub>written to <code>{_e(report.get('output') or '(not written)')}</code> · convexport "
-             f"{_e(report['convexport_version'])} · exporter {_e(report.get('exporter'))} · opset {_e(report.get('opset'))}</p>",
-             _badges(report)]
+    parts = [
+        f"<h1>convexport: {_e(report['model'])}</h1>",
+        f"<p class=sub>written to <code>{_e(report.get('output') or '(not written)')}</code> · convexport "
+        f"{_e(report['convexport_version'])} · exporter {_e(report.get('exporter'))} · opset {_e(report.get('opset'))}</p>",
+        _badges(report),
+    ]
     parts += [f"<p class=sub>{_e(tracer_warning(warning))}</p>" for warning in report.get("export_warnings", [])]
     parts += ["<h2>Graph</h2>", _summary_table(report)]
     parts += ["<h2>Operators</h2>", _legend(), _grouped_bars(_op_rows(before["ops"], after["ops"]), unit="")]
     if profile:
-        parts += [f"<h2>Latency on {_e(profile['provider'])}</h2>", _legend(), _latency_chart(profile),
-                  "<h2>Time per op type (ms per run)</h2>", _legend(),
-                  _grouped_bars(_op_rows(profile["before"].get("op_time_ms", {}), profile["after"].get("op_time_ms", {})),
-                                unit=" ms")]
+        parts += [
+            f"<h2>Latency on {_e(profile['provider'])}</h2>",
+            _legend(),
+            _latency_chart(profile),
+            "<h2>Time per op type (ms per run)</h2>",
+            _legend(),
+            _grouped_bars(
+                _op_rows(profile["before"].get("op_time_ms", {}), profile["after"].get("op_time_ms", {})), unit=" ms"
+            ),
+        ]
     parts += ["<h2>Rewrites</h2>", _rewrites(report["rewrites"]), "<h2>Skipped</h2>", _skipped(report["skipped"])]
     if validation:
         parts += ["<h2>Validation</h2>", _validation(validation)]
-    return ("<!doctype html><html lang=en><head><meta charset=utf-8><title>convexport report</title>"
-            f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>\n")
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8><title>convexport report</title>"
+        f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>\n"
+    )
 
 
 def _e(value) -> str:
@@ -55,8 +65,11 @@ def _badges(report) -> str:
     validation, profile = report.get("validation"), report.get("profile")
     badges = []
     if validation:
-        badges.append('<span class=ok>validation passed</span>' if validation["passed"]
-                      else '<span class=bad>validation FAILED</span>')
+        badges.append(
+            "<span class=ok>validation passed</span>"
+            if validation["passed"]
+            else "<span class=bad>validation FAILED</span>"
+        )
     if profile and profile.get("speedup"):
         badges.append(f"<span class=info>{profile['speedup']:.2f}x faster</span>")
     if profile and profile.get("memory_ratio"):
@@ -67,14 +80,24 @@ def _badges(report) -> str:
 
 def _summary_table(report) -> str:
     before, after, profile = report["before"], report["after"], report.get("profile")
-    rows = [("nodes", before["nodes"], after["nodes"]), ("FLOPs", si(before["flops"]), si(after["flops"])),
-            ("parameters", si(before["params"]), si(after["params"]))]
+    rows = [
+        ("nodes", before["nodes"], after["nodes"]),
+        ("FLOPs", si(before["flops"]), si(after["flops"])),
+        ("parameters", si(before["params"]), si(after["params"])),
+    ]
     if profile:
         for key, label in (("median", "latency median (ms)"), ("p90", "latency p90 (ms)")):
-            rows.append((label, f"{profile['before']['latency_ms'][key]:.3f}", f"{profile['after']['latency_ms'][key]:.3f}"))
+            rows.append(
+                (label, f"{profile['before']['latency_ms'][key]:.3f}", f"{profile['after']['latency_ms'][key]:.3f}")
+            )
         if profile["before"].get("peak_memory_bytes") is not None:
-            rows.append(("peak memory", _bytes(profile["before"]["peak_memory_bytes"]),
-                         _bytes(profile["after"]["peak_memory_bytes"])))
+            rows.append(
+                (
+                    "peak memory",
+                    _bytes(profile["before"]["peak_memory_bytes"]),
+                    _bytes(profile["after"]["peak_memory_bytes"]),
+                )
+            )
     body = "".join(f"<tr><td>{_e(a)}</td><td class=num>{_e(b)}</td><td class=num>{_e(c)}</td></tr>" for a, b, c in rows)
     return f"<table><tr><th></th><th class=num>before</th><th class=num>after</th></tr>{body}</table>"
 
@@ -101,32 +124,43 @@ def _grouped_bars(rows, unit: str) -> str:
         items.append(f'<text x="{label_width - 8}" y="{y + 15}" text-anchor="end">{_e(label)}</text>')
         for offset, value, colour in ((0, before, BEFORE), (12, after, AFTER)):
             width = bar_width * value / largest
-            items.append(f'<rect x="{label_width}" y="{y + offset}" width="{width:.1f}" height="11" fill="{colour}" rx="2"/>')
+            items.append(
+                f'<rect x="{label_width}" y="{y + offset}" width="{width:.1f}" height="11" fill="{colour}" rx="2"/>'
+            )
             items.append(f'<text x="{label_width + width + 5:.1f}" y="{y + offset + 10}">{_number(value)}{unit}</text>')
-    return (f'<svg role="img" width="{label_width + bar_width + 90}" height="{height}" '
-            f'viewBox="0 0 {label_width + bar_width + 90} {height}">{"".join(items)}</svg>')
+    return (
+        f'<svg role="img" width="{label_width + bar_width + 90}" height="{height}" '
+        f'viewBox="0 0 {label_width + bar_width + 90} {height}">{"".join(items)}</svg>'
+    )
 
 
 def _latency_chart(profile) -> str:
-    rows = [(f"{key} ({label})", profile["before"]["latency_ms"][key], profile["after"]["latency_ms"][key])
-            for key, label in (("median", "ms"), ("p90", "ms"), ("min", "ms"))]
+    rows = [
+        (f"{key} ({label})", profile["before"]["latency_ms"][key], profile["after"]["latency_ms"][key])
+        for key, label in (("median", "ms"), ("p90", "ms"), ("min", "ms"))
+    ]
     return _grouped_bars(rows, unit=" ms")
 
 
 def _rewrites(entries) -> str:
     if not entries:
         return "<p>none</p>"
-    body = "".join(f"<tr><td>{index}</td><td><code>{_e(e['rule'])}</code></td><td>{_e(', '.join(e['nodes'][:4]))}"
-                   f"{' …' if len(e['nodes']) > 4 else ''}</td><td>{_e(e['reason'])}</td></tr>"
-                   for index, e in enumerate(entries, 1))
+    body = "".join(
+        f"<tr><td>{index}</td><td><code>{_e(e['rule'])}</code></td><td>{_e(', '.join(e['nodes'][:4]))}"
+        f"{' …' if len(e['nodes']) > 4 else ''}</td><td>{_e(e['reason'])}</td></tr>"
+        for index, e in enumerate(entries, 1)
+    )
     return f"<table><tr><th>#</th><th>rule</th><th>nodes</th><th>what was done</th></tr>{body}</table>"
 
 
 def _skipped(entries) -> str:
     if not entries:
         return "<p>none</p>"
-    body = "".join(f"<tr><td><code>{_e(e['rule'])}</code></td><td>{_e(', '.join(e['nodes'][:4]))}</td>"
-                   f"<td>{_e(e['reason'])}</td></tr>" for e in entries)
+    body = "".join(
+        f"<tr><td><code>{_e(e['rule'])}</code></td><td>{_e(', '.join(e['nodes'][:4]))}</td>"
+        f"<td>{_e(e['reason'])}</td></tr>"
+        for e in entries
+    )
     return f"<table><tr><th>rule</th><th>nodes</th><th>why not</th></tr>{body}</table>"
 
 
@@ -134,13 +168,23 @@ def _validation(validation) -> str:
     rows = "".join(
         f"<tr><td><code>{_e(name)}</code></td><td class=num>{o['max_abs']:.3g}</td><td class=num>{o['max_rel']:.3g}</td>"
         f"<td class=num>{o['cosine']:.9f}</td><td class=num>{o['mismatches']} / {o['elements']}</td>"
-        f"<td class=num>{o['rtol']:g} / {o['atol']:g}</td></tr>" for name, o in validation["outputs"].items())
+        f"<td class=num>{o['rtol']:g} / {o['atol']:g}</td></tr>"
+        for name, o in validation["outputs"].items()
+    )
     culprit = validation.get("culprit")
-    blame = "" if not culprit else (f"<p class=badges><span class=bad>first bad rewrite: #{culprit['index']} "
-                                    f"{_e(culprit['rule'])} ({_e(culprit['file'])})</span></p>")
-    return (f"{blame}<p>{validation['runs']} runs.</p><table><tr><th>output</th><th class=num>max abs</th>"
-            f"<th class=num>max rel</th><th class=num>cosine</th><th class=num>failing</th>"
-            f"<th class=num>rtol / atol</th></tr>{rows}</table>")
+    blame = (
+        ""
+        if not culprit
+        else (
+            f"<p class=badges><span class=bad>first bad rewrite: #{culprit['index']} "
+            f"{_e(culprit['rule'])} ({_e(culprit['file'])})</span></p>"
+        )
+    )
+    return (
+        f"{blame}<p>{validation['runs']} runs.</p><table><tr><th>output</th><th class=num>max abs</th>"
+        f"<th class=num>max rel</th><th class=num>cosine</th><th class=num>failing</th>"
+        f"<th class=num>rtol / atol</th></tr>{rows}</table>"
+    )
 
 
 def _bytes(value) -> str:

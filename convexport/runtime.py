@@ -33,11 +33,13 @@ def cuda_usable() -> bool:
         return False
     probe = onnx.helper.make_model(
         onnx.helper.make_graph(
-            [onnx.helper.make_node("Identity", ["x"], ["y"])], "probe",
+            [onnx.helper.make_node("Identity", ["x"], ["y"])],
+            "probe",
             [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
             [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
         ),
-        opset_imports=[onnx.helper.make_opsetid("", 13)], ir_version=8,
+        opset_imports=[onnx.helper.make_opsetid("", 13)],
+        ir_version=8,
     )
     try:
         session = ort.InferenceSession(probe.SerializeToString(), providers=[CUDA, CPU])
@@ -57,12 +59,17 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def create_session(model: onnx.ModelProto | str, device: str = "cpu", optimize: bool = True,
-                   profile_path: str | None = None, what: str = "the model") -> ort.InferenceSession:
+def create_session(
+    model: onnx.ModelProto | str,
+    device: str = "cpu",
+    optimize: bool = True,
+    profile_path: str | None = None,
+    what: str = "the model",
+) -> ort.InferenceSession:
     """A session on `device`; a model ONNX Runtime cannot load is a ConvexportError naming
     `what`, one it has no kernel for a MissingKernel."""
     options = ort.SessionOptions()
-    options.log_severity_level = 4       # fatal only: a failure reaches the user once, as checked_run's one line
+    options.log_severity_level = 4  # fatal only: a failure reaches the user once, as checked_run's one line
     options.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )
@@ -78,8 +85,9 @@ def create_session(model: onnx.ModelProto | str, device: str = "cpu", optimize: 
         return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
     except Exception as exc:
         if "NOT_IMPLEMENTED" in str(exc):
-            raise MissingKernel(f"ONNX Runtime's {providers[0]} has no kernel for this model "
-                                f"({first_line(exc).split(' : ')[-1]})") from exc
+            raise MissingKernel(
+                f"ONNX Runtime's {providers[0]} has no kernel for this model ({first_line(exc).split(' : ')[-1]})"
+            ) from exc
         raise ConvexportError(f"ONNX Runtime cannot load {what}: {first_line(exc)}") from exc
 
 
@@ -97,9 +105,10 @@ def checked_run(call, feeds: dict, what: str, hint: str = ""):
     and the inputs' shapes."""
     try:
         return call()
-    except Exception as exc:       # ORT's Fail, InvalidArgument, ... derive from Exception alone
-        shapes = ", ".join(f"{name}:{'x'.join(map(str, value.shape)) or 'scalar'}:{value.dtype}"
-                           for name, value in feeds.items())
+    except Exception as exc:  # ORT's Fail, InvalidArgument, ... derive from Exception alone
+        shapes = ", ".join(
+            f"{name}:{'x'.join(map(str, value.shape)) or 'scalar'}:{value.dtype}" for name, value in feeds.items()
+        )
         raise RunFailure(f"ONNX Runtime cannot run {what} on {shapes}: {first_line(exc)}{hint}") from exc
 
 

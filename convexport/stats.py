@@ -36,7 +36,7 @@ def _graph_flops(graph: onnx.GraphProto, shapes, integers, nested: bool) -> floa
     """The FLOPs of graph's nodes, and (when `nested`: the model has subgraphs) of their subgraphs."""
     total = 0.0
     for node in graph.node:
-        op = node.op_type          # read once: each read of a proto field makes a new str
+        op = node.op_type  # read once: each read of a proto field makes a new str
         total += _node_flops(node, op, shapes, integers)
         for sub in proto_subgraphs(node) if nested else ():
             total += _graph_flops(sub, shapes, integers, nested) * _iterations(node, shapes)
@@ -86,8 +86,9 @@ def _counted_dims(type_proto: onnx.TypeProto) -> tuple[int, ...] | None:
     return tuple([d.dim_value or (0 if d.HasField("dim_value") else 1) for d in tensor_type.shape.dim])
 
 
-def _node_flops(node: onnx.NodeProto, op: str, shapes: dict[str, tuple[int, ...]],
-                integers: dict[str, list[int]]) -> float:
+def _node_flops(
+    node: onnx.NodeProto, op: str, shapes: dict[str, tuple[int, ...]], integers: dict[str, list[int]]
+) -> float:
     out = shapes.get(node.output[0]) if node.output else None
     if out is None:
         return 0.0
@@ -155,5 +156,4 @@ def _parameter_count(graph: onnx.GraphProto, has_constant_nodes: bool) -> int:
     return total
 
 
-_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
-                onnx.TensorProto.BFLOAT16}
+_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}

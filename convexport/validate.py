@@ -39,8 +39,10 @@ DEFAULT_RUNS = 3
 # the fp32 ones above, and for halves, whose folded weights are rounded to 11 (fp16) or 8
 # (bf16) bits, a few units of their roundoff.
 DTYPE_DEFAULTS = {
-    "float64": (1e-9, 1e-12), "float32": (DEFAULT_RTOL, DEFAULT_ATOL),
-    "float16": (5e-3, 1e-3), "bfloat16": (4e-2, 1e-2),
+    "float64": (1e-9, 1e-12),
+    "float32": (DEFAULT_RTOL, DEFAULT_ATOL),
+    "float16": (5e-3, 1e-3),
+    "bfloat16": (4e-2, 1e-2),
 }
 
 
@@ -61,7 +63,7 @@ class Tolerances:
         return rtol, atol
 
     @classmethod
-    def parse(cls, rtol: list[str] | float | None, atol: list[str] | float | None) -> "Tolerances":
+    def parse(cls, rtol: list[str] | float | None, atol: list[str] | float | None) -> Tolerances:
         """From CLI values: each a number (the default) or NAME:number (one output)."""
         rtol_default, rtol_by = _parse_tolerance("--rtol", rtol)
         atol_default, atol_by = _parse_tolerance("--atol", atol)
@@ -102,16 +104,23 @@ class OutputError:
     rtol: float = DEFAULT_RTOL
     atol: float = DEFAULT_ATOL
 
-    def merge(self, other: "OutputError") -> "OutputError":
+    def merge(self, other: OutputError) -> OutputError:
         elements = self.elements + other.elements
 
         def mean(a, b):
             return (a * self.elements + b * other.elements) / max(elements, 1)
 
-        return OutputError(max(self.max_abs, other.max_abs), mean(self.mean_abs, other.mean_abs),
-                           max(self.max_rel, other.max_rel), mean(self.mean_rel, other.mean_rel),
-                           min(self.cosine, other.cosine), self.mismatches + other.mismatches, elements,
-                           self.rtol, self.atol)
+        return OutputError(
+            max(self.max_abs, other.max_abs),
+            mean(self.mean_abs, other.mean_abs),
+            max(self.max_rel, other.max_rel),
+            mean(self.mean_rel, other.mean_rel),
+            min(self.cosine, other.cosine),
+            self.mismatches + other.mismatches,
+            elements,
+            self.rtol,
+            self.atol,
+        )
 
 
 @dataclass
@@ -120,14 +129,17 @@ class ValidationResult:
     runs: int
     tolerances: Tolerances
     outputs: dict[str, OutputError] = field(default_factory=dict)
-    problem: str | None = None      # a structural mismatch (missing output, shape) if any
+    problem: str | None = None  # a structural mismatch (missing output, shape) if any
     inputs: list[str] = field(default_factory=list)
 
     def to_report(self) -> dict:
         report = {
-            "passed": self.passed, "runs": self.runs,    # rtol/atol null: by each output's dtype
-            "rtol": self.tolerances.rtol, "atol": self.tolerances.atol,
-            "inputs": self.inputs, "outputs": {name: vars(error) for name, error in self.outputs.items()},
+            "passed": self.passed,
+            "runs": self.runs,  # rtol/atol null: by each output's dtype
+            "rtol": self.tolerances.rtol,
+            "atol": self.tolerances.atol,
+            "inputs": self.inputs,
+            "outputs": {name: vars(error) for name, error in self.outputs.items()},
         }
         if self.problem:
             report["problem"] = self.problem
@@ -141,15 +153,23 @@ class ValidationResult:
         if worst is None:
             return "no outputs compared"
         name, error = worst
-        return (f"output {name!r}: max abs error {error.max_abs:.3g}, max rel error {error.max_rel:.3g}, cosine "
-                f"{error.cosine:.9f}, {error.mismatches} of {error.elements} elements outside rtol={error.rtol:g} "
-                f"atol={error.atol:g}")
+        return (
+            f"output {name!r}: max abs error {error.max_abs:.3g}, max rel error {error.max_rel:.3g}, cosine "
+            f"{error.cosine:.9f}, {error.mismatches} of {error.elements} elements outside rtol={error.rtol:g} "
+            f"atol={error.atol:g}"
+        )
 
 
-def compare_models(reference: onnx.ModelProto, candidate: onnx.ModelProto, inputs: list[InputSpec],
-                   runs: int = DEFAULT_RUNS, tolerances: Tolerances = Tolerances(), seed: int = 0,
-                   extra_feeds: list[dict] = (), labels: tuple[str, str] = ("the reference model", "the candidate")
-                   ) -> ValidationResult:
+def compare_models(
+    reference: onnx.ModelProto,
+    candidate: onnx.ModelProto,
+    inputs: list[InputSpec],
+    runs: int = DEFAULT_RUNS,
+    tolerances: Tolerances = Tolerances(),
+    seed: int = 0,
+    extra_feeds: list[dict] = (),
+    labels: tuple[str, str] = ("the reference model", "the candidate"),
+) -> ValidationResult:
     """Run both models on `runs` seeded input sets (and `extra_feeds`), compare every output.
     The reference failing to run is a RunFailure (the inputs do not suit the model); the
     candidate failing where the reference runs fails the validation. `labels` name the two
@@ -165,11 +185,13 @@ def compare_models(reference: onnx.ModelProto, candidate: onnx.ModelProto, input
     all_feeds = [random_inputs(inputs, seed + run, dynamic_size=run + 1) for run in range(runs)] + list(extra_feeds)
     hint = dynamic_dims_note(inputs, f"take the sizes 1 to {runs}")
     for index, feeds in enumerate(all_feeds):
-        made_up = index < runs          # the rest are the caller's own arrays: no dims to fix
-        expected = checked_run(lambda: ref_session.run(names, feeds), feeds, labels[0], hint if made_up else "")
+        made_up = index < runs  # the rest are the caller's own arrays: no dims to fix
+        expected = checked_run(
+            lambda feeds=feeds: ref_session.run(names, feeds), feeds, labels[0], hint if made_up else ""
+        )
         try:
-            actual = checked_run(lambda: cand_session.run(names, feeds), feeds, labels[1])
-        except RunFailure as exc:       # the reference runs on these inputs: the candidate is wrong
+            actual = checked_run(lambda feeds=feeds: cand_session.run(names, feeds), feeds, labels[1])
+        except RunFailure as exc:  # the reference runs on these inputs: the candidate is wrong
             result.passed, result.problem = False, str(exc)
             return result
         for name, ref, cand in zip(names, expected, actual):
@@ -225,10 +247,15 @@ def compare_arrays(ref: np.ndarray, cand: np.ndarray, rtol: float, atol: float) 
     rel = diff / np.maximum(reference, np.finfo(np.float64).tiny)
     cosine = _cosine(ref64[finite], cand64[finite])
     return OutputError(
-        max_abs=float(diff.max()), mean_abs=float(diff[finite].mean()) if finite.any() else 0.0,
-        max_rel=float(rel.max()), mean_rel=float(rel[finite].mean()) if finite.any() else 0.0,
-        cosine=cosine, mismatches=int(np.count_nonzero(~(close | same_special))), elements=int(ref.size),
-        rtol=rtol, atol=atol,
+        max_abs=float(diff.max()),
+        mean_abs=float(diff[finite].mean()) if finite.any() else 0.0,
+        max_rel=float(rel.max()),
+        mean_rel=float(rel[finite].mean()) if finite.any() else 0.0,
+        cosine=cosine,
+        mismatches=int(np.count_nonzero(~(close | same_special))),
+        elements=int(ref.size),
+        rtol=rtol,
+        atol=atol,
     )
 
 
@@ -239,8 +266,14 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a.reshape(-1), b.reshape(-1)) / norms)
 
 
-def validate_files(reference: Path, candidate: Path, inputs_npz: Path | None, runs: int,
-                   tolerances: Tolerances, input_specs: list[InputSpec] = ()) -> ValidationResult:
+def validate_files(
+    reference: Path,
+    candidate: Path,
+    inputs_npz: Path | None,
+    runs: int,
+    tolerances: Tolerances,
+    input_specs: list[InputSpec] = (),
+) -> ValidationResult:
     """`convexport validate`: seeded random inputs (dims from the model, or --input), plus the
     arrays of DATA.npz if given."""
     from .export import graph_input_specs

@@ -17,18 +17,40 @@ exact result or a Refusal saying why not; callers cast weights back to the model
     batching.py       weight packing for batched branches
 """
 
-from .evaluate import apply_conv
 from .compose import DEFAULT_BORDER_LIMIT_BYTES, Composition, compose
+from .evaluate import apply_conv
 from .groups import largest_group_count
-from .linear_ops import (avgpool_as_conv, batchnorm_scale_shift, identity_conv, merge_zero_pad, scale_shift_after,
-                         scale_shift_before, scale_shift_onnx_weight)
+from .linear_ops import (
+    avgpool_as_conv,
+    batchnorm_scale_shift,
+    identity_conv,
+    merge_zero_pad,
+    scale_shift_after,
+    scale_shift_before,
+    scale_shift_onnx_weight,
+)
 from .onnx_conv import conv_from_onnx, conv_to_onnx
 from .parallel import combine_parallel, concat_parallel
 from .spec import AxisGeometry, ConvSpec, Refusal
 
 __all__ = [
-    "AxisGeometry", "Composition", "apply_conv", "ConvSpec", "DEFAULT_BORDER_LIMIT_BYTES", "Refusal",
-    "avgpool_as_conv", "batchnorm_scale_shift", "combine_parallel", "compose", "concat_parallel",
-    "conv_from_onnx", "conv_to_onnx", "identity_conv", "largest_group_count", "merge_zero_pad",
-    "scale_shift_after", "scale_shift_before", "scale_shift_onnx_weight",
+    "AxisGeometry",
+    "Composition",
+    "apply_conv",
+    "ConvSpec",
+    "DEFAULT_BORDER_LIMIT_BYTES",
+    "Refusal",
+    "avgpool_as_conv",
+    "batchnorm_scale_shift",
+    "combine_parallel",
+    "compose",
+    "concat_parallel",
+    "conv_from_onnx",
+    "conv_to_onnx",
+    "identity_conv",
+    "largest_group_count",
+    "merge_zero_pad",
+    "scale_shift_after",
+    "scale_shift_before",
+    "scale_shift_onnx_weight",
 ]

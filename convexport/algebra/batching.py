@@ -10,8 +10,9 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def stack_conv_heads(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray | None]
-                     ) -> tuple[np.ndarray, np.ndarray | None]:
+def stack_conv_heads(
+    weights: Sequence[np.ndarray], biases: Sequence[np.ndarray | None]
+) -> tuple[np.ndarray, np.ndarray | None]:
     """N convs reading the same x: W_i [O, I/g, *k] -> W [N*O, I/g, *k], b_i [O] -> b [N*O].
 
     Output channels n*O + o of the stacked conv are channel o of branch n (same group count).
@@ -25,16 +26,22 @@ def stack_conv_heads(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray 
     return weight, bias
 
 
-def grouped_from_branches(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray | None], group: int
-                          ) -> tuple[np.ndarray, np.ndarray | None, int]:
+def grouped_from_branches(
+    weights: Sequence[np.ndarray], biases: Sequence[np.ndarray | None], group: int
+) -> tuple[np.ndarray, np.ndarray | None, int]:
     """N convs each on its own C channels (group g, W_i [O, C/g, *k]) -> one conv on the N*C
     stacked channels with group N*g: W [N*O, C/g, *k]; group n*g + j is branch n's group j."""
     weight, bias = stack_conv_heads(weights, biases)
     return weight, bias, len(weights) * group
 
 
-def pack_linear_heads(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray | None], transposed: bool,
-                      alpha: float = 1.0, beta: float = 1.0) -> tuple[np.ndarray, np.ndarray | None]:
+def pack_linear_heads(
+    weights: Sequence[np.ndarray],
+    biases: Sequence[np.ndarray | None],
+    transposed: bool,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray | None]:
     """N Gemm(x_n, W_n, b_n) = alpha * x_n @ op(W_n) + beta * b_n -> W [N, I, O], b [N, O].
 
     op(W_n) is W_n^T when transB (W_n [O, I]) else W_n ([I, O]); then for x [B, N, I]
@@ -46,6 +53,13 @@ def pack_linear_heads(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray
     if all(b is None for b in biases):
         return packed, None
     out = packed.shape[2]
-    bias = np.stack([np.zeros(out) if b is None else np.broadcast_to(np.asarray(b, np.float64).reshape(-1), (out,))
-                     for b in biases]) * beta
+    bias = (
+        np.stack(
+            [
+                np.zeros(out) if b is None else np.broadcast_to(np.asarray(b, np.float64).reshape(-1), (out,))
+                for b in biases
+            ]
+        )
+        * beta
+    )
     return packed, bias

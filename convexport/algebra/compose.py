@@ -42,7 +42,7 @@ class Composition:
 @dataclass(frozen=True)
 class ComposedAxis:
     geometry: AxisGeometry
-    step_first: int   # index step in the composite kernel between taps t of first: d1 / D
+    step_first: int  # index step in the composite kernel between taps t of first: d1 / D
     step_second: int  # index step between taps u of second: s1*d2 / D
 
 
@@ -52,9 +52,13 @@ def compose_axis(first: AxisGeometry, second: AxisGeometry) -> ComposedAxis:
     step_first = first.dilation if first.kernel > 1 else 0
     dilation = math.gcd(step_second, step_first) or 1
     kernel = (step_second * (second.kernel - 1) + step_first * (first.kernel - 1)) // dilation + 1
-    geometry = AxisGeometry(kernel, first.stride * second.stride, dilation,
-                            first.stride * second.pad_begin + first.pad_begin,
-                            first.stride * second.pad_end + first.pad_end)
+    geometry = AxisGeometry(
+        kernel,
+        first.stride * second.stride,
+        dilation,
+        first.stride * second.pad_begin + first.pad_begin,
+        first.stride * second.pad_end + first.pad_end,
+    )
     return ComposedAxis(geometry, max(1, step_first // dilation), max(1, step_second // dilation))
 
 
@@ -64,16 +68,17 @@ def _compose_kernel(first: ConvSpec, second: ConvSpec, axes: Sequence[ComposedAx
     kernel = np.zeros((second.out_channels, first.in_channels, *(axis.geometry.kernel for axis in axes)))
     first_diagonal, second_diagonal = _channel_diagonal(first.weight), _channel_diagonal(second.weight)
     for u in np.ndindex(*second.kernel_shape):
-        taps = second.weight[(slice(None), slice(None), *u)]                     # [O, M]
-        if second_diagonal is not None:       # a per-channel scale: O(C) per tap, not O(C^3)
+        taps = second.weight[(slice(None), slice(None), *u)]  # [O, M]
+        if second_diagonal is not None:  # a per-channel scale: O(C) per tap, not O(C^3)
             block = second_diagonal[(slice(None), *u)].reshape(-1, *[1] * (first.weight.ndim - 1)) * first.weight
         elif first_diagonal is not None:
             block = taps.reshape(*taps.shape, *[1] * first.nd) * first_diagonal[None]
         else:
             block = np.tensordot(taps, first.weight, axes=(1, 0))
-        window = tuple(slice(tap * axis.step_second, tap * axis.step_second + (k1 - 1) * axis.step_first + 1,
-                             axis.step_first)
-                       for tap, axis, k1 in zip(u, axes, first.kernel_shape))
+        window = tuple(
+            slice(tap * axis.step_second, tap * axis.step_second + (k1 - 1) * axis.step_first + 1, axis.step_first)
+            for tap, axis, k1 in zip(u, axes, first.kernel_shape)
+        )
         kernel[(slice(None), slice(None), *window)] += block
     return kernel
 
@@ -92,11 +97,11 @@ def active_pairs(first_weight: np.ndarray, second_weight: np.ndarray, second_gro
     """[*k2, *k1] bool: whether W2[:, :, u] @ W1[:, :, t] can be nonzero (a middle channel m
     with W2[:, m, u] and W1[m, :, t] both nonzero). W1 [M, I/g1, *k1] (any group: its rows are
     the middle channels), W2 [O, M/g2, *k2] with group g2 (1 for a ConvSpec's dense kernel)."""
-    first_taps = np.any(first_weight != 0, axis=1)                                        # [M, *k1]
+    first_taps = np.any(first_weight != 0, axis=1)  # [M, *k1]
     out_channels, per_group = second_weight.shape[:2]
     kernel = second_weight.shape[2:]
     by_group = second_weight.reshape(second_group, out_channels // second_group, per_group, *kernel)
-    second_taps = np.any(by_group != 0, axis=1).reshape(second_group * per_group, *kernel)   # [M, *k2]
+    second_taps = np.any(by_group != 0, axis=1).reshape(second_group * per_group, *kernel)  # [M, *k2]
     return np.tensordot(second_taps.astype(np.float64), first_taps.astype(np.float64), axes=(0, 0)) > 0
 
 
@@ -115,8 +120,12 @@ def composite_conv(first: ConvSpec, second: ConvSpec) -> ConvSpec:
     )
 
 
-def compose(first: ConvSpec, second: ConvSpec, input_spatial: Sequence[int | None] | None,
-            border_limit_bytes: int = DEFAULT_BORDER_LIMIT_BYTES) -> Composition | Refusal:
+def compose(
+    first: ConvSpec,
+    second: ConvSpec,
+    input_spatial: Sequence[int | None] | None,
+    border_limit_bytes: int = DEFAULT_BORDER_LIMIT_BYTES,
+) -> Composition | Refusal:
     """second(first(x)) as one conv on x, composite_conv(first, second), exact or refused.
 
     Refused where second reads h's padding while first, evaluated there, would read real x.
@@ -124,8 +133,10 @@ def compose(first: ConvSpec, second: ConvSpec, input_spatial: Sequence[int | Non
     border map [O, *out] (static input shape only, at most border_limit_bytes as float32).
     """
     if first.nd != second.nd or first.out_channels != second.in_channels:
-        raise ValueError(f"cannot chain a {first.nd}-D conv with {first.out_channels} outputs into a "
-                         f"{second.nd}-D conv with {second.in_channels} inputs")
+        raise ValueError(
+            f"cannot chain a {first.nd}-D conv with {first.out_channels} outputs into a "
+            f"{second.nd}-D conv with {second.in_channels} inputs"
+        )
     lengths = spatial_lengths(input_spatial, first.nd)
     if None not in lengths:
         second.output_shape(first.output_shape(lengths))  # raises for an empty output
@@ -133,21 +144,27 @@ def compose(first: ConvSpec, second: ConvSpec, input_spatial: Sequence[int | Non
     leak = padding_reads.window_leak(reads, active_pairs(first.weight, second.weight))
     if leak is not None:
         axis, u, t = leak
-        return Refusal(f"the second conv reads the intermediate's zero padding on spatial axis {axis} where the "
-                       f"first conv, evaluated there, would read real input (tap {u} of the second, tap {t} of "
-                       f"the first): not exact")
+        return Refusal(
+            f"the second conv reads the intermediate's zero padding on spatial axis {axis} where the "
+            f"first conv, evaluated there, would read real input (tap {u} of the second, tap {t} of "
+            f"the first): not exact"
+        )
     bias_taps = np.tensordot(second.weight, first.bias, axes=(1, 0))  # [O, *k2]: W2[:, :, u] @ b1
     border = None
     if padding_reads.bias_through_padding(reads, bias_taps):
         if None in lengths:
-            return Refusal("the first conv's bias is read through the second conv's zero padding; the correction "
-                           f"map needs a static spatial shape, and the input's is {lengths}")
+            return Refusal(
+                "the first conv's bias is read through the second conv's zero padding; the correction "
+                f"map needs a static spatial shape, and the input's is {lengths}"
+            )
         output_shape = second.output_shape(first.output_shape(lengths))
         size = padding_reads.border_bytes(second.out_channels, output_shape)
         if size > border_limit_bytes:
-            return Refusal(f"the first conv's bias is read through the second conv's zero padding; the correction "
-                           f"map [{second.out_channels}, {', '.join(map(str, output_shape))}] would take {size} "
-                           f"bytes, over the limit of {border_limit_bytes}")
+            return Refusal(
+                f"the first conv's bias is read through the second conv's zero padding; the correction "
+                f"map [{second.out_channels}, {', '.join(map(str, output_shape))}] would take {size} "
+                f"bytes, over the limit of {border_limit_bytes}"
+            )
         border = padding_reads.border_map(first.axes(), second.axes(), lengths, bias_taps)
         border = border if np.any(border) else None
     spec = composite_conv(first, second)

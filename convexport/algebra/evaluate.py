@@ -20,9 +20,10 @@ def apply_conv(spec: ConvSpec, x: np.ndarray, with_bias: bool = True) -> np.ndar
     padded = np.pad(x, [(0, 0), (0, 0), *zip(spec.pads_begin, spec.pads_end)])
     y = np.zeros((x.shape[0], spec.out_channels, *out_shape))
     for tap in np.ndindex(*spec.kernel_shape):
-        window = tuple(slice(d * t, d * t + s * (n - 1) + 1, s)
-                       for t, s, d, n in zip(tap, spec.strides, spec.dilations, out_shape))
-        taps = spec.weight[(slice(None), slice(None), *tap)]            # [O, I]
+        window = tuple(
+            slice(d * t, d * t + s * (n - 1) + 1, s) for t, s, d, n in zip(tap, spec.strides, spec.dilations, out_shape)
+        )
+        taps = spec.weight[(slice(None), slice(None), *tap)]  # [O, I]
         y += np.einsum("oi,ni...->no...", taps, padded[(slice(None), slice(None), *window)])
     if with_bias:
         y += spec.bias.reshape(1, -1, *[1] * spec.nd)

@@ -24,10 +24,10 @@ from .spec import ConvSpec, Refusal
 
 @dataclass(frozen=True)
 class FftPlan:
-    sizes: tuple[int, ...]            # FFT size per spatial axis (powers of two)
-    padded: tuple[int, ...]           # the input's length per axis after the conv's pads
-    spectrum: np.ndarray              # conj FFT of the kernel: [O, I, N_1, ..., N_n//2 + 1] complex128
-    output: tuple[int, ...]           # the conv's output spatial shape
+    sizes: tuple[int, ...]  # FFT size per spatial axis (powers of two)
+    padded: tuple[int, ...]  # the input's length per axis after the conv's pads
+    spectrum: np.ndarray  # conj FFT of the kernel: [O, I, N_1, ..., N_n//2 + 1] complex128
+    output: tuple[int, ...]  # the conv's output spatial shape
     strides: tuple[int, ...]
 
     @property
@@ -56,7 +56,9 @@ def plan_fft_conv(spec: ConvSpec, input_spatial: Sequence[int | None]) -> FftPla
 
 def direct_flops(spec: ConvSpec, output_spatial: Sequence[int]) -> float:
     """2 * O * I * prod(k) * prod(out): the multiply-adds of the dense direct conv."""
-    return 2.0 * spec.out_channels * spec.in_channels * float(np.prod(spec.kernel_shape)) * float(np.prod(output_spatial))
+    return (
+        2.0 * spec.out_channels * spec.in_channels * float(np.prod(spec.kernel_shape)) * float(np.prod(output_spatial))
+    )
 
 
 def fft_flops(plan: FftPlan, in_channels: int, out_channels: int) -> float:

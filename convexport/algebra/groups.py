@@ -20,7 +20,7 @@ def expand_groups(weight: np.ndarray, group: int) -> np.ndarray:
     dense = np.zeros((weight.shape[0], in_per_group * group, *weight.shape[2:]))
     for g in range(group):
         rows = slice(g * out_per_group, (g + 1) * out_per_group)
-        dense[rows, g * in_per_group:(g + 1) * in_per_group] = weight[rows]
+        dense[rows, g * in_per_group : (g + 1) * in_per_group] = weight[rows]
     return dense
 
 
@@ -30,7 +30,7 @@ def largest_group_count(weight: np.ndarray) -> int:
     the weight finds each row's first and last nonzero column; each g is then checked in O(O)."""
     weight = np.asarray(weight)
     out_channels, in_channels = weight.shape[:2]
-    nonzero = np.any(weight.reshape(out_channels, in_channels, -1) != 0, axis=2)        # [O, I]
+    nonzero = np.any(weight.reshape(out_channels, in_channels, -1) != 0, axis=2)  # [O, I]
     used = nonzero.any(axis=1)
     first = nonzero.argmax(axis=1)
     last = in_channels - 1 - nonzero[:, ::-1].argmax(axis=1)
@@ -49,5 +49,10 @@ def grouped_weight(dense: np.ndarray, group: int) -> np.ndarray:
     dense[g_o*O/g:(g_o+1)*O/g, g_o*I/g:(g_o+1)*I/g]. The caller guarantees block-diagonality.
     """
     out_per_group, in_per_group = dense.shape[0] // group, dense.shape[1] // group
-    return np.concatenate([dense[g * out_per_group:(g + 1) * out_per_group, g * in_per_group:(g + 1) * in_per_group]
-                           for g in range(group)], axis=0)
+    return np.concatenate(
+        [
+            dense[g * out_per_group : (g + 1) * out_per_group, g * in_per_group : (g + 1) * in_per_group]
+            for g in range(group)
+        ],
+        axis=0,
+    )

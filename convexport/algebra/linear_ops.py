@@ -30,9 +30,16 @@ def identity_conv(channels: int, nd: int) -> ConvSpec:
     return ConvSpec(weight, np.zeros(channels), False, (1,) * nd, (1,) * nd, (0,) * nd, (0,) * nd)
 
 
-def avgpool_as_conv(channels: int, kernel_shape: Sequence[int], strides: Sequence[int], pads_begin: Sequence[int],
-                    pads_end: Sequence[int], count_include_pad: bool, ceil_mode: bool,
-                    input_spatial: Sequence[int | None] | None) -> ConvSpec | Refusal:
+def avgpool_as_conv(
+    channels: int,
+    kernel_shape: Sequence[int],
+    strides: Sequence[int],
+    pads_begin: Sequence[int],
+    pads_end: Sequence[int],
+    count_include_pad: bool,
+    ceil_mode: bool,
+    input_spatial: Sequence[int | None] | None,
+) -> ConvSpec | Refusal:
     """AveragePool as a depthwise conv: W[c, c, *k] = 1/prod(k), zero elsewhere ([C, C, *k]).
 
     Exact when every window divides by prod(k): refused for count_include_pad=0 with pads
@@ -41,21 +48,27 @@ def avgpool_as_conv(channels: int, kernel_shape: Sequence[int], strides: Sequenc
     """
     nd = len(kernel_shape)
     if not count_include_pad and (any(pads_begin) or any(pads_end)):
-        return Refusal("AveragePool with count_include_pad=0 and pads divides border windows by fewer than "
-                       "prod(kernel) elements: not a conv")
+        return Refusal(
+            "AveragePool with count_include_pad=0 and pads divides border windows by fewer than "
+            "prod(kernel) elements: not a conv"
+        )
     if ceil_mode:
-        for axis, (k, s, a, e, length) in enumerate(zip(kernel_shape, strides, pads_begin, pads_end,
-                                                        spatial_lengths(input_spatial, nd))):
+        for axis, (k, s, a, e, length) in enumerate(
+            zip(kernel_shape, strides, pads_begin, pads_end, spatial_lengths(input_spatial, nd))
+        ):
             if s > 1 and (length is None or (length + a + e - k) % s):
-                return Refusal(f"AveragePool ceil_mode=1 adds a partial window on spatial axis {axis} "
-                               f"(input length {length}, kernel {k}, stride {s}, pads {a}+{e})")
+                return Refusal(
+                    f"AveragePool ceil_mode=1 adds a partial window on spatial axis {axis} "
+                    f"(input length {length}, kernel {k}, stride {s}, pads {a}+{e})"
+                )
     weight = np.zeros((channels, channels, *kernel_shape))
     weight[np.arange(channels), np.arange(channels)] = 1.0 / float(np.prod(kernel_shape))
     return ConvSpec(weight, np.zeros(channels), False, strides, (1,) * nd, pads_begin, pads_end)
 
 
-def merge_zero_pad(spec: ConvSpec, pad_begin_spatial: Sequence[int],
-                   pad_end_spatial: Sequence[int]) -> ConvSpec | Refusal:
+def merge_zero_pad(
+    spec: ConvSpec, pad_begin_spatial: Sequence[int], pad_end_spatial: Sequence[int]
+) -> ConvSpec | Refusal:
     """conv(ZeroPad(x)) as one conv: pads (a + p_begin, e + p_end). Refused for negative pads,
     which crop x: the conv would then read real values where it read cropped-away zeros."""
     begin, end = tuple(int(p) for p in pad_begin_spatial), tuple(int(p) for p in pad_end_spatial)
@@ -63,8 +76,11 @@ def merge_zero_pad(spec: ConvSpec, pad_begin_spatial: Sequence[int],
         raise ValueError(f"{spec.nd}-D conv given pads {begin}, {end}")
     if min(begin + end) < 0:
         return Refusal(f"the Pad crops (negative pads {begin}, {end}); a conv's pads cannot crop")
-    return dataclasses.replace(spec, pads_begin=tuple(a + p for a, p in zip(spec.pads_begin, begin)),
-                               pads_end=tuple(e + p for e, p in zip(spec.pads_end, end)))
+    return dataclasses.replace(
+        spec,
+        pads_begin=tuple(a + p for a, p in zip(spec.pads_begin, begin)),
+        pads_end=tuple(e + p for e, p in zip(spec.pads_end, end)),
+    )
 
 
 def scale_shift_after(spec: ConvSpec, scale, shift) -> ConvSpec:
@@ -103,8 +119,10 @@ def scale_shift_before(spec: ConvSpec, scale, shift) -> ConvSpec | Refusal:
     scale = _per_channel(scale, spec.in_channels, "scale")
     shift = _per_channel(shift, spec.in_channels, "shift")
     if np.any(shift) and (any(spec.pads_begin) or any(spec.pads_end)):
-        return Refusal(f"a shift before the conv would be read through its zero padding (pads {spec.pads_begin}, "
-                       f"{spec.pads_end}), where the shifted input is not zero: not exact")
+        return Refusal(
+            f"a shift before the conv would be read through its zero padding (pads {spec.pads_begin}, "
+            f"{spec.pads_end}), where the shifted input is not zero: not exact"
+        )
     weight = spec.weight * scale.reshape(1, -1, *[1] * spec.nd)
     bias = spec.bias + spec.weight.sum(axis=tuple(range(2, spec.weight.ndim))) @ shift
     return dataclasses.replace(spec, weight=weight, bias=bias, has_bias=spec.has_bias or bool(np.any(shift)))

@@ -44,8 +44,9 @@ def _explicit_pads(attrs: dict, kernel, strides, dilations, lengths) -> tuple[tu
         return Refusal(f"Conv auto_pad {mode!r} is not an ONNX padding mode")
     pairs = [_same_pads(mode, *args) for args in zip(kernel, strides, dilations, lengths)]
     if None in pairs:
-        return Refusal(f"Conv auto_pad={mode} with stride > 1 needs the input's static spatial shape, "
-                       f"which is {tuple(lengths)}")
+        return Refusal(
+            f"Conv auto_pad={mode} with stride > 1 needs the input's static spatial shape, which is {tuple(lengths)}"
+        )
     return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
 
 
@@ -60,12 +61,20 @@ def conv_from_onnx(weight, bias, attrs: dict, input_spatial: Sequence[int | None
     dense = expand_groups(weight, int(attrs.get("group", 1)))
     has_bias = bias is not None
     bias = np.zeros(weight.shape[0]) if bias is None else np.asarray(bias, dtype=np.float64).reshape(-1)
-    return ConvSpec(dense, bias, has_bias, tuple(a.stride for a in geometry), tuple(a.dilation for a in geometry),
-                    tuple(a.pad_begin for a in geometry), tuple(a.pad_end for a in geometry))
+    return ConvSpec(
+        dense,
+        bias,
+        has_bias,
+        tuple(a.stride for a in geometry),
+        tuple(a.dilation for a in geometry),
+        tuple(a.pad_begin for a in geometry),
+        tuple(a.pad_end for a in geometry),
+    )
 
 
-def conv_geometry(weight_shape: Sequence[int], attrs: dict,
-                  input_spatial: Sequence[int | None] | None) -> tuple[AxisGeometry, ...] | Refusal:
+def conv_geometry(
+    weight_shape: Sequence[int], attrs: dict, input_spatial: Sequence[int | None] | None
+) -> tuple[AxisGeometry, ...] | Refusal:
     """The per-axis geometry of an ONNX Conv with weight shape [O, I/g, *k] and these
     attributes (pads resolved from `pads` or `auto_pad`, as conv_from_onnx), weights unread."""
     nd = len(weight_shape) - 2

@@ -39,26 +39,38 @@ class Outline:
         return (self.out_channels, self.in_channels // self.group, *self.kernel_shape)
 
 
-def composite_outline(first_weight: np.ndarray, first_group: int, first_axes: Sequence[AxisGeometry],
-                      second_weight: np.ndarray, second_group: int,
-                      second_axes: Sequence[AxisGeometry]) -> Outline:
+def composite_outline(
+    first_weight: np.ndarray,
+    first_group: int,
+    first_axes: Sequence[AxisGeometry],
+    second_weight: np.ndarray,
+    second_group: int,
+    second_axes: Sequence[AxisGeometry],
+) -> Outline:
     """W1 [M, C/g1, *k1] (group g1) then W2 [O, M/g2, *k2] (group g2) -> the Outline of the
     composite conv on structural nonzeros (module doc)."""
     first_weight, second_weight = np.asarray(first_weight), np.asarray(second_weight)
     middle = first_weight.shape[0]
     if second_weight.shape[1] * second_group != middle:
-        raise ValueError(f"cannot chain a conv with {middle} outputs into a conv with "
-                         f"{second_weight.shape[1] * second_group} inputs")
-    links = _composite_links(first_weight, first_group, second_weight, second_group)       # [O, C]
+        raise ValueError(
+            f"cannot chain a conv with {middle} outputs into a conv with {second_weight.shape[1] * second_group} inputs"
+        )
+    links = _composite_links(first_weight, first_group, second_weight, second_group)  # [O, C]
     group = largest_group_count(links[:, :, None])
     axes = [compose_axis(f, s) for f, s in zip(first_axes, second_axes)]
     taps = np.zeros([axis.geometry.kernel for axis in axes], dtype=np.float64)
     for pair in np.argwhere(active_pairs(first_weight, second_weight, second_group)):
-        u, t = pair[:len(axes)], pair[len(axes):]
+        u, t = pair[: len(axes)], pair[len(axes) :]
         taps[tuple(int(ui) * axis.step_second + int(ti) * axis.step_first for ui, ti, axis in zip(u, t, axes))] = 1.0
-    shape = ConvSpec(taps[None, None], np.zeros(1), False, tuple(a.geometry.stride for a in axes),
-                     tuple(a.geometry.dilation for a in axes), tuple(a.geometry.pad_begin for a in axes),
-                     tuple(a.geometry.pad_end for a in axes))
+    shape = ConvSpec(
+        taps[None, None],
+        np.zeros(1),
+        False,
+        tuple(a.geometry.stride for a in axes),
+        tuple(a.geometry.dilation for a in axes),
+        tuple(a.geometry.pad_begin for a in axes),
+        tuple(a.geometry.pad_end for a in axes),
+    )
     return Outline(links.shape[0], links.shape[1], group, normalize_taps(shape).kernel_shape)
 
 
@@ -72,15 +84,15 @@ def _composite_links(first_weight, first_group, second_weight, second_group) -> 
     are expanded to [O, M]; W1's stay in their g1 diagonal blocks [M/g1, C/g1], so the
     product is g1 block products. When every output reads every middle channel (a dense
     second conv, the usual case), o reads c exactly when some middle channel does: O(M*C/g1)."""
-    second_reads, first = _reads(second_weight), _reads(first_weight).astype(np.float32)   # [O, M/g2], [M, C/g1]
+    second_reads, first = _reads(second_weight), _reads(first_weight).astype(np.float32)  # [O, M/g2], [M, C/g1]
     middle = first.shape[0]
     if second_group == 1 and second_reads.all():
-        read_at_all = first.reshape(first_group, middle // first_group, -1).any(axis=1).reshape(-1)   # [C]
+        read_at_all = first.reshape(first_group, middle // first_group, -1).any(axis=1).reshape(-1)  # [C]
         return np.broadcast_to(read_at_all, (second_reads.shape[0], read_at_all.size))
-    second = _dense_links(second_reads, second_group).astype(np.float32)                   # [O, M]
+    second = _dense_links(second_reads, second_group).astype(np.float32)  # [O, M]
     out_channels = second.shape[0]
     blocks = second.reshape(out_channels, first_group, middle // first_group).transpose(1, 0, 2)
-    products = blocks @ first.reshape(first_group, middle // first_group, -1)              # [g1, O, C/g1]
+    products = blocks @ first.reshape(first_group, middle // first_group, -1)  # [g1, O, C/g1]
     return products.transpose(1, 0, 2).reshape(out_channels, -1) > 0
 
 

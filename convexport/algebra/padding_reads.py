@@ -25,8 +25,8 @@ from .spec import AxisGeometry
 class AxisReads:
     """One axis of second(first(x)), over every input length considered."""
 
-    leaks: np.ndarray      # [k2, k1] bool: an output reads padded p via u while q (tap t) is inside x
-    reaches: np.ndarray    # [k2, k1] bool: an output's path through (u, t) lands inside x
+    leaks: np.ndarray  # [k2, k1] bool: an output reads padded p via u while q (tap t) is inside x
+    reaches: np.ndarray  # [k2, k1] bool: an output's path through (u, t) lands inside x
     pads_read: np.ndarray  # [k2] bool: an output reads h's padding through tap u
 
 
@@ -51,8 +51,9 @@ def lengths_to_check(first: AxisGeometry, second: AxisGeometry, length: int | No
     while second.output_length(first.output_length(start)) < 1:
         start += 1
     period = first.stride * second.stride
-    extent = (first.stride * (second.span + second.pad_begin + second.pad_end)
-              + first.span + first.pad_begin + first.pad_end)
+    extent = (
+        first.stride * (second.span + second.pad_begin + second.pad_end) + first.span + first.pad_begin + first.pad_end
+    )
     return range(start, start + extent + period * (second.pad_begin + second.pad_end + 4))
 
 
@@ -113,8 +114,9 @@ def border_bytes(out_channels: int, output_shape: Sequence[int]) -> int:
     return 4 * out_channels * int(np.prod(output_shape))
 
 
-def border_map(first: Sequence[AxisGeometry], second: Sequence[AxisGeometry], lengths: Sequence[int],
-               bias_taps: np.ndarray) -> np.ndarray:
+def border_map(
+    first: Sequence[AxisGeometry], second: Sequence[AxisGeometry], lengths: Sequence[int], bias_taps: np.ndarray
+) -> np.ndarray:
     """B[o, j] = -sum over taps u of second with p(j, u) outside [0, L1)^n of bias_taps[o, u].
 
     bias_taps [O, *k2] is W2[:, :, u] @ b1. The composite conv adds first's bias b1 at every

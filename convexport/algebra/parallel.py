@@ -22,8 +22,9 @@ def _check_branches(specs: Sequence[ConvSpec]) -> Refusal | None:
     if not specs:
         raise ValueError("no branches to merge")
     if len({(s.nd, s.in_channels) for s in specs}) > 1:
-        raise ValueError(f"branches reading one x differ in rank or input channels: "
-                         f"{[(s.nd, s.in_channels) for s in specs]}")
+        raise ValueError(
+            f"branches reading one x differ in rank or input channels: {[(s.nd, s.in_channels) for s in specs]}"
+        )
     if len({s.strides for s in specs}) > 1:
         return Refusal(f"the branches use different strides {[s.strides for s in specs]}")
     return None
@@ -38,12 +39,16 @@ def _end_pad(axes: Sequence[AxisGeometry], begin: int, span: int, length: int | 
     if len(offsets) == 1:
         return offsets.pop() + span - begin
     if length is None:
-        return Refusal(f"the branches' output lengths on spatial axis {index} agree only for some input lengths "
-                       "(it needs a static spatial shape)")
+        return Refusal(
+            f"the branches' output lengths on spatial axis {index} agree only for some input lengths "
+            "(it needs a static spatial shape)"
+        )
     outputs = [axis.output_length(length) for axis in axes]
     if len(set(outputs)) > 1:
-        return Refusal(f"the branches' output lengths on spatial axis {index} differ ({outputs}): "
-                       "the result would broadcast, not add")
+        return Refusal(
+            f"the branches' output lengths on spatial axis {index} differ ({outputs}): "
+            "the result would broadcast, not add"
+        )
     return max(0, axes[0].stride * (outputs[0] - 1) + span - length - begin)
 
 
@@ -88,13 +93,20 @@ def _place(spec: ConvSpec, window: Sequence[AxisGeometry]) -> np.ndarray:
 
 
 def _merged(window: Sequence[AxisGeometry], weight: np.ndarray, bias: np.ndarray, has_bias: bool) -> ConvSpec:
-    return ConvSpec(weight, bias, has_bias,
-                    strides=tuple(a.stride for a in window), dilations=tuple(a.dilation for a in window),
-                    pads_begin=tuple(a.pad_begin for a in window), pads_end=tuple(a.pad_end for a in window))
+    return ConvSpec(
+        weight,
+        bias,
+        has_bias,
+        strides=tuple(a.stride for a in window),
+        dilations=tuple(a.dilation for a in window),
+        pads_begin=tuple(a.pad_begin for a in window),
+        pads_end=tuple(a.pad_end for a in window),
+    )
 
 
-def combine_parallel(specs: Sequence[ConvSpec], signs: Sequence[float],
-                     input_spatial: Sequence[int | None] | None) -> ConvSpec | Refusal:
+def combine_parallel(
+    specs: Sequence[ConvSpec], signs: Sequence[float], input_spatial: Sequence[int | None] | None
+) -> ConvSpec | Refusal:
     """sum_i signs[i] * conv_i(x) as one conv: W = sum_i signs[i] * W_i placed in the common
     window ([O, I, *K]), b = sum_i signs[i] * b_i ([O])."""
     if len(signs) != len(specs):
@@ -103,8 +115,10 @@ def combine_parallel(specs: Sequence[ConvSpec], signs: Sequence[float],
     if isinstance(window, Refusal):
         return window
     if len({spec.out_channels for spec in specs}) > 1:
-        return Refusal(f"the branches have different output channel counts {[s.out_channels for s in specs]}: "
-                       "the result would broadcast, not add")
+        return Refusal(
+            f"the branches have different output channel counts {[s.out_channels for s in specs]}: "
+            "the result would broadcast, not add"
+        )
     weight = sum(float(sign) * _place(spec, window) for spec, sign in zip(specs, signs))
     bias = sum(float(sign) * spec.bias for spec, sign in zip(specs, signs))
     return _merged(window, weight, bias, any(spec.has_bias for spec in specs))

@@ -13,8 +13,9 @@ padded with zero columns: the split is exact for any stride, dilation and zero p
 The rank is numerical: singular values below RANK_TOLERANCE times the largest count as zero,
 and the split is refused unless the product reproduces W to fp32 rounding. A rank screen (R's
 diagonal of a QR, read from a Cholesky factor) finds most full-rank kernels (trained weights
-nearly always are) before the SVD; given the highest rank at which the split still pays, it only has to show that the rank exceeds that, which a
-nonsingular square submatrix of that size proves at a fraction of the cost.
+nearly always are) before the SVD; given the highest rank at which the split still pays, it
+only has to show that the rank exceeds that, which a nonsingular square submatrix of that size
+proves at a fraction of the cost.
 """
 
 from __future__ import annotations
@@ -25,17 +26,17 @@ import numpy as np
 
 from .spec import ConvSpec, Refusal
 
-RANK_TOLERANCE = 1e-7        # relative to the largest singular value: below fp32's resolution
+RANK_TOLERANCE = 1e-7  # relative to the largest singular value: below fp32's resolution
 RECONSTRUCTION_TOLERANCE = 1e-6
-SCREEN_TOLERANCE = 1e-4      # R's diagonal entries above this fraction of the largest: full rank
-SUBMATRIX_SEED = 0           # the screen's draw of rows and columns: the same decision every run
-SUBMATRIX_FROM = 64          # below this many columns, screening the whole matrix costs less than the draw
+SCREEN_TOLERANCE = 1e-4  # R's diagonal entries above this fraction of the largest: full rank
+SUBMATRIX_SEED = 0  # the screen's draw of rows and columns: the same decision every run
+SUBMATRIX_FROM = 64  # below this many columns, screening the whole matrix costs less than the draw
 
 
 @dataclass(frozen=True)
 class SeparableConv:
-    tall: ConvSpec           # [R, I, Kh, 1], the rows' geometry, no bias
-    wide: ConvSpec           # [O, R, 1, Kw], the columns' geometry, the bias
+    tall: ConvSpec  # [R, I, Kh, 1], the rows' geometry, no bias
+    wide: ConvSpec  # [O, R, 1, Kw], the columns' geometry, the bias
     rank: int
 
 
@@ -58,9 +59,10 @@ def split_separable(spec: ConvSpec, max_rank: int | None = None) -> SeparableCon
     if max_rank is not None and max_rank < 1:
         return _no_split("a split would cost more than the conv at any rank")
     full = min(in_channels * rows, out_channels * cols)
-    too_high = full if max_rank is None else min(max_rank + 1, full)     # the lowest rank of no use
+    too_high = full if max_rank is None else min(max_rank + 1, full)  # the lowest rank of no use
     described = f"as a [{in_channels}x{rows}, {out_channels}x{cols}] matrix" + (
-        "" if too_high == full else f"; a split pays below rank {too_high}")
+        "" if too_high == full else f"; a split pays below rank {too_high}"
+    )
     if _plainly_of_rank(spec.weight, too_high):
         return _no_split(f"the kernel has rank {too_high} or more {described}")
     u, singular, vt = np.linalg.svd(_matricise(spec.weight), full_matrices=False)
@@ -80,7 +82,8 @@ def split_separable(spec: ConvSpec, max_rank: int | None = None) -> SeparableCon
     return SeparableConv(
         ConvSpec(tall, np.zeros(rank), False, (stride_h, 1), (dilation_h, 1), (top, 0), (bottom, 0)),
         ConvSpec(wide, spec.bias, spec.has_bias, (1, stride_w), (1, dilation_w), (0, left), (0, right)),
-        rank)
+        rank,
+    )
 
 
 def rank_at_least(weight: np.ndarray, rank: int) -> bool:
@@ -105,8 +108,9 @@ def _plainly_of_rank(weight: np.ndarray, rank: int) -> bool:
     At full rank, R of the whole (tall) matrix's QR: if its columns are dependent, the first column
     in the span of those before it has a zero diagonal entry in R, to rounding: an exactly low
     rank (a product of a tall and a wide kernel, a separable filter) shows up as a diagonal entry
-    near 1e-16 of the largest (1e-8 through the Gram matrix, or no Cholesky factor). Entries all above SCREEN_TOLERANCE of the largest are taken as
-    independent; a near-deficiency the screen misses only loses a split (the split itself is checked)."""
+    near 1e-16 of the largest (1e-8 through the Gram matrix, or no Cholesky factor). Entries all
+    above SCREEN_TOLERANCE of the largest are taken as independent; a near-deficiency the screen
+    misses only loses a split (the split itself is checked)."""
     out_channels, in_channels, kernel_rows, kernel_cols = weight.shape
     shape = (in_channels * kernel_rows, out_channels * kernel_cols)
     full = min(shape)
@@ -124,10 +128,11 @@ def _independent_columns(tall: np.ndarray) -> bool:
     """Every diagonal entry of R (tall = QR, rows >= columns) above SCREEN_TOLERANCE of the largest.
 
     R's diagonal is read from the Cholesky factor L of the Gram matrix G = tall^T tall [C, C]:
-    G = R^T R, so L = R^T up to signs and |R_kk| = L_kk, with fewer flops than a QR at any size. Squaring the matrix squares its condition number,
-    but an entry at the tolerance (1e-4 of the largest) is 1e-8 of it in G, far above float64's
-    rounding; dependent columns leave G singular, where Cholesky fails or gives a diagonal
-    entry near 1e-8 of the largest: not independent either way."""
+    G = R^T R, so L = R^T up to signs and |R_kk| = L_kk, with fewer flops than a QR at any size.
+    Squaring the matrix squares its condition number, but an entry at the tolerance (1e-4 of
+    the largest) is 1e-8 of it in G, far above float64's rounding; dependent columns leave G
+    singular, where Cholesky fails or gives a diagonal entry near 1e-8 of the largest: not
+    independent either way."""
     try:
         diagonal = np.diagonal(np.linalg.cholesky(tall.T @ tall))
     except np.linalg.LinAlgError:
@@ -141,8 +146,9 @@ def _submatrix(weight: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.nda
     i*Kh + kh and column o*Kw + kw of the matrix are W[o, i, kh, kw]."""
     in_channel, kernel_row = np.divmod(rows, weight.shape[2])
     out_channel, kernel_col = np.divmod(cols, weight.shape[3])
-    return np.asarray(weight[out_channel[None, :], in_channel[:, None], kernel_row[:, None], kernel_col[None, :]],
-                      np.float64)
+    return np.asarray(
+        weight[out_channel[None, :], in_channel[:, None], kernel_row[:, None], kernel_col[None, :]], np.float64
+    )
 
 
 def _matricise(weight: np.ndarray) -> np.ndarray:

@@ -98,8 +98,10 @@ class ConvSpec:
         object.__setattr__(self, "pads_end", int_tuple("pads_end", self.pads_end, nd, 0))
 
     def __repr__(self) -> str:
-        return (f"ConvSpec({self.out_channels}x{self.in_channels}, kernel={self.kernel_shape}, strides={self.strides}, "
-                f"dilations={self.dilations}, pads={self.pads_begin}+{self.pads_end}, has_bias={self.has_bias})")
+        return (
+            f"ConvSpec({self.out_channels}x{self.in_channels}, kernel={self.kernel_shape}, strides={self.strides}, "
+            f"dilations={self.dilations}, pads={self.pads_begin}+{self.pads_end}, has_bias={self.has_bias})"
+        )
 
     @property
     def nd(self) -> int:
@@ -119,8 +121,13 @@ class ConvSpec:
 
     def axis(self, index: int) -> AxisGeometry:
         """The geometry of spatial axis `index`."""
-        return AxisGeometry(self.kernel_shape[index], self.strides[index], self.dilations[index],
-                            self.pads_begin[index], self.pads_end[index])
+        return AxisGeometry(
+            self.kernel_shape[index],
+            self.strides[index],
+            self.dilations[index],
+            self.pads_begin[index],
+            self.pads_end[index],
+        )
 
     def axes(self) -> tuple[AxisGeometry, ...]:
         return tuple(self.axis(i) for i in range(self.nd))

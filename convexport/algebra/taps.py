@@ -15,7 +15,7 @@ def _nonzero_taps(weight: np.ndarray, axis: int) -> np.ndarray:
     """Per tap index along spatial `axis`: whether its weight slice has a nonzero entry. The
     channels are reduced first, as one leading axis: one pass over the weight, where reducing
     all the other axes at once makes numpy walk it with strides."""
-    taps = np.any(weight.reshape(-1, *weight.shape[2:]) != 0, axis=0)          # [*k]
+    taps = np.any(weight.reshape(-1, *weight.shape[2:]) != 0, axis=0)  # [*k]
     return np.any(taps, axis=tuple(i for i in range(taps.ndim) if i != axis))
 
 

@@ -20,8 +20,8 @@ Mul/Div/Add/Sub, AveragePool, zero Pad): see linear_nodes.py.
 from .batch_branches import batch_conv_heads, batch_gathered_linears, batch_split_branches
 from .cleanup import forward_input
 from .concat_ops import flatten_concats, repeat_as_tile
-from .conv_branches import concat_branches, sum_branches
 from .constant_maps import linear_of_constant_map, merge_constant_adds
+from .conv_branches import concat_branches, sum_branches
 from .conv_chain import compose_linear
 from .fft_conv import conv_as_fft
 from .separable import conv_as_separable

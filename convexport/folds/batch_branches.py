@@ -29,11 +29,41 @@ from ..ir import attribute_or, constant_value, is_absent
 from ..rewrite.primitives import Rewrite
 from .conv_chain import output_dtype
 
-UNARY = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Selu", "Gelu", "HardSigmoid", "HardSwish", "Softplus",
-         "Softsign", "Erf", "Neg", "Abs", "Exp", "Sqrt", "Reciprocal", "Clip", "Mish", "Identity", "Cast"}
+UNARY = {
+    "Relu",
+    "LeakyRelu",
+    "Sigmoid",
+    "Tanh",
+    "Elu",
+    "Selu",
+    "Gelu",
+    "HardSigmoid",
+    "HardSwish",
+    "Softplus",
+    "Softsign",
+    "Erf",
+    "Neg",
+    "Abs",
+    "Exp",
+    "Sqrt",
+    "Reciprocal",
+    "Clip",
+    "Mish",
+    "Identity",
+    "Cast",
+}
 BINARY = {"Add", "Sub", "Mul", "Div"}
-REDUCE = {"ReduceMax", "ReduceMin", "ReduceMean", "ReduceSum", "ReduceProd", "ReduceL1", "ReduceL2",
-          "ReduceLogSumExp", "ReduceSumSquare"}
+REDUCE = {
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceMean",
+    "ReduceSum",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSumExp",
+    "ReduceSumSquare",
+}
 CHANNEL_POOLS = {"GlobalMaxPool", "GlobalAveragePool", "MaxPool", "AveragePool", "LpPool", "GlobalLpPool"}
 RESHAPES = {"Reshape", "Unsqueeze", "Squeeze", "Flatten"}
 
@@ -44,7 +74,7 @@ class Stacked:
 
     value: ir.Variable
     shape: tuple
-    prefix: tuple            # the branch dims before the block, unit dims dropped
+    prefix: tuple  # the branch dims before the block, unit dims dropped
     count: int
 
     def axes(self) -> list[int]:
@@ -75,7 +105,9 @@ class _Builder:
 
     def node(self, op, inputs, attrs=None, shape=None, dtype=None, base="batched"):
         output = ir.Variable(self.context.fresh(base), dtype=dtype or self.dtype, shape=list(shape) if shape else None)
-        self.nodes.append(ir.Node(op, self.context.fresh(base + "_" + op.lower()), dict(attrs or {}), list(inputs), [output]))
+        self.nodes.append(
+            ir.Node(op, self.context.fresh(base + "_" + op.lower()), dict(attrs or {}), list(inputs), [output])
+        )
         return output
 
     def const(self, value, base="batched_const", dtype=None):
@@ -86,8 +118,8 @@ class _Builder:
         target = stacked.view_shape(axis)
         if tuple(stacked.value.shape or ()) == tuple(target):
             return stacked.value
-        dims = [d if isinstance(d, int) else 0 for d in target]       # 0 copies a symbolic leading dim
-        if any(not isinstance(d, int) for d in target[len(_leading_symbolic(target)):]):
+        dims = [d if isinstance(d, int) else 0 for d in target]  # 0 copies a symbolic leading dim
+        if any(not isinstance(d, int) for d in target[len(_leading_symbolic(target)) :]):
             return None
         shape = self.const(np.array(dims, np.int64), "batched_shape", np.int64)
         return self.node("Reshape", [stacked.value, shape], shape=target, base="batched_view")
@@ -104,11 +136,12 @@ def _leading_symbolic(shape) -> tuple:
 
 # --- heads -------------------------------------------------------------------------------------
 
+
 def batch_conv_heads(match, context) -> Rewrite | Refusal | None:
     """heads[] = Conv(x, w[], b[]?) with the same attributes and weight shapes -> one Conv whose
     output channels are the heads' stacked, followed by the branches batched."""
     heads = _largest_compatible([h for h in match.nodes["heads"] if h.attrs.get("group", 1) == 1], _conv_key)
-    if len(heads) < 2:   # grouped heads would need their output channels interleaved by group
+    if len(heads) < 2:  # grouped heads would need their output channels interleaved by group
         return None
     shape = tuple(heads[0].outputs[0].shape) if heads[0].outputs[0].shape else None
     if shape is None or len(shape) < 3:
@@ -121,8 +154,12 @@ def batch_conv_heads(match, context) -> Rewrite | Refusal | None:
     if bias is not None:
         inputs.append(build.const(bias, "stacked_bias"))
     value = build.node("Conv", inputs, heads[0].attrs, _view_of(shape, 1, len(heads)), base="stacked_conv")
-    return _finish(build, Stacked(value, shape, _drop_units(shape[:1]), len(heads)), [h.outputs[0] for h in heads],
-                   f"{len(heads)} parallel Convs stacked into one")
+    return _finish(
+        build,
+        Stacked(value, shape, _drop_units(shape[:1]), len(heads)),
+        [h.outputs[0] for h in heads],
+        f"{len(heads)} parallel Convs stacked into one",
+    )
 
 
 def _conv_key(conv):
@@ -145,23 +182,43 @@ def batch_gathered_linears(match, context) -> Rewrite | Refusal | None:
     out_features = constant_value(gemms[0].inputs[1]).shape[0 if transposed else 1]
     if any(b is not None and not _per_column(np.asarray(b), out_features) for b in biases):
         return Refusal("a Gemm bias varies over the batch")
-    weight, bias = pack_linear_heads([constant_value(g.inputs[1]) for g in gemms], biases, transposed,
-                                     float(gemms[0].attrs.get("alpha", 1.0)), float(gemms[0].attrs.get("beta", 1.0)))
+    weight, bias = pack_linear_heads(
+        [constant_value(g.inputs[1]) for g in gemms],
+        biases,
+        transposed,
+        float(gemms[0].attrs.get("alpha", 1.0)),
+        float(gemms[0].attrs.get("beta", 1.0)),
+    )
     dtype = output_dtype(gemms[0])
     build = _Builder(context, dtype)
     batch, n = x.shape[0], len(gemms)
     gathered = x
     if indices != list(range(x.shape[1])):
-        gathered = build.node("Gather", [x, build.const(np.array(indices, np.int64), "indices", np.int64)],
-                              {"axis": 1}, (batch, n, x.shape[2]), base="gathered")
-    value = _contract(build, gathered, build.const(weight, "packed_weight"), (batch, n, weight.shape[2]),
-                      context.params.get("form", "matmul"))
+        gathered = build.node(
+            "Gather",
+            [x, build.const(np.array(indices, np.int64), "indices", np.int64)],
+            {"axis": 1},
+            (batch, n, x.shape[2]),
+            base="gathered",
+        )
+    value = _contract(
+        build,
+        gathered,
+        build.const(weight, "packed_weight"),
+        (batch, n, weight.shape[2]),
+        context.params.get("form", "matmul"),
+    )
     if bias is not None:
-        value = build.node("Add", [value, build.const(bias, "packed_bias")], shape=(batch, n, weight.shape[2]),
-                           base="packed_bias_add")
+        value = build.node(
+            "Add", [value, build.const(bias, "packed_bias")], shape=(batch, n, weight.shape[2]), base="packed_bias_add"
+        )
     shape = (batch, weight.shape[2])
-    return _finish(build, Stacked(value, shape, _drop_units(shape[:1]), n), [g.outputs[0] for g in gemms],
-                   f"{n} Gemms on gathered rows as one batched {context.params.get('form', 'matmul')}")
+    return _finish(
+        build,
+        Stacked(value, shape, _drop_units(shape[:1]), n),
+        [g.outputs[0] for g in gemms],
+        f"{n} Gemms on gathered rows as one batched {context.params.get('form', 'matmul')}",
+    )
 
 
 def _contract(build, rows, weight, shape, form: str):
@@ -186,8 +243,13 @@ def _per_column(bias: np.ndarray, out_features: int) -> bool:
 
 
 def _gemm_key(gemm):
-    return (gemm.attrs.get("transA", 0), gemm.attrs.get("transB", 0), float(gemm.attrs.get("alpha", 1.0)),
-            float(gemm.attrs.get("beta", 1.0)), constant_value(gemm.inputs[1]).shape)
+    return (
+        gemm.attrs.get("transA", 0),
+        gemm.attrs.get("transB", 0),
+        float(gemm.attrs.get("alpha", 1.0)),
+        float(gemm.attrs.get("beta", 1.0)),
+        constant_value(gemm.inputs[1]).shape,
+    )
 
 
 def batch_split_branches(match, context) -> Rewrite | Refusal | None:
@@ -215,6 +277,7 @@ def _largest_compatible(nodes, key):
 
 # --- the walk -----------------------------------------------------------------------------------
 
+
 def _finish(build, stacked: Stacked, ends, note, require_step=False) -> Rewrite | Refusal | None:
     steps = 0
     while True:
@@ -224,8 +287,12 @@ def _finish(build, stacked: Stacked, ends, note, require_step=False) -> Rewrite 
         joined = _join(build, stacked, ends, readers)
         if joined is not None:
             output, value = joined
-            return Rewrite(build.nodes, [(output, value)], f"{note}; {steps} step(s) batched, joined by a Concat",
-                           extra={"branches": stacked.count, "batched_steps": steps})
+            return Rewrite(
+                build.nodes,
+                [(output, value)],
+                f"{note}; {steps} step(s) batched, joined by a Concat",
+                extra={"branches": stacked.count, "batched_steps": steps},
+            )
         advanced = _step(build, stacked, ends, readers)
         if advanced is None:
             break
@@ -250,8 +317,12 @@ def _single_readers(ends, graph):
 def _join(build, stacked: Stacked, ends, readers):
     """A Concat whose inputs are exactly the ends, in order, along an axis where they stack."""
     concat = readers[0]
-    if concat.op != "Concat" or any(r is not concat for r in readers) or len(concat.inputs) != len(ends) \
-            or any(a is not b for a, b in zip(concat.inputs, ends)):
+    if (
+        concat.op != "Concat"
+        or any(r is not concat for r in readers)
+        or len(concat.inputs) != len(ends)
+        or any(a is not b for a, b in zip(concat.inputs, ends))
+    ):
         return None
     axis = concat.attrs["axis"] % len(stacked.shape)
     if axis not in stacked.axes():
@@ -270,11 +341,14 @@ def _split_back(build, stacked: Stacked, ends, note, steps) -> Rewrite | Refusal
     if view is None:
         return Refusal("the batched branches cannot be split back (symbolic dims)")
     sizes = build.const(np.full(stacked.count, stacked.shape[axis], np.int64), "split_sizes", np.int64)
-    outputs = [ir.Variable(build.context.fresh("branch"), dtype=build.dtype, shape=list(stacked.shape))
-               for _ in ends]
+    outputs = [ir.Variable(build.context.fresh("branch"), dtype=build.dtype, shape=list(stacked.shape)) for _ in ends]
     build.nodes.append(ir.Node("Split", build.context.fresh("batched_split"), {"axis": axis}, [view, sizes], outputs))
-    return Rewrite(build.nodes, list(zip(ends, outputs)), f"{note}; {steps} step(s) batched, then split",
-                   extra={"branches": stacked.count, "batched_steps": steps})
+    return Rewrite(
+        build.nodes,
+        list(zip(ends, outputs)),
+        f"{note}; {steps} step(s) batched, then split",
+        extra={"branches": stacked.count, "batched_steps": steps},
+    )
 
 
 def _same_attrs(nodes) -> bool:
@@ -293,8 +367,13 @@ def _step(build, stacked: Stacked, ends, readers):
         return None
     new_ends = [r.outputs[0] for r in readers]
     if op in UNARY and all(r.inputs[0] is e for r, e in zip(readers, ends)) and _shared_rest(readers, 1):
-        value = build.node(op, [stacked.value, *readers[0].inputs[1:]], readers[0].attrs,
-                           stacked.value.shape, dtype=readers[0].outputs[0].dtype)
+        value = build.node(
+            op,
+            [stacked.value, *readers[0].inputs[1:]],
+            readers[0].attrs,
+            stacked.value.shape,
+            dtype=readers[0].outputs[0].dtype,
+        )
         return replace(stacked, value=value), new_ends
     if op in BINARY:
         return _binary_step(build, stacked, ends, readers, out_shape)
@@ -350,12 +429,17 @@ def _binary_step(build, stacked, ends, readers, out_shape):
         if aligned[axis] == 1:
             tiled = operand
         elif aligned[axis] == stacked.shape[axis] and all(a in (1, s) for a, s in zip(aligned, stacked.shape)):
-            repeats = build.const(np.array([stacked.count if i == axis else 1 for i in range(rank)], np.int64),
-                                  "repeats", np.int64)
+            repeats = build.const(
+                np.array([stacked.count if i == axis else 1 for i in range(rank)], np.int64), "repeats", np.int64
+            )
             source = operand
             if len(op_shape) != rank:
-                source = build.node("Reshape", [operand, build.const(np.array(aligned, np.int64), "shape", np.int64)],
-                                    shape=aligned, base="aligned")
+                source = build.node(
+                    "Reshape",
+                    [operand, build.const(np.array(aligned, np.int64), "shape", np.int64)],
+                    shape=aligned,
+                    base="aligned",
+                )
             tiled = build.node("Tile", [source, repeats], shape=_view_of(aligned, axis, stacked.count), base="tiled")
         else:
             continue
@@ -384,8 +468,9 @@ def _conv_step(build, stacked, ends, readers, out_shape):
     if bias is not None:
         inputs.append(build.const(bias, "grouped_bias"))
     attrs = {**readers[0].attrs, "group": group}
-    value = build.node("Conv", inputs, attrs, (out_shape[0], out_shape[1] * stacked.count, *out_shape[2:]),
-                       base="grouped_conv")
+    value = build.node(
+        "Conv", inputs, attrs, (out_shape[0], out_shape[1] * stacked.count, *out_shape[2:]), base="grouped_conv"
+    )
     return Stacked(value, out_shape, _drop_units(out_shape[:1]), stacked.count), [r.outputs[0] for r in readers]
 
 
@@ -400,8 +485,11 @@ def _reduce_step(build, stacked, ends, readers, out_shape):
         if axis not in stacked.axes():
             return None
     else:
-        axes_input = constant_value(reader.inputs[1]) if len(reader.inputs) > 1 and not is_absent(reader.inputs[1]) \
+        axes_input = (
+            constant_value(reader.inputs[1])
+            if len(reader.inputs) > 1 and not is_absent(reader.inputs[1])
             else reader.attrs.get("axes")
+        )
         if axes_input is None:
             return None
         reduced = {int(a) % rank for a in np.asarray(axes_input).reshape(-1)}
@@ -413,13 +501,14 @@ def _reduce_step(build, stacked, ends, readers, out_shape):
     if view is None:
         return None
     keep = reader.op in CHANNEL_POOLS or bool(reader.attrs.get("keepdims", 1))
-    value = build.node(reader.op, [view, *reader.inputs[1:]], reader.attrs,
-                       _view_of(out_shape, axis, stacked.count) if keep else None)
+    value = build.node(
+        reader.op, [view, *reader.inputs[1:]], reader.attrs, _view_of(out_shape, axis, stacked.count) if keep else None
+    )
     return Stacked(value, out_shape, stacked.prefix, stacked.count), [r.outputs[0] for r in readers]
 
 
 def _view_of(shape, axis, count):
-    return (*shape[:axis], _times(shape[axis], count), *shape[axis + 1:])
+    return (*shape[:axis], _times(shape[axis], count), *shape[axis + 1 :])
 
 
 def _reshape_step(build, stacked, readers, out_shape):

@@ -9,4 +9,6 @@ from ..rewrite.primitives import Rewrite, reach
 def forward_input(match, context) -> Rewrite:
     """The root's output is its first input (Identity, Dropout in inference)."""
     root = match.root
-    return Rewrite(nodes=[], replace=[(root.outputs[0], root.inputs[0])], note=f"{root.op} forwards its input unchanged")
+    return Rewrite(
+        nodes=[], replace=[(root.outputs[0], root.inputs[0])], note=f"{root.op} forwards its input unchanged"
+    )

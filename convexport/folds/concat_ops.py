@@ -50,8 +50,9 @@ def repeat_as_tile(match, context) -> Rewrite | None:
         return None
     rank = len(shape)
     axis = root.attrs["axis"] % rank
-    repeats = ir.Constant(context.fresh("repeats"), np.array([len(parts) if i == axis else 1 for i in range(rank)],
-                                                             np.int64))
+    repeats = ir.Constant(
+        context.fresh("repeats"), np.array([len(parts) if i == axis else 1 for i in range(rank)], np.int64)
+    )
     output = root.outputs[0]
     result = ir.Variable(context.fresh(output.name + "_tiled"), dtype=output_dtype(root), shape=output.shape)
     node = ir.Node("Tile", context.fresh(root.name + "_tile"), {}, [parts[0], repeats], [result])

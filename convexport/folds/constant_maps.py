@@ -58,9 +58,13 @@ def linear_of_constant_map(match, context) -> Rewrite | Refusal:
     constant = ir.Constant(context.fresh(node.outputs[0].name + "_map"), np.asarray(moved, dtype))
     plus = ir.Node("Add", context.fresh(node.name + "_map_add"), inputs=[inner, constant], outputs=[result])
     # The cost of the move is the Add's: over t before, over the (maybe larger) output after.
-    return Rewrite([moved_node, plus], [(node.outputs[0], result)],
-                   f"constant map moved past {node.op} ({size} bytes as float32)",
-                   float(value.size), float(moved.size))
+    return Rewrite(
+        [moved_node, plus],
+        [(node.outputs[0], result)],
+        f"constant map moved past {node.op} ({size} bytes as float32)",
+        float(value.size),
+        float(moved.size),
+    )
 
 
 @reach(0)
@@ -71,7 +75,10 @@ def merge_constant_adds(match, context) -> Rewrite | Refusal:
     output = match.root.outputs[0]
     dtype = output_dtype(match.root)
     result = ir.Variable(context.fresh(output.name + "_sum"), dtype=dtype)
-    node = ir.Node("Add", context.fresh(match.root.name + "_merged"),
-                   inputs=[match.values["t"], ir.Constant(context.fresh(output.name + "_summed_map"), np.asarray(total, dtype))],
-                   outputs=[result])
+    node = ir.Node(
+        "Add",
+        context.fresh(match.root.name + "_merged"),
+        inputs=[match.values["t"], ir.Constant(context.fresh(output.name + "_summed_map"), np.asarray(total, dtype))],
+        outputs=[result],
+    )
     return Rewrite([node], [(output, result)], "two constant Adds merged into one")

@@ -42,7 +42,9 @@ def sum_branches(match, context) -> Rewrite | Refusal:
     merged = combine_parallel(specs, signs, spatial_shape(x))
     if isinstance(merged, Refusal):
         return merged
-    return _replace_root(match, context, merged, tensors, specs, f"{root.op} of {len(specs)} branches merged into one Conv")
+    return _replace_root(
+        match, context, merged, tensors, specs, f"{root.op} of {len(specs)} branches merged into one Conv"
+    )
 
 
 @reach(0)
@@ -56,11 +58,12 @@ def concat_branches(match, context) -> Rewrite | Refusal:
     merged = concat_parallel(specs, spatial_shape(x))
     if isinstance(merged, Refusal):
         return merged
-    return _replace_root(match, context, merged, tensors, specs, f"Concat of {len(specs)} branches merged into one Conv")
+    return _replace_root(
+        match, context, merged, tensors, specs, f"Concat of {len(specs)} branches merged into one Conv"
+    )
 
 
 def _replace_root(match, context, merged, tensors, specs, note) -> Rewrite:
     output = match.root.outputs[0]
-    node, folded = make_conv(context, match.values["x"], merged, output_dtype(match.root), output.name,
-                             output.shape)
+    node, folded = make_conv(context, match.values["x"], merged, output_dtype(match.root), output.name, output.shape)
     return Rewrite([node], [(output, folded)], note, _flops(tensors, match.values["x"]), node_flops(node, output.shape))

@@ -5,13 +5,21 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ir
-from ..algebra import DEFAULT_BORDER_LIMIT_BYTES, Composition, Refusal, compose, scale_shift_after, scale_shift_onnx_weight
+from ..algebra import (
+    DEFAULT_BORDER_LIMIT_BYTES,
+    Composition,
+    Refusal,
+    compose,
+    scale_shift_after,
+    scale_shift_onnx_weight,
+)
 from ..algebra.onnx_conv import conv_geometry
 from ..algebra.outline import composite_outline
 from ..ir import tensor_dtype
 from ..rewrite.primitives import Rewrite, reach
 from .convnodes import conv_attributes, conv_node, conv_weights, make_conv, node_flops, spatial_shape
 from .linear_nodes import channel_affine, composed_note, data_input, linear_spec
+
 
 def output_dtype(node: ir.Node) -> np.dtype:
     return tensor_dtype(node.outputs[0])
@@ -47,10 +55,15 @@ def _composed(first: ir.Node, second: ir.Node, x, note: str, context) -> Rewrite
     node, folded = make_conv(context, x, composition.spec, output_dtype(second), output.name, output.shape)
     nodes, extra = [node], {}
     if composition.border is not None:
-        border = ir.Constant(context.fresh(output.name + "_border"), composition.border[None].astype(output_dtype(second)))
-        corrected = ir.Variable(context.fresh(output.name + "_corrected"), dtype=output_dtype(second),
-                                shape=output.shape)
-        nodes.append(ir.Node("Add", context.fresh(output.name + "_border_add"), inputs=[folded, border], outputs=[corrected]))
+        border = ir.Constant(
+            context.fresh(output.name + "_border"), composition.border[None].astype(output_dtype(second))
+        )
+        corrected = ir.Variable(
+            context.fresh(output.name + "_corrected"), dtype=output_dtype(second), shape=output.shape
+        )
+        nodes.append(
+            ir.Node("Add", context.fresh(output.name + "_border_add"), inputs=[folded, border], outputs=[corrected])
+        )
         extra["border_map_bytes"] = int(composition.border.size * output_dtype(second).itemsize)
         note += f" plus a constant border map of {extra['border_map_bytes']} bytes"
     return _rewrite(first, second, nodes, note, extra)
@@ -66,20 +79,37 @@ def _prospect(first: ir.Node, second: ir.Node, x, note: str, context) -> Rewrite
     if refused is not None:
         return refused
     attrs = [conv_attributes(node) for node in (first, second)]
-    geometry = [conv_geometry(w.shape, a, spatial_shape(t)) for (w, _), a, t in
-                zip(weights, attrs, (x, first.outputs[0]))]
+    geometry = [
+        conv_geometry(w.shape, a, spatial_shape(t)) for (w, _), a, t in zip(weights, attrs, (x, first.outputs[0]))
+    ]
     if any(isinstance(g, Refusal) for g in geometry):
         return None
     if _is_separable_pair(weights[0][0].shape[2:], weights[1][0].shape[2:], weights[0][1] is not None):
         return SEPARABLE_PAIR
-    outline = composite_outline(weights[0][0], int(attrs[0].get("group", 1)), geometry[0],
-                                weights[1][0], int(attrs[1].get("group", 1)), geometry[1])
+    outline = composite_outline(
+        weights[0][0],
+        int(attrs[0].get("group", 1)),
+        geometry[0],
+        weights[1][0],
+        int(attrs[1].get("group", 1)),
+        geometry[1],
+    )
     dtype, output = output_dtype(second), second.outputs[0]
-    inputs = [x, ir.Constant(output.name + "_prospect_weight", np.broadcast_to(np.zeros((), dtype), outline.weight_shape))]
+    inputs = [
+        x,
+        ir.Constant(output.name + "_prospect_weight", np.broadcast_to(np.zeros((), dtype), outline.weight_shape)),
+    ]
     if weights[0][1] is not None or weights[1][1] is not None:
-        inputs.append(ir.Constant(output.name + "_prospect_bias", np.broadcast_to(np.zeros((), dtype), outline.out_channels)))
-    stand_in = ir.Node("Conv", output.name + "_prospect", {"group": outline.group}, inputs,
-                       [ir.Variable(output.name + "_prospect", dtype=dtype, shape=output.shape)])
+        inputs.append(
+            ir.Constant(output.name + "_prospect_bias", np.broadcast_to(np.zeros((), dtype), outline.out_channels))
+        )
+    stand_in = ir.Node(
+        "Conv",
+        output.name + "_prospect",
+        {"group": outline.group},
+        inputs,
+        [ir.Variable(output.name + "_prospect", dtype=dtype, shape=output.shape)],
+    )
     prospect = _rewrite(first, second, [stand_in], note)
     prospect.complete = lambda: _composed(first, second, x, note, context)
     return prospect
@@ -129,11 +159,17 @@ def _composition(first: ir.Node, second: ir.Node, input_spatial, context) -> Com
     return compose(first_spec, second_spec, input_spatial, limit)
 
 
-SEPARABLE_PAIR = Refusal("a tall conv then a wide conv stays split: composed, it is the low-rank kernel that "
-                         "low-rank-kernel splits (and costs Kh*Kw instead of Kh + Kw taps)")
+SEPARABLE_PAIR = Refusal(
+    "a tall conv then a wide conv stays split: composed, it is the low-rank kernel that "
+    "low-rank-kernel splits (and costs Kh*Kw instead of Kh + Kw taps)"
+)
 
 
 def _is_separable_pair(first_kernel, second_kernel, first_has_bias: bool) -> bool:
     """Kh x 1 (no bias) then 1 x Kw, Kh and Kw > 1: the pair algebra/separable.py makes."""
-    return (len(first_kernel) == len(second_kernel) == 2 and first_kernel[1] == 1 < first_kernel[0]
-            and second_kernel[0] == 1 < second_kernel[1] and not first_has_bias)
+    return (
+        len(first_kernel) == len(second_kernel) == 2
+        and first_kernel[1] == 1 < first_kernel[0]
+        and second_kernel[0] == 1 < second_kernel[1]
+        and not first_has_bias
+    )

@@ -47,8 +47,9 @@ def make_conv(context, x, spec: ConvSpec, dtype: np.dtype, base: str, shape=None
     return conv_node(context, x, *conv_to_onnx(spec), dtype, base, shape)
 
 
-def conv_node(context, x, weight: np.ndarray, bias: np.ndarray | None, attrs: dict, dtype: np.dtype, base: str,
-              shape=None) -> tuple[ir.Node, ir.Variable]:
+def conv_node(
+    context, x, weight: np.ndarray, bias: np.ndarray | None, attrs: dict, dtype: np.dtype, base: str, shape=None
+) -> tuple[ir.Node, ir.Variable]:
     """A Conv node with these ONNX weight, bias (or None) and attributes, as make_conv."""
     inputs = [x, ir.Constant(context.fresh(base + "_weight"), weight.astype(dtype))]
     if bias is not None:

@@ -13,8 +13,8 @@ from ..ir import constant_value
 from ..rewrite.primitives import Rewrite, reach
 from .convnodes import conv_spec, spatial_shape
 
-MIN_KERNEL_AREA = 121            # 11x11: below this cuDNN/MLAS direct convs win everywhere
-MIN_ADVANTAGE = 2.0              # the FFT estimate must be this many times cheaper
+MIN_KERNEL_AREA = 121  # 11x11: below this cuDNN/MLAS direct convs win everywhere
+MIN_ADVANTAGE = 2.0  # the FFT estimate must be this many times cheaper
 
 
 @reach(0)
@@ -26,9 +26,10 @@ def conv_as_fft(match, context) -> Rewrite | Refusal | None:
     only for large kernels. None (no match) for small kernels.
     """
     conv = match.root
-    weight_shape = _known_shape(conv.inputs[1])     # [O, I/g, *k]: the area decides before anything is loaded
-    if weight_shape is not None and math.prod(weight_shape[2:]) < int(context.params.get("min_kernel_area",
-                                                                                           MIN_KERNEL_AREA)):
+    weight_shape = _known_shape(conv.inputs[1])  # [O, I/g, *k]: the area decides before anything is loaded
+    if weight_shape is not None and math.prod(weight_shape[2:]) < int(
+        context.params.get("min_kernel_area", MIN_KERNEL_AREA)
+    ):
         return None
     spec = conv_spec(conv)
     if isinstance(spec, Refusal):
@@ -45,9 +46,13 @@ def conv_as_fft(match, context) -> Rewrite | Refusal | None:
         return Refusal(f"the FFT would cost about {estimate:.3g} FLOPs against {direct:.3g} for the direct conv")
     build = _Graph(context, context.opset)
     result = build.fft_conv(x, plan, spec)
-    return Rewrite(build.nodes, [(output, result)],
-                   f"{'x'.join(map(str, spec.kernel_shape))} conv as an FFT convolution of size "
-                   f"{'x'.join(map(str, plan.sizes))}", direct, estimate)
+    return Rewrite(
+        build.nodes,
+        [(output, result)],
+        f"{'x'.join(map(str, spec.kernel_shape))} conv as an FFT convolution of size {'x'.join(map(str, plan.sizes))}",
+        direct,
+        estimate,
+    )
 
 
 def _known_shape(tensor) -> tuple[int, ...] | None:
@@ -68,7 +73,9 @@ class _Graph:
 
     def node(self, op, inputs, attrs=None, outputs=1, base="fft"):
         made = [ir.Variable(self.context.fresh(base), dtype=np.float32) for _ in range(outputs)]
-        self.nodes.append(ir.Node(op, self.context.fresh(base + "_" + op.lower()), dict(attrs or {}), list(inputs), made))
+        self.nodes.append(
+            ir.Node(op, self.context.fresh(base + "_" + op.lower()), dict(attrs or {}), list(inputs), made)
+        )
         return made[0] if outputs == 1 else made
 
     def const(self, value, base="fft_const"):
@@ -91,8 +98,9 @@ class _Graph:
         return x if not any(pads) else self.node("Pad", [x, self.ints(pads, "fft_pads")])
 
     def slice(self, x, axis, count, step):
-        return self.node("Slice", [x, self.ints([0]), self.ints([(count - 1) * step + 1]), self.ints([axis]),
-                                   self.ints([step])])
+        return self.node(
+            "Slice", [x, self.ints([0]), self.ints([(count - 1) * step + 1]), self.ints([axis]), self.ints([step])]
+        )
 
     def fft_conv(self, x, plan, spec):
         """x [B, I, *L] -> y [B, O, *out], one image at a time (a Scan over the batch) and, for
@@ -100,12 +108,12 @@ class _Graph:
         frequency-domain tensors, the largest of the computation, then hold one image and one
         output channel ([1, 1, *N', 2]) instead of all of them ([B, O, *N', 2]); they are freed
         before the next ones are made."""
-        kernel = plan.spectrum[..., None]                                           # [O, I, *N', 1] complex
+        kernel = plan.spectrum[..., None]  # [O, I, *N', 1] complex
         k_real = self.const(kernel.real.astype(np.float32), "fft_kernel_real")
         k_imag = self.const(kernel.imag.astype(np.float32), "fft_kernel_imag")
         image = ir.Variable(self.context.fresh("fft_image"), np.float32, [spec.in_channels, *spatial_shape(x)])
         body = self._body([image], lambda one: self._one_image(one, k_real, k_imag, kernel.shape[1:], plan, spec))
-        result = self.node("Scan", [x], {"body": body, "num_scan_inputs": 1})      # [B, O, *out]
+        result = self.node("Scan", [x], {"body": body, "num_scan_inputs": 1})  # [B, O, *out]
         if spec.has_bias and np.any(spec.bias):
             bias = self.const(spec.bias.reshape(1, -1, *[1] * spec.nd).astype(np.float32), "fft_bias")
             result = self.node("Add", [result, bias])
@@ -118,45 +126,49 @@ class _Graph:
             output = build(*inputs)
         finally:
             made, self.nodes = self.nodes, outer
-        return ir.Graph(nodes=made, inputs=list(inputs), outputs=[output], name=self.context.fresh("fft_body"),
-                        opset=self.opset)
+        return ir.Graph(
+            nodes=made, inputs=list(inputs), outputs=[output], name=self.context.fresh("fft_body"), opset=self.opset
+        )
 
     def _one_image(self, image, k_real, k_imag, kernel_shape, plan, spec):
         """image [I, *L] -> its half spectrum X [1, I, *N', 1] (real and imaginary planes), then
         y [O, *out] one output channel at a time."""
-        nd, last = spec.nd, 1 + spec.nd           # spatial axes are 2 .. 1+nd of [1, C, *L]
+        nd, last = spec.nd, 1 + spec.nd  # spatial axes are 2 .. 1+nd of [1, C, *L]
         rank = nd + 2
         begin = {2 + i: a for i, a in enumerate(spec.pads_begin)}
         end = {2 + i: e for i, e in enumerate(spec.pads_end)}
         end[last] = end.get(last, 0) + plan.sizes[-1] - plan.padded[-1]
-        batch = self.node("Unsqueeze", [image, self.ints([0])])                     # [1, I, *L]
+        batch = self.node("Unsqueeze", [image, self.ints([0])])  # [1, I, *L]
         padded = self.pad(batch, rank, begin if nd == 1 else {last: begin[last]}, end if nd == 1 else {last: end[last]})
-        signal = self.node("Unsqueeze", [padded, self.ints([rank])])               # [1, I, *L, 1]
-        spectrum = self.dft(signal, last, onesided=True)                            # half spectrum on the last axis
+        signal = self.node("Unsqueeze", [padded, self.ints([rank])])  # [1, I, *L, 1]
+        spectrum = self.dft(signal, last, onesided=True)  # half spectrum on the last axis
         if nd == 2:
             spectrum = self.pad(spectrum, rank + 1, {2: begin[2]}, {2: end[2] + plan.sizes[0] - plan.padded[0]})
             spectrum = self.dft(spectrum, 2)
         real, imaginary = self.node("Split", [spectrum, self.ints([1, 1])], {"axis": -1}, outputs=2)
-        k_slices = [ir.Variable(self.context.fresh(name), np.float32, list(kernel_shape))
-                    for name in ("fft_k_real", "fft_k_imag")]
+        k_slices = [
+            ir.Variable(self.context.fresh(name), np.float32, list(kernel_shape))
+            for name in ("fft_k_real", "fft_k_imag")
+        ]
         body = self._body(k_slices, lambda kr, ki: self._one_channel(real, imaginary, kr, ki, plan, spec))
-        return self.node("Scan", [k_real, k_imag], {"body": body, "num_scan_inputs": 2})      # [O, *out]
+        return self.node("Scan", [k_real, k_imag], {"body": body, "num_scan_inputs": 2})  # [O, *out]
 
     def _one_channel(self, real, imaginary, k_real, k_imag, plan, spec):
         """K_o [I, *N', 1] (real and imaginary planes of output channel o's kernel spectrum) and
         X (the image's, read from the enclosing body) -> y_o [*out]."""
         nd, last = spec.nd, 1 + spec.nd
         rank = nd + 2
-        product = self._times_kernel(real, imaginary, k_real, k_imag, spec.in_channels)   # [1, 1, *N', 2]
+        product = self._times_kernel(real, imaginary, k_real, k_imag, spec.in_channels)  # [1, 1, *N', 2]
         if nd == 2:
             product = self.slice(self.dft(product, 2, inverse=True), 2, plan.output[0], plan.strides[0])
-        signal = self.dft(product, last, inverse=True, onesided=True, length=plan.sizes[-1])   # [1, 1, ..., N, 1]
+        signal = self.dft(product, last, inverse=True, onesided=True, length=plan.sizes[-1])  # [1, 1, ..., N, 1]
         signal = self.slice(signal, last, plan.output[-1], plan.strides[-1])
-        return self.node("Squeeze", [signal, self.ints([0, 1, rank])])              # [*out]
+        return self.node("Squeeze", [signal, self.ints([0, 1, rank])])  # [*out]
 
     def _times_kernel(self, real, imaginary, k_real, k_imag, in_channels: int):
         """sum_c X[c] * K[c] in complex arithmetic, K = conj FFT(W_o) (the plan's): real part
         xr*kr - xi*ki, imaginary part xr*ki + xi*kr, on [..., 1] planes; [1, 1, *N', 2]."""
+
         def times(a, b):
             return self.node("Mul", [a, b])
 

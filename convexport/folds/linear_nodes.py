@@ -10,8 +10,15 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ir
-from ..algebra import (ConvSpec, Refusal, avgpool_as_conv, batchnorm_scale_shift, identity_conv,
-                       merge_zero_pad, scale_shift_after)
+from ..algebra import (
+    ConvSpec,
+    Refusal,
+    avgpool_as_conv,
+    batchnorm_scale_shift,
+    identity_conv,
+    merge_zero_pad,
+    scale_shift_after,
+)
 from ..ir import attribute, attribute_or, constant_value, is_absent
 from .convnodes import conv_spec, spatial_shape
 
@@ -62,8 +69,10 @@ def channel_affine(node: ir.Node, opset: int) -> tuple[np.ndarray, np.ndarray] |
     channels, nd = geometry
     if node.op == "BatchNormalization":
         gamma, beta, mean, var = (constant_value(t) for t in node.inputs[1:5])
-        return batchnorm_scale_shift(*(np.asarray(v, np.float64) for v in (gamma, beta, mean, var)),
-                                     float(attribute_or(node, "epsilon", opset, 1e-5)))
+        return batchnorm_scale_shift(
+            *(np.asarray(v, np.float64) for v in (gamma, beta, mean, var)),
+            float(attribute_or(node, "epsilon", opset, 1e-5)),
+        )
     data_first = constant_value(node.inputs[0]) is None
     constant = constant_value(node.inputs[1] if data_first else node.inputs[0])
     k = _per_channel(np.asarray(constant, np.float64), channels, nd)
@@ -106,9 +115,16 @@ def _avgpool_spec(node: ir.Node, channels: int, nd: int, spatial, opset: int) ->
         return Refusal(f"{node.name}: AveragePool with auto_pad {auto_pad} is not folded")
     if any(d != 1 for d in attribute_or(node, "dilations", opset, ())):
         return Refusal(f"{node.name}: dilated AveragePool is not folded")
-    return avgpool_as_conv(channels, kernel, strides, pads[:nd], pads[nd:],
-                           bool(attribute_or(node, "count_include_pad", opset, 0)),
-                           bool(attribute_or(node, "ceil_mode", opset, 0)), spatial)
+    return avgpool_as_conv(
+        channels,
+        kernel,
+        strides,
+        pads[:nd],
+        pads[nd:],
+        bool(attribute_or(node, "count_include_pad", opset, 0)),
+        bool(attribute_or(node, "ceil_mode", opset, 0)),
+        spatial,
+    )
 
 
 def _pad_spec(node: ir.Node, channels: int, nd: int, opset: int) -> ConvSpec | Refusal:

@@ -19,16 +19,20 @@ def conv_as_separable(match, context) -> Rewrite | Refusal:
     Refusal for grouped and 1-D/3-D convs, single rows or columns, and kernels of full rank or
     of a rank too high to pay: most kernels are such, no news for the report."""
     conv = match.root
-    weight_shape = conv.inputs[1].shape      # checked before conv_spec, which costs far more
-    if conv.attrs.get("group", 1) != 1 or (weight_shape is not None and (len(weight_shape) != 4
-                                                                        or 1 in weight_shape[2:])):
+    weight_shape = conv.inputs[1].shape  # checked before conv_spec, which costs far more
+    if conv.attrs.get("group", 1) != 1 or (
+        weight_shape is not None and (len(weight_shape) != 4 or 1 in weight_shape[2:])
+    ):
         return Refusal("not an ungrouped conv with a 2-D kernel of two rows and columns or more", reported=False)
     x, output = conv.inputs[0], conv.outputs[0]
     spatial = spatial_shape(x)
-    before = None if spatial is None or None in spatial else node_flops(conv)     # the node as it stands
-    weight = constant_value(conv.inputs[1])     # group 1: the spec's own kernel
-    max_rank = (None if before is None or weight is None or weight.ndim != 4
-                else highest_paying_rank(weight.shape, output.shape, spatial, before))
+    before = None if spatial is None or None in spatial else node_flops(conv)  # the node as it stands
+    weight = constant_value(conv.inputs[1])  # group 1: the spec's own kernel
+    max_rank = (
+        None
+        if before is None or weight is None or weight.ndim != 4
+        else highest_paying_rank(weight.shape, output.shape, spatial, before)
+    )
     # split_separable's screen on the raw weight, before conv_spec's float64 copy: most kernels stop here
     if max_rank is not None and rank_at_least(weight, max_rank + 1):
         return Refusal(f"the kernel has rank {max_rank + 1} or more; a split pays below it", reported=False)
@@ -44,10 +48,15 @@ def conv_as_separable(match, context) -> Rewrite | Refusal:
     tall, between = make_conv(context, x, split.tall, dtype, output.name + "_tall")
     wide, result = make_conv(context, between, split.wide, dtype, output.name + "_wide", output.shape)
     after = conv_flops(split.tall, [*output.shape[:3], spatial[1]]) + conv_flops(split.wide, output.shape)
-    return Rewrite([tall, wide], [(output, result)],
-                   f"{'x'.join(map(str, spec.kernel_shape))} kernel of rank {split.rank} split into "
-                   f"{spec.kernel_shape[0]}x1 and 1x{spec.kernel_shape[1]} convs", before, after,
-                   {"rank": split.rank})
+    return Rewrite(
+        [tall, wide],
+        [(output, result)],
+        f"{'x'.join(map(str, spec.kernel_shape))} kernel of rank {split.rank} split into "
+        f"{spec.kernel_shape[0]}x1 and 1x{spec.kernel_shape[1]} convs",
+        before,
+        after,
+        {"rank": split.rank},
+    )
 
 
 def highest_paying_rank(weight_shape, output_shape, input_spatial, before: float) -> int:

@@ -19,18 +19,54 @@ from onnx_graphsurgeon import Constant, Graph, Node, Tensor, Variable
 from .convert import IR_VERSION, export_graph, import_graph, nodes_as_model, overridable_initializers
 from .large import needs_external_data, save_with_external_data
 from .naming import NameGenerator
-from .query import (DEFAULT_OPSET, NOT_IN_SCHEMA, attribute, attribute_or, constant_value, is_absent, is_constant,
-                    is_static, numpy_dtype, onnx_opset, tensor_dtype)
+from .query import (
+    DEFAULT_OPSET,
+    NOT_IN_SCHEMA,
+    attribute,
+    attribute_or,
+    constant_value,
+    is_absent,
+    is_constant,
+    is_static,
+    numpy_dtype,
+    onnx_opset,
+    tensor_dtype,
+)
 from .scopes import all_graphs, cleaned_up, node_subgraphs, proto_scopes, proto_subgraphs, tensor_map, toposort
 from .shapes import fully_shaped, infer_shapes
 
 __all__ = [
-    "Constant", "Graph", "Node", "Tensor", "Variable",
-    "IR_VERSION", "export_graph", "import_graph", "nodes_as_model", "overridable_initializers",
-    "needs_external_data", "save_with_external_data",
+    "Constant",
+    "Graph",
+    "Node",
+    "Tensor",
+    "Variable",
+    "IR_VERSION",
+    "export_graph",
+    "import_graph",
+    "nodes_as_model",
+    "overridable_initializers",
+    "needs_external_data",
+    "save_with_external_data",
     "NameGenerator",
-    "DEFAULT_OPSET", "NOT_IN_SCHEMA", "attribute", "attribute_or", "constant_value", "is_absent", "is_constant",
-    "is_static", "numpy_dtype", "onnx_opset", "tensor_dtype",
-    "all_graphs", "cleaned_up", "node_subgraphs", "proto_scopes", "proto_subgraphs", "tensor_map", "toposort",
-    "fully_shaped", "infer_shapes",
+    "DEFAULT_OPSET",
+    "NOT_IN_SCHEMA",
+    "attribute",
+    "attribute_or",
+    "constant_value",
+    "is_absent",
+    "is_constant",
+    "is_static",
+    "numpy_dtype",
+    "onnx_opset",
+    "tensor_dtype",
+    "all_graphs",
+    "cleaned_up",
+    "node_subgraphs",
+    "proto_scopes",
+    "proto_subgraphs",
+    "tensor_map",
+    "toposort",
+    "fully_shaped",
+    "infer_shapes",
 ]

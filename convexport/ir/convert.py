@@ -12,7 +12,7 @@ from .naming import name_nodes
 # float32, which is exact; convexport keeps stderr for its one-line messages.
 G_LOGGER.severity = G_LOGGER.ERROR
 
-IR_VERSION = 10     # of the models convexport builds itself: ONNX Runtime 1.14 and later read it
+IR_VERSION = 10  # of the models convexport builds itself: ONNX Runtime 1.14 and later read it
 
 
 def import_graph(model: onnx.ModelProto) -> gs.Graph:
@@ -72,14 +72,21 @@ def export_graph(graph: gs.Graph, template: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def nodes_as_model(nodes: list[gs.Node], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
-                   constants: list[gs.Constant], opset: int, name: str) -> onnx.ModelProto:
+def nodes_as_model(
+    nodes: list[gs.Node],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    constants: list[gs.Constant],
+    opset: int,
+    name: str,
+) -> onnx.ModelProto:
     """Some of a graph's nodes as a model of their own (for shape inference or timing on their
     own); `constants` become initializers. The graph's objects are only read: a gs.Graph built
     over them would relink their tensors."""
     exporter = gs.exporters.onnx_exporter.OnnxExporter
-    graph = onnx.helper.make_graph([exporter.export_node(node) for node in nodes], name, inputs, outputs,
-                                   [_constant_proto(t) for t in constants])
+    graph = onnx.helper.make_graph(
+        [exporter.export_node(node) for node in nodes], name, inputs, outputs, [_constant_proto(t) for t in constants]
+    )
     return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=IR_VERSION)
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import onnx
 from onnx import numpy_helper
 
-EXTERNAL_DATA_THRESHOLD = 1 << 30     # weights from here on are saved as external data
-EXTERNAL_TENSOR_MIN_BYTES = 1024      # smaller tensors stay inside the model file
+EXTERNAL_DATA_THRESHOLD = 1 << 30  # weights from here on are saved as external data
+EXTERNAL_TENSOR_MIN_BYTES = 1024  # smaller tensors stay inside the model file
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:
@@ -69,4 +69,6 @@ def with_weights_of(inferred: onnx.ModelProto, stripped: list[tuple[onnx.TensorP
 def _data_bytes(tensor: onnx.TensorProto) -> int:
     if tensor.raw_data:
         return len(tensor.raw_data)
-    return 4 * (len(tensor.float_data) + len(tensor.int32_data)) + 8 * (len(tensor.int64_data) + len(tensor.double_data))
+    return 4 * (len(tensor.float_data) + len(tensor.int32_data)) + 8 * (
+        len(tensor.int64_data) + len(tensor.double_data)
+    )

@@ -29,7 +29,8 @@ class NameGenerator:
     def __init__(self, graph: gs.Graph):
         scopes = all_graphs(graph)
         self._taken = {name for scope in scopes for name in tensor_map(scope)} | {
-            node.name for scope in scopes for node in scope.nodes}
+            node.name for scope in scopes for node in scope.nodes
+        }
         self._counter = itertools.count()
 
     def __call__(self, base: str) -> str:

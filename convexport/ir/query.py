@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-DEFAULT_OPSET = 18      # what convexport exports at, and assumes of a model that declares none
+DEFAULT_OPSET = 18  # what convexport exports at, and assumes of a model that declares none
 
 
 def onnx_opset(model: onnx.ModelProto) -> int | None:
@@ -67,7 +67,7 @@ def constant_value(tensor) -> np.ndarray | None:
     return view
 
 
-NOT_IN_SCHEMA = object()   # the op has no such attribute at this opset
+NOT_IN_SCHEMA = object()  # the op has no such attribute at this opset
 
 
 def attribute(node: gs.Node, name: str, opset: int):

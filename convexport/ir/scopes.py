@@ -11,14 +11,22 @@ _GRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 def node_subgraphs(node: gs.Node) -> list[gs.Graph]:
     """The graphs a node holds in its attributes (If branches, a Loop or Scan body)."""
-    return [sub for value in node.attrs.values() for sub in (value if isinstance(value, list) else [value])
-            if isinstance(sub, gs.Graph)]
+    return [
+        sub
+        for value in node.attrs.values()
+        for sub in (value if isinstance(value, list) else [value])
+        if isinstance(sub, gs.Graph)
+    ]
 
 
 def proto_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     """node_subgraphs for a NodeProto."""
-    return [sub for attr in node.attribute if attr.type in _GRAPH_ATTRIBUTES
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)]
+    return [
+        sub
+        for attr in node.attribute
+        if attr.type in _GRAPH_ATTRIBUTES
+        for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)
+    ]
 
 
 def all_graphs(graph: gs.Graph) -> list[gs.Graph]:
@@ -63,8 +71,11 @@ def toposort(graph: gs.Graph) -> None:
             opened.add(id(node))
             stack.append((node, True))
             for tensor in reversed(_reads(node)):
-                stack.extend((producer, False) for producer in tensor.inputs
-                             if id(producer) in here and id(producer) not in placed)
+                stack.extend(
+                    (producer, False)
+                    for producer in tensor.inputs
+                    if id(producer) in here and id(producer) not in placed
+                )
     graph.nodes = order
 
 

@@ -45,20 +45,24 @@ def fully_shaped(model: onnx.ModelProto) -> bool:
     static shape, and no node holds a subgraph: shape inference would give the model back as
     it is (it fills in value_info, never replaces a static shape)."""
     graph = model.graph
-    shaped = {""}       # an omitted optional output
+    shaped = {""}  # an omitted optional output
     for value in (*graph.value_info, *graph.output):
         if not _typed_and_static(value.type):
             return False
         shaped.add(value.name)
     return shaped.issuperset(itertools.chain.from_iterable(node.output for node in graph.node)) and not any(
-        proto_subgraphs(node) for node in graph.node)
+        proto_subgraphs(node) for node in graph.node
+    )
 
 
 def _typed_and_static(type_proto: onnx.TypeProto) -> bool:
     """A tensor type with an element type and a shape whose every dim has a value > 0."""
-    tensor_type = type_proto.tensor_type      # empty for any other type
-    return bool(tensor_type.elem_type) and tensor_type.HasField("shape") and all(
-        dim.dim_value > 0 for dim in tensor_type.shape.dim)
+    tensor_type = type_proto.tensor_type  # empty for any other type
+    return (
+        bool(tensor_type.elem_type)
+        and tensor_type.HasField("shape")
+        and all(dim.dim_value > 0 for dim in tensor_type.shape.dim)
+    )
 
 
 def _depth(graph: onnx.GraphProto) -> int:

@@ -23,8 +23,8 @@ from .. import ir
 
 class ChangeLog:
     def __init__(self):
-        self._touched: list[ir.Variable] = []     # in the order touched (kept alive: ids stay unique)
-        self._looked: dict[tuple[int, str], int] = {}    # (scope, rule) -> len(_touched) when it last looked
+        self._touched: list[ir.Variable] = []  # in the order touched (kept alive: ids stay unique)
+        self._looked: dict[tuple[int, str], int] = {}  # (scope, rule) -> len(_touched) when it last looked
         self._dead: dict[int, ir.Node] = {}
 
     def touch(self, tensors: Iterable) -> None:

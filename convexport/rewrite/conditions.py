@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-
 from .. import ir
 from ..ir import constant_value, is_absent, is_constant, is_static
 
@@ -46,7 +45,10 @@ def constant(values: dict, names, graph: ir.Graph) -> str | None:
             fed = any(tensor is value for value in graph.inputs)
             return f"{_label(name, tensor)} is computed at run time, not a constant" + (
                 ": a graph input (an initializer listed as an input too is only its default; "
-                "--freeze-input-defaults makes such initializers constants)" if fed else "")
+                "--freeze-input-defaults makes such initializers constants)"
+                if fed
+                else ""
+            )
     return None
 
 
@@ -103,15 +105,23 @@ def per_channel(values: dict, pairs: dict, graph: ir.Graph) -> str | None:
         if value is None or shape is None or len(shape) < 2:
             return f"{constant_name} or the shape of {tensor_name} is unknown"
         padded = (1,) * (len(shape) - value.ndim) + value.shape
-        if value.ndim > len(shape) or any(d != 1 for i, d in enumerate(padded) if i != 1) \
-                or padded[1] not in (1, shape[1]):
+        if (
+            value.ndim > len(shape)
+            or any(d != 1 for i, d in enumerate(padded) if i != 1)
+            or padded[1] not in (1, shape[1])
+        ):
             return f"{constant_name} of shape {value.shape} is not per-channel for {tensor_name} {tuple(shape)}"
     return None
 
 
 CONDITIONS: dict[str, Callable[[dict, object, ir.Graph], str | None]] = {
-    "constant": constant, "private": private, "same": same, "count": count,
-    "static_shape": static_shape, "rank": rank, "per_channel": per_channel,
+    "constant": constant,
+    "private": private,
+    "same": same,
+    "count": count,
+    "static_shape": static_shape,
+    "rank": rank,
+    "per_channel": per_channel,
 }
 
 

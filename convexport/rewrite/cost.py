@@ -32,7 +32,7 @@ class Device:
     flops_per_s: float
     bytes_per_s: float
     seconds_per_node: float
-    host_ops: frozenset = frozenset()       # ops this device leaves to the CPU
+    host_ops: frozenset = frozenset()  # ops this device leaves to the CPU
     host_link_bytes_per_s: float = 0.0
 
 
@@ -41,8 +41,14 @@ class Device:
 # "Measurements behind the code").
 CPU = Device("cpu", flops_per_s=80e9, bytes_per_s=4e9, seconds_per_node=5e-6)
 # CUDA: round figures for an H100 under ONNX Runtime (cuDNN fp32 convs, HBM3), not measured here.
-CUDA = Device("cuda", flops_per_s=25e12, bytes_per_s=1.5e12, seconds_per_node=8e-6,
-              host_ops=frozenset({"DFT"}), host_link_bytes_per_s=20e9)
+CUDA = Device(
+    "cuda",
+    flops_per_s=25e12,
+    bytes_per_s=1.5e12,
+    seconds_per_node=8e-6,
+    host_ops=frozenset({"DFT"}),
+    host_link_bytes_per_s=20e9,
+)
 DEVICES = {"cpu": CPU, "cuda": CUDA}
 
 
@@ -57,12 +63,13 @@ class NodeWork(NamedTuple):
     """What one node does, as the model counts it."""
 
     flops: float
-    bytes: float            # the tensors it is the first of the nodes to touch
-    on_host: bool           # the device leaves it to the CPU
+    bytes: float  # the tensors it is the first of the nodes to touch
+    on_host: bool  # the device leaves it to the CPU
 
 
-def estimate(nodes: list[ir.Node], device: Device, flops: float | None = None,
-             replaced: dict[int, ir.Tensor] | None = None) -> Estimate:
+def estimate(
+    nodes: list[ir.Node], device: Device, flops: float | None = None, replaced: dict[int, ir.Tensor] | None = None
+) -> Estimate:
     """The time of `nodes` on `device` (see the module doc). `flops`, the primitive's count,
     is shared out over the nodes in proportion to their own counts. `replaced` maps the id of
     a new tensor to the old tensor it stands for, whose shape it has."""
@@ -72,8 +79,13 @@ def estimate(nodes: list[ir.Node], device: Device, flops: float | None = None,
     for node in nodes:
         fresh = [t for t in (*node.inputs, *node.outputs) if id(t) not in seen]
         seen.update(map(id, fresh))
-        work.append(NodeWork(_node_flops(node, replaced), sum([_bytes(t, node, replaced) for t in fresh]),
-                             bool(device.host_ops) and _runs_on_host(node, device)))
+        work.append(
+            NodeWork(
+                _node_flops(node, replaced),
+                sum([_bytes(t, node, replaced) for t in fresh]),
+                bool(device.host_ops) and _runs_on_host(node, device),
+            )
+        )
     counted = sum([w.flops for w in work])
     factor = flops / counted if flops is not None and counted > 0 else 1.0
     seconds = flops / device.flops_per_s if flops is not None and counted == 0 else 0.0
@@ -117,7 +129,7 @@ def tensor_bytes(shape, dtype) -> float:
 
 
 def _bytes(tensor, node: ir.Node, replaced) -> float:
-    if isinstance(tensor, ir.Constant):     # from its shape: reading .values would load the weight
+    if isinstance(tensor, ir.Constant):  # from its shape: reading .values would load the weight
         return float(math.prod(tensor.shape)) * _itemsize(tensor.dtype)
     if not tensor.name:
         return 0.0

@@ -46,8 +46,8 @@ class RewriteContext:
     fresh: ir.NameGenerator
     params: dict
     strategy: str
-    device: str = "cpu"          # the target of --strategy cost and measure
-    decided: dict = field(default_factory=dict)     # (rule, nodes) -> Decision, see rewrite_model
+    device: str = "cpu"  # the target of --strategy cost and measure
+    decided: dict = field(default_factory=dict)  # (rule, nodes) -> Decision, see rewrite_model
 
 
 @dataclass
@@ -67,15 +67,22 @@ class _Run:
     applied: list[dict]
     skipped: dict[tuple, dict]
     limit: int | None
-    created: list[ir.Node] = field(default_factory=list)      # nodes the current pass inserted
+    created: list[ir.Node] = field(default_factory=list)  # nodes the current pass inserted
 
     def full(self) -> bool:
         return self.limit is not None and len(self.applied) >= self.limit
 
 
-def rewrite_model(model: onnx.ModelProto, rules: list[Rule], primitives: dict[str, Primitive],
-                  strategy: str = "cost", source: str = "model", limit: int | None = None,
-                  device: str = "cpu", decided: dict | None = None) -> RewriteOutcome:
+def rewrite_model(
+    model: onnx.ModelProto,
+    rules: list[Rule],
+    primitives: dict[str, Primitive],
+    strategy: str = "cost",
+    source: str = "model",
+    limit: int | None = None,
+    device: str = "cpu",
+    decided: dict | None = None,
+) -> RewriteOutcome:
     """Rewrite to a fixed point; with `limit`, stop after that many rewrites (the same first
     ones as an unlimited run, since the order is deterministic: used to find a bad one).
     `decided` keeps each cost or measure decision by rule and nodes; a later run given the
@@ -107,10 +114,10 @@ def _rewrite(model, rules, primitives, strategy, source, limit, device, decided)
     base = RewriteContext(graph, opset, ir.NameGenerator(graph), {}, strategy, device, decided)
     state = _Run(primitives, ChangeLog(), [], {}, limit)
     passes, changed_at_all = 0, False
-    for passes in range(1, MAX_PASSES + 1):
+    for passes in range(1, MAX_PASSES + 1):  # noqa: B007 (the count of passes made is reported)
         state.created = []
         changed = False
-        for scope in ir.all_graphs(graph):     # each scope on its own: see _run_scope
+        for scope in ir.all_graphs(graph):  # each scope on its own: see _run_scope
             changed |= _run_scope(scope, rules, replace(base, graph=scope), state)
         if not changed:
             break
@@ -125,7 +132,7 @@ def _rewrite(model, rules, primitives, strategy, source, limit, device, decided)
     current, still_there = model, list(state.skipped.values())
     if changed_at_all:
         current = ir.export_graph(ir.cleaned_up(graph), model)
-        if not ir.fully_shaped(current):         # else its value_info already holds all inference would give
+        if not ir.fully_shaped(current):  # else its value_info already holds all inference would give
             current = ir.infer_shapes(current, source)
         if still_there:
             final_nodes = {node.name for scope in ir.proto_scopes(current.graph) for node in scope.node}
@@ -138,24 +145,23 @@ def _run_scope(graph: ir.Graph, rules: list[Rule], base: RewriteContext, state: 
     and Scan bodies). A match never spans two scopes, so nothing moves in or out of a
     subgraph, and a tensor that a subgraph reads from outside counts as read there (not private)."""
     changed = False
-    dead = state.changes.is_dead    # nodes a rewrite left without readers, dropped at the end
-    members = set(map(id, graph.nodes))      # this scope's nodes, new ones added as they come
-    by_op: dict[str, list[ir.Node]] = {}     # this scope's nodes by op, in graph order, new ones last
+    dead = state.changes.is_dead  # nodes a rewrite left without readers, dropped at the end
+    members = set(map(id, graph.nodes))  # this scope's nodes, new ones added as they come
+    by_op: dict[str, list[ir.Node]] = {}  # this scope's nodes by op, in graph order, new ones last
     for node in graph.nodes:
         by_op.setdefault(node.op, []).append(node)
     for rule in rules:
         if state.full():
             break
         if not rule.ops <= by_op.keys():
-            continue                # an op of its pattern is nowhere in this scope
+            continue  # an op of its pattern is nowhere in this scope
         primitive = rule.plugin or state.primitives[rule.apply]
         group = rule.is_group
-        candidates = [node for node in (graph.nodes if group else by_op.get(rule.root.op_type, ()))
-                      if not dead(node)]
+        candidates = [node for node in (graph.nodes if group else by_op.get(rule.root.op_type, ())) if not dead(node)]
         region = state.changes.region(graph, rule, candidates, reach_of(primitive))
         state.changes.start_looking(graph, rule)
         if region is not None and not region:
-            continue                # nothing it could see changed since it last looked
+            continue  # nothing it could see changed since it last looked
         matcher = PatternMatcher(rule, base.opset, set(map(id, graph.outputs)), members)
         context = replace(base, params=rule.params)
         for anchor in _anchors(graph, rule, candidates, region):
@@ -202,7 +208,7 @@ def _anchors(graph: ir.Graph, rule: Rule, candidates: list[ir.Node], region: set
     nodes = candidates if region is None else [node for node in candidates if id(node) in region]
     if not rule.is_group:
         return nodes
-    seen, tensors = set(), []      # a subgraph's nodes may share a tensor from the outer scope
+    seen, tensors = set(), []  # a subgraph's nodes may share a tensor from the outer scope
     inputs = graph.inputs if region is None else []
     for tensor in [*inputs, *(t for node in nodes for t in (*node.inputs, *node.outputs))]:
         if id(tensor) not in seen and tensor.outputs:
@@ -219,7 +225,7 @@ def _decide(match: Match, primitive: Primitive, context: RewriteContext) -> Rewr
     result = _called(match.rule, lambda: primitive(match, context))
     if isinstance(result, Refusal):
         return result
-    if result.complete is not None and context.strategy != "cost":    # only the estimate judges a prospect
+    if result.complete is not None and context.strategy != "cost":  # only the estimate judges a prospect
         result = _completed(result, match.rule)
     result = _checked(result, context.graph)
     if isinstance(result, Refusal):
@@ -236,12 +242,12 @@ def _judged(result: Rewrite, rule: Rule, node_names: list[str], context: Rewrite
     judge = by_measurement if context.strategy == "measure" else by_estimate
     outputs = set(map(id, context.graph.outputs))
     decision = context.decided.get(key) or judge(result, context.opset, context.device, outputs)
-    if decision.apply and result.complete is not None:      # a prospect that passes: build it, judge that
+    if decision.apply and result.complete is not None:  # a prospect that passes: build it, judge that
         result = _checked(_completed(result, rule), context.graph)
         if isinstance(result, Refusal):
             return result
         decision = context.decided.get(key) or judge(result, context.opset, context.device, outputs)
-    context.decided[key] = decision      # a replay (the bisection) takes it as it is
+    context.decided[key] = decision  # a replay (the bisection) takes it as it is
     if not decision.apply:
         _discard(result)
         return Refusal(decision.reason, decision.numbers)
@@ -272,21 +278,27 @@ def _called(rule: Rule, call) -> Rewrite | Refusal:
     try:
         result = call()
     except Exception as exc:
-        if rule.plugin is not None:     # the user's code: a clear error naming the rule
-            raise ConvexportError(f"{rule.file}:{rule.line}: rule {rule.name!r}: primitive {rule.apply} raised "
-                                  f"{type(exc).__name__}: {first_line(exc)}") from exc
+        if rule.plugin is not None:  # the user's code: a clear error naming the rule
+            raise ConvexportError(
+                f"{rule.file}:{rule.line}: rule {rule.name!r}: primitive {rule.apply} raised "
+                f"{type(exc).__name__}: {first_line(exc)}"
+            ) from exc
         if isinstance(exc, ValueError):  # the algebra's word for shapes it cannot work with
             return Refusal(f"{rule.apply} cannot handle these shapes: {exc}")
-        if not rule.builtin:            # a user's pattern that does not bind what the primitive reads
-            raise ConvexportError(f"{rule.file}:{rule.line}: rule {rule.name!r}: primitive {rule.apply} raised "
-                                  f"{type(exc).__name__}: {first_line(exc)} (does the pattern bind the names "
-                                  f"{rule.apply} reads? see docs/rules.md)") from exc
+        if not rule.builtin:  # a user's pattern that does not bind what the primitive reads
+            raise ConvexportError(
+                f"{rule.file}:{rule.line}: rule {rule.name!r}: primitive {rule.apply} raised "
+                f"{type(exc).__name__}: {first_line(exc)} (does the pattern bind the names "
+                f"{rule.apply} reads? see docs/rules.md)"
+            ) from exc
         raise
     if result is None:
         return NOTHING_TO_DO
     if not isinstance(result, (Rewrite, Refusal)):
-        raise ConvexportError(f"{rule.file}:{rule.line}: rule {rule.name!r}: primitive {rule.apply} returned a "
-                              f"{type(result).__name__}, not a Rewrite, a Refusal or None")
+        raise ConvexportError(
+            f"{rule.file}:{rule.line}: rule {rule.name!r}: primitive {rule.apply} returned a "
+            f"{type(result).__name__}, not a Rewrite, a Refusal or None"
+        )
     return result
 
 
@@ -333,7 +345,7 @@ def _apply(graph: ir.Graph, rewrite: Rewrite, fresh: ir.NameGenerator, changes: 
             for consumer in list(new.outputs):
                 _rewire(consumer, new, old)
             producer.outputs[_position(producer.outputs, new)] = old
-        else:       # a reader that reads a constant now may match where it did not: its outputs are touched
+        else:  # a reader that reads a constant now may match where it did not: its outputs are touched
             for consumer in list(old.outputs):
                 _rewire(consumer, old, new)
                 changes.touch(consumer.outputs)

@@ -18,14 +18,16 @@ def infer_new_shapes(nodes: list[ir.Node], opset: int) -> list[ir.Variable]:
     """Set the shape (and a missing dtype) of every output of `nodes` that has none, as far as
     ONNX shape inference can tell from the nodes and the shapes of what they read; return the
     tensors that got one."""
-    pending = {t.name: t for node in nodes for t in node.outputs
-               if isinstance(t, ir.Variable) and t.name and t.shape is None}
+    pending = {
+        t.name: t for node in nodes for t in node.outputs if isinstance(t, ir.Variable) and t.name and t.shape is None
+    }
     if not pending:
         return []
-    try:                        # a convenience: what stays unshaped is inferred after the export
-        inferred = onnx.shape_inference.infer_shapes(_cut(nodes, pending, opset), check_type=False,
-                                                     strict_mode=False, data_prop=True)
-    except Exception:           # (an input type ONNX cannot name, an op outside the ONNX domain)
+    try:  # a convenience: what stays unshaped is inferred after the export
+        inferred = onnx.shape_inference.infer_shapes(
+            _cut(nodes, pending, opset), check_type=False, strict_mode=False, data_prop=True
+        )
+    except Exception:  # (an input type ONNX cannot name, an op outside the ONNX domain)
         return []
     shaped = []
     for value in [*inferred.graph.value_info, *inferred.graph.output]:
@@ -55,8 +57,14 @@ def _cut(nodes: list[ir.Node], pending: dict, opset: int) -> onnx.ModelProto:
                 constants.append(tensor)
             else:
                 inputs.append(_value_info(tensor))
-    return ir.nodes_as_model(cut, inputs, [onnx.helper.make_tensor_value_info(name, 0, None) for name in pending],
-                          constants, opset, "new_nodes")
+    return ir.nodes_as_model(
+        cut,
+        inputs,
+        [onnx.helper.make_tensor_value_info(name, 0, None) for name in pending],
+        constants,
+        opset,
+        "new_nodes",
+    )
 
 
 def _with_constant_producers(nodes: list[ir.Node]) -> list[ir.Node]:
@@ -76,7 +84,11 @@ def _small(constant: ir.Constant) -> bool:
 
 
 def _value_info(tensor) -> onnx.ValueInfoProto:
-    shape = None if tensor.shape is None else [
-        d if (isinstance(d, int) and d >= 0) or isinstance(d, str) else None for d in tensor.shape]
-    return onnx.helper.make_tensor_value_info(tensor.name, onnx.helper.np_dtype_to_tensor_dtype(tensor_dtype(tensor)),
-                                              shape)
+    shape = (
+        None
+        if tensor.shape is None
+        else [d if (isinstance(d, int) and d >= 0) or isinstance(d, str) else None for d in tensor.shape]
+    )
+    return onnx.helper.make_tensor_value_info(
+        tensor.name, onnx.helper.np_dtype_to_tensor_dtype(tensor_dtype(tensor)), shape
+    )

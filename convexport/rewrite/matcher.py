@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-
 from .. import ir
 from ..ir import NOT_IN_SCHEMA, attribute, is_absent, is_constant
 from .pattern import COMMUTATIVE, PatternNode, ValueRef
@@ -21,8 +20,8 @@ class Match:
     """What a pattern bound: tensors and nodes by name; per-element names hold lists."""
 
     rule: Rule
-    values: dict            # name -> tensor, None (absent optional) or list of those
-    nodes: dict             # a line's first output name -> ir.Node or list of ir.Node
+    values: dict  # name -> tensor, None (absent optional) or list of those
+    nodes: dict  # a line's first output name -> ir.Node or list of ir.Node
     root: ir.Node
 
     def node_list(self) -> list[ir.Node]:
@@ -43,7 +42,7 @@ class _State:
         self.values: dict = {}
         self.nodes: dict = {}
 
-    def copy(self) -> "_State":
+    def copy(self) -> _State:
         other = _State()
         other.values, other.nodes = dict(self.values), dict(self.nodes)
         return other
@@ -54,17 +53,21 @@ class PatternMatcher:
         self.rule = rule
         self.opset = opset
         self.graph_outputs = graph_outputs
-        self.members = members          # ids of the nodes of the graph being matched (one scope)
+        self.members = members  # ids of the nodes of the graph being matched (one scope)
         self.producers = {ref.name: line for line in rule.pattern for ref in line.outputs}
         # What the root's inputs must be, a cheap test before a full match: the ops that must
         # produce them, as many times as the pattern names a distinct input of that op, and how
         # many must be constants (names written once among the root's inputs: a name written
         # twice is checked against its first binding only)
         names = [ref.name for ref in rule.root.inputs]
-        required = [ref for ref in rule.root.inputs
-                    if not (ref.variadic or ref.optional or ref.wildcard) and names.count(ref.name) == 1]
-        self.root_feeders = tuple(Counter(self.producers[ref.name].op_type for ref in required
-                                          if ref.name in self.producers).items())
+        required = [
+            ref
+            for ref in rule.root.inputs
+            if not (ref.variadic or ref.optional or ref.wildcard) and names.count(ref.name) == 1
+        ]
+        self.root_feeders = tuple(
+            Counter(self.producers[ref.name].op_type for ref in required if ref.name in self.producers).items()
+        )
         self.root_constants = sum(ref.constant for ref in required)
         # without per-element names the bindings need no regrouping into lists
         self.per_element = any(ref.per_element for line in rule.pattern for ref in (*line.inputs, *line.outputs))
@@ -89,7 +92,7 @@ class PatternMatcher:
         tensor, in breadth-first order from it; a Match when there are two or more."""
         root = self.rule.root
         candidates = [node for node in _downstream(anchor, len(self.rule.pattern)) if node.op == root.op_type]
-        if len(candidates) < 2:         # most tensors: one reader, no group to match
+        if len(candidates) < 2:  # most tensors: one reader, no group to match
             return None
         state = _State()
         state.values[self.rule.anchor] = anchor
@@ -118,7 +121,7 @@ class PatternMatcher:
             state.nodes[key] = node
             state.values[first.name] = list(node.outputs)
             return self._inputs(line, list(node.inputs), state, element)
-        if len(node.outputs) < len(line.outputs) or any(self._used(out) for out in node.outputs[len(line.outputs):]):
+        if len(node.outputs) < len(line.outputs) or any(self._used(out) for out in node.outputs[len(line.outputs) :]):
             return False
         state.nodes[key] = node
         for ref, tensor in zip(line.outputs, node.outputs):
@@ -147,7 +150,7 @@ class PatternMatcher:
         return self._list(variadic, tensors[position:], state)
 
     def _fixed(self, refs: list[ValueRef], tensors: list, state: _State, element: int | None, exact: bool) -> bool:
-        if exact and len(tensors) > len(refs) and any(not is_absent(t) for t in tensors[len(refs):]):
+        if exact and len(tensors) > len(refs) and any(not is_absent(t) for t in tensors[len(refs) :]):
             return False
         for index, ref in enumerate(refs):
             tensor = tensors[index] if index < len(tensors) else None

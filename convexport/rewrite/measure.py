@@ -9,8 +9,8 @@ import onnx
 
 from .. import ir
 from ..errors import ConvexportError
-from ..ir import tensor_dtype
 from ..inputs import InputSpec, random_inputs
+from ..ir import tensor_dtype
 from ..profile import time_models
 
 MEASURE_BUDGET_S = 0.25
@@ -21,16 +21,20 @@ class Unmeasurable(Exception):
     symbolic dim whose stand-in 1 is too small for them)."""
 
 
-def measure(old_nodes: list[ir.Node], old_outputs: list, new_nodes: list[ir.Node], new_outputs: list,
-            opset: int, device: str) -> dict:
+def measure(
+    old_nodes: list[ir.Node], old_outputs: list, new_nodes: list[ir.Node], new_outputs: list, opset: int, device: str
+) -> dict:
     """{"before_ms", "after_ms", "runs"}: medians of the two cut-out models."""
     old_inputs = _outside_inputs(old_nodes)
     inputs = old_inputs + [t for t in _outside_inputs(new_nodes) if all(t is not seen for seen in old_inputs)]
     specs = [InputSpec(t.name, _static(t), str(tensor_dtype(t))) for t in inputs]
-    models = {"before": _cut(old_nodes, inputs, old_outputs, opset), "after": _cut(new_nodes, inputs, new_outputs, opset)}
+    models = {
+        "before": _cut(old_nodes, inputs, old_outputs, opset),
+        "after": _cut(new_nodes, inputs, new_outputs, opset),
+    }
     try:
         timed = time_models(models, random_inputs(specs, seed=0), device, MEASURE_BUDGET_S)
-    except ConvexportError as exc:      # no session, or no run: a 3x3 conv without padding at size 1, say
+    except ConvexportError as exc:  # no session, or no run: a 3x3 conv without padding at size 1, say
         raise Unmeasurable(str(exc)) from exc
     return {"before_ms": timed["before"], "after_ms": timed["after"], "runs": timed["runs"]}
 
@@ -40,8 +44,12 @@ def _outside_inputs(nodes: list[ir.Node]) -> list[ir.Variable]:
     found: list[ir.Variable] = []
     for node in nodes:
         for tensor in node.inputs:
-            if isinstance(tensor, ir.Variable) and tensor.name and id(tensor) not in produced \
-                    and all(tensor is not seen for seen in found):
+            if (
+                isinstance(tensor, ir.Variable)
+                and tensor.name
+                and id(tensor) not in produced
+                and all(tensor is not seen for seen in found)
+            ):
                 found.append(tensor)
     return found
 
@@ -57,9 +65,14 @@ def _cut(nodes: list[ir.Node], inputs: list[ir.Variable], outputs: list, opset: 
     if not nodes:
         raise Unmeasurable("no nodes to time")
     constants = {id(t): t for node in nodes for t in node.inputs if isinstance(t, ir.Constant)}
-    return ir.nodes_as_model(nodes, [onnx.helper.make_tensor_value_info(t.name, _onnx_dtype(t), _static(t)) for t in inputs],
-                          [onnx.helper.make_tensor_value_info(t.name, _onnx_dtype(t), None) for t in outputs],
-                          list(constants.values()), opset, "cut")
+    return ir.nodes_as_model(
+        nodes,
+        [onnx.helper.make_tensor_value_info(t.name, _onnx_dtype(t), _static(t)) for t in inputs],
+        [onnx.helper.make_tensor_value_info(t.name, _onnx_dtype(t), None) for t in outputs],
+        list(constants.values()),
+        opset,
+        "cut",
+    )
 
 
 def _onnx_dtype(tensor) -> int:

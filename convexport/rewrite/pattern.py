@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 import yaml
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
-_LINE = re.compile(rf"^\s*(?P<outputs>\*?{_NAME}(?:\[\])?(?:\s*,\s*{_NAME}(?:\[\])?)*)\s*=\s*(?P<op>{_NAME})\s*(?P<rest>.*)$")
+_LINE = re.compile(
+    rf"^\s*(?P<outputs>\*?{_NAME}(?:\[\])?(?:\s*,\s*{_NAME}(?:\[\])?)*)\s*=\s*(?P<op>{_NAME})\s*(?P<rest>.*)$"
+)
 _INPUT = re.compile(rf"^(?P<star>\*)?(?P<name>{_NAME})(?P<elem>\[\])?(?P<const>:const)?(?P<optional>\?)?$")
 
 COMMUTATIVE = frozenset({"Add", "Mul", "Sum", "Max", "Min"})
@@ -46,11 +48,11 @@ class ValueRef:
     """A name in a pattern: a tensor variable, per element of a variadic list or shared."""
 
     name: str
-    per_element: bool = False     # written `name[]`
-    optional: bool = False        # written `name?`
-    variadic: bool = False        # written `*name`
-    constant: bool = False        # written `name:const`
-    wildcard: bool = field(init=False, repr=False, compare=False)      # written `_`
+    per_element: bool = False  # written `name[]`
+    optional: bool = False  # written `name?`
+    variadic: bool = False  # written `*name`
+    constant: bool = False  # written `name:const`
+    wildcard: bool = field(init=False, repr=False, compare=False)  # written `_`
 
     def __post_init__(self):
         object.__setattr__(self, "wildcard", self.name == "_")
@@ -62,19 +64,21 @@ class PatternNode:
     outputs: tuple[ValueRef, ...]
     inputs: tuple[ValueRef, ...]
     attributes: tuple[tuple[str, object], ...]
-    line: int = 0                 # line in the rule file, for messages
+    line: int = 0  # line in the rule file, for messages
     text: str = ""
     # derived from the above, once (the matcher reads them at every node it tries)
-    is_element: bool = field(init=False, repr=False, compare=False)     # `parts[] = ...`: once per element
+    is_element: bool = field(init=False, repr=False, compare=False)  # `parts[] = ...`: once per element
     variadic_input: ValueRef | None = field(init=False, repr=False, compare=False)
-    fixed_inputs: tuple[ValueRef, ...] = field(init=False, repr=False, compare=False)   # the others, in order
+    fixed_inputs: tuple[ValueRef, ...] = field(init=False, repr=False, compare=False)  # the others, in order
     output_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        derived = {"is_element": self.outputs[0].per_element,
-                   "variadic_input": next((ref for ref in self.inputs if ref.variadic), None),
-                   "fixed_inputs": tuple(ref for ref in self.inputs if not ref.variadic),
-                   "output_names": tuple(ref.name for ref in self.outputs)}
+        derived = {
+            "is_element": self.outputs[0].per_element,
+            "variadic_input": next((ref for ref in self.inputs if ref.variadic), None),
+            "fixed_inputs": tuple(ref for ref in self.inputs if not ref.variadic),
+            "output_names": tuple(ref.name for ref in self.outputs),
+        }
         for name, value in derived.items():
             object.__setattr__(self, name, value)
 
@@ -90,7 +94,7 @@ def parse_pattern_line(text: str, line: int = 0) -> PatternNode:
     if rest.startswith("["):
         close = _matching_bracket(rest, 0, rest_column)
         attributes = _parse_attributes(rest[1:close], rest_column + 1)
-        rest = rest[close + 1:].strip()
+        rest = rest[close + 1 :].strip()
     if not (rest.startswith("(") and rest.endswith(")")):
         raise PatternSyntaxError("expected the inputs in parentheses after the op type", rest_column)
     inputs_text = rest[1:-1].strip()
@@ -99,18 +103,25 @@ def parse_pattern_line(text: str, line: int = 0) -> PatternNode:
         raise PatternSyntaxError("at most one variadic *input per node")
     for ref in outputs:
         if ref.optional or ref.wildcard or ref.constant or (ref.variadic and len(outputs) > 1):
-            raise PatternSyntaxError(f"output {ref.name!r} cannot be optional, constant or '_', and *{ref.name} "
-                                     "(all outputs) stands alone")
+            raise PatternSyntaxError(
+                f"output {ref.name!r} cannot be optional, constant or '_', and *{ref.name} (all outputs) stands alone"
+            )
     return PatternNode(match.group("op"), outputs, inputs, attributes, line, text.strip())
 
 
 def _parse_ref(token: str, text: str) -> ValueRef:
     found = _INPUT.match(token)
     if not found:
-        raise PatternSyntaxError(f"bad name {token!r}: a name, name?, name[], name:const, name[]:const? or *name",
-                                 text.find(token) + 1)
-    return ValueRef(found.group("name"), bool(found.group("elem")), bool(found.group("optional")),
-                    bool(found.group("star")), bool(found.group("const")))
+        raise PatternSyntaxError(
+            f"bad name {token!r}: a name, name?, name[], name:const, name[]:const? or *name", text.find(token) + 1
+        )
+    return ValueRef(
+        found.group("name"),
+        bool(found.group("elem")),
+        bool(found.group("optional")),
+        bool(found.group("star")),
+        bool(found.group("const")),
+    )
 
 
 def _matching_bracket(text: str, start: int, column: int) -> int:

@@ -27,12 +27,12 @@ class Rewrite:
     are known without the weights."""
 
     nodes: list[ir.Node]
-    replace: list            # (old ir.Variable, new tensor made by `nodes` or existing) pairs
-    note: str                # what was done, for the report
+    replace: list  # (old ir.Variable, new tensor made by `nodes` or existing) pairs
+    note: str  # what was done, for the report
     flops_before: float | None = None
     flops_after: float | None = None
-    extra: dict = field(default_factory=dict)   # more report fields (e.g. a border map size)
-    complete: Callable[[], object] | None = None   # -> Rewrite | Refusal, for a prospect
+    extra: dict = field(default_factory=dict)  # more report fields (e.g. a border map size)
+    complete: Callable[[], object] | None = None  # -> Rewrite | Refusal, for a prospect
 
 
 Primitive = Callable[..., object]
@@ -52,9 +52,11 @@ def reach_of(primitive: Primitive) -> int | None:
 
 def _declaring(attribute: str, value) -> Callable[[Primitive], Primitive]:
     """A decorator that sets `attribute` on the primitive it decorates (read back with getattr)."""
+
     def declare(primitive: Primitive) -> Primitive:
         setattr(primitive, attribute, value)
         return primitive
+
     return declare
 
 

@@ -40,13 +40,13 @@ class Rule:
     name: str
     doc: str
     pattern: tuple[PatternNode, ...]
-    where: tuple[tuple[str, object], ...]      # silent: a failure is no match
-    require: tuple[tuple[str, object], ...]    # reported: a failure is a refusal
+    where: tuple[tuple[str, object], ...]  # silent: a failure is no match
+    require: tuple[tuple[str, object], ...]  # reported: a failure is a refusal
     apply: str
     params: dict = field(default_factory=dict, hash=False, compare=False)
     file: str = ""
     line: int = 0
-    plugin: object = field(default=None, hash=False, compare=False)   # a user primitive (apply: module:function)
+    plugin: object = field(default=None, hash=False, compare=False)  # a user primitive (apply: module:function)
 
     @property
     def builtin(self) -> bool:
@@ -113,7 +113,9 @@ def load_rules(files: list[Path], primitives: set[str]) -> list[Rule]:
     for path in files:
         for rule in parse_rule_file(path, primitives):
             if rule.name in seen:
-                raise RuleFileError(str(path), rule.line, 1, f"rule {rule.name!r} is already defined in {seen[rule.name]}")
+                raise RuleFileError(
+                    str(path), rule.line, 1, f"rule {rule.name!r} is already defined in {seen[rule.name]}"
+                )
             seen[rule.name] = f"{rule.file}:{rule.line}"
             rules.append(rule)
     return rules
@@ -164,8 +166,12 @@ def _parse_rule(file: str, node, primitives: set[str]) -> Rule:
     fields = _mapping(node)
     for key, (key_node, _) in fields.items():
         if key not in RULE_KEYS:
-            raise RuleFileError(file, _line(key_node), _column(key_node),
-                                f"unknown key {key!r} (expected {', '.join(sorted(RULE_KEYS))})")
+            raise RuleFileError(
+                file,
+                _line(key_node),
+                _column(key_node),
+                f"unknown key {key!r} (expected {', '.join(sorted(RULE_KEYS))})",
+            )
     for key in ("name", "doc", "match", "apply"):
         if key not in fields:
             raise RuleFileError(file, _line(node), _column(node), f"rule lacks {key!r}")
@@ -176,20 +182,39 @@ def _parse_rule(file: str, node, primitives: set[str]) -> Rule:
         try:
             plugin = load_plugin(apply, Path(file))
         except ValueError as exc:
-            raise RuleFileError(file, _line(fields["apply"][1]), _column(fields["apply"][1]),
-                                f"rule {name!r}: primitive {apply!r}: {exc}") from None
+            raise RuleFileError(
+                file,
+                _line(fields["apply"][1]),
+                _column(fields["apply"][1]),
+                f"rule {name!r}: primitive {apply!r}: {exc}",
+            ) from None
     elif apply not in primitives:
-        raise RuleFileError(file, _line(fields["apply"][1]), _column(fields["apply"][1]),
-                            f"rule {name!r}: unknown primitive {apply!r} (known: {', '.join(sorted(primitives))}, "
-                            "or module:function)")
+        raise RuleFileError(
+            file,
+            _line(fields["apply"][1]),
+            _column(fields["apply"][1]),
+            f"rule {name!r}: unknown primitive {apply!r} (known: {', '.join(sorted(primitives))}, or module:function)",
+        )
     pattern = _parse_match(file, name, fields["match"][1])
-    where, require = (_parse_conditions(file, name, key, fields[key][1], pattern) if key in fields else ()
-                      for key in ("where", "require"))
+    where, require = (
+        _parse_conditions(file, name, key, fields[key][1], pattern) if key in fields else ()
+        for key in ("where", "require")
+    )
     params = _value(file, fields["with"][1]) if "with" in fields else {}
     if not isinstance(params, dict):
         raise RuleFileError(file, _line(fields["with"][1]), _column(fields["with"][1]), "'with' must be a mapping")
-    return Rule(name, _scalar(file, fields["doc"][1], "doc"), pattern, tuple(where), tuple(require), apply, params,
-                file, _line(node), plugin)
+    return Rule(
+        name,
+        _scalar(file, fields["doc"][1], "doc"),
+        pattern,
+        tuple(where),
+        tuple(require),
+        apply,
+        params,
+        file,
+        _line(node),
+        plugin,
+    )
 
 
 def _parse_match(file: str, rule: str, node) -> tuple[PatternNode, ...]:
@@ -207,7 +232,9 @@ def _parse_match(file: str, rule: str, node) -> tuple[PatternNode, ...]:
         for name, value in parsed.attributes:
             problem = _attribute_problem(parsed.op_type, name, value)
             if problem:
-                raise RuleFileError(file, _line(item), _column(item) + max(text.find(name), 0), f"rule {rule!r}: {problem}")
+                raise RuleFileError(
+                    file, _line(item), _column(item) + max(text.find(name), 0), f"rule {rule!r}: {problem}"
+                )
         lines.append(parsed)
     _check_connected(file, rule, lines, node)
     return tuple(lines)
@@ -217,12 +244,18 @@ _ATTRIBUTE_VALUES = {
     onnx.defs.OpSchema.AttrType.INT: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
     onnx.defs.OpSchema.AttrType.FLOAT: ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
     onnx.defs.OpSchema.AttrType.STRING: ("a string", lambda v: isinstance(v, str)),
-    onnx.defs.OpSchema.AttrType.INTS: ("a list of integers", lambda v: isinstance(v, tuple) and all(
-        isinstance(x, int) and not isinstance(x, bool) for x in v)),
-    onnx.defs.OpSchema.AttrType.FLOATS: ("a list of numbers", lambda v: isinstance(v, tuple) and all(
-        isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)),
-    onnx.defs.OpSchema.AttrType.STRINGS: ("a list of strings", lambda v: isinstance(v, tuple) and all(
-        isinstance(x, str) for x in v)),
+    onnx.defs.OpSchema.AttrType.INTS: (
+        "a list of integers",
+        lambda v: isinstance(v, tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
+    ),
+    onnx.defs.OpSchema.AttrType.FLOATS: (
+        "a list of numbers",
+        lambda v: isinstance(v, tuple) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v),
+    ),
+    onnx.defs.OpSchema.AttrType.STRINGS: (
+        "a list of strings",
+        lambda v: isinstance(v, tuple) and all(isinstance(x, str) for x in v),
+    ),
 }
 
 
@@ -240,7 +273,7 @@ def _attribute_problem(op: str, name: str, value) -> str | None:
 
 def _check_acyclic(file: str, rule: str, lines: list[PatternNode], produced: dict[str, PatternNode]) -> None:
     """Producer edges (a line reads a name another line produces) must not loop."""
-    state: dict[int, str] = {}         # line index -> "open" while on the path, "done" after
+    state: dict[int, str] = {}  # line index -> "open" while on the path, "done" after
 
     def visit(index: int) -> None:
         state[index] = "open"
@@ -250,8 +283,9 @@ def _check_acyclic(file: str, rule: str, lines: list[PatternNode], produced: dic
                 continue
             other = lines.index(producer)
             if state.get(other) == "open":
-                raise RuleFileError(file, producer.line, 1, f"rule {rule!r}: the pattern's lines form a cycle "
-                                    f"through {ref.name!r}")
+                raise RuleFileError(
+                    file, producer.line, 1, f"rule {rule!r}: the pattern's lines form a cycle through {ref.name!r}"
+                )
             if other not in state:
                 visit(other)
         state[index] = "done"
@@ -274,13 +308,25 @@ def _check_connected(file: str, rule: str, lines: list[PatternNode], node) -> No
     variadic = {ref.name for line in lines for ref in line.inputs if ref.variadic}
     if lines[-1].is_element:
         if not all(line.is_element for line in lines):
-            raise RuleFileError(file, lines[-1].line, 1, f"rule {rule!r}: a group pattern (last line name[] = ...) "
-                                "has only element lines")
-        shared = [ref for line in lines for ref in line.inputs if not ref.per_element and not ref.wildcard
-                  and ref.name not in produced]
+            raise RuleFileError(
+                file,
+                lines[-1].line,
+                1,
+                f"rule {rule!r}: a group pattern (last line name[] = ...) has only element lines",
+            )
+        shared = [
+            ref
+            for line in lines
+            for ref in line.inputs
+            if not ref.per_element and not ref.wildcard and ref.name not in produced
+        ]
         if not shared:
-            raise RuleFileError(file, lines[-1].line, 1, f"rule {rule!r}: a group pattern needs a shared input "
-                                "(a plain name) that all its members read")
+            raise RuleFileError(
+                file,
+                lines[-1].line,
+                1,
+                f"rule {rule!r}: a group pattern needs a shared input (a plain name) that all its members read",
+            )
     for line in lines[:-1]:
         name = line.outputs[0].name
         if name not in used:
@@ -289,25 +335,38 @@ def _check_connected(file: str, rule: str, lines: list[PatternNode], node) -> No
             raise RuleFileError(file, line.line, 1, f"rule {rule!r}: {name}[] has no variadic *{name} input")
 
 
-def _parse_conditions(file: str, rule: str, section: str, node, pattern: tuple[PatternNode, ...]
-                      ) -> tuple[tuple[str, object], ...]:
+def _parse_conditions(
+    file: str, rule: str, section: str, node, pattern: tuple[PatternNode, ...]
+) -> tuple[tuple[str, object], ...]:
     if not isinstance(node, yaml.MappingNode):
-        raise RuleFileError(file, _line(node), _column(node), f"rule {rule!r}: '{section}' is a mapping of condition: names")
+        raise RuleFileError(
+            file, _line(node), _column(node), f"rule {rule!r}: '{section}' is a mapping of condition: names"
+        )
     names = {ref.name for line in pattern for ref in (*line.inputs, *line.outputs)}
     conditions = []
     for key, (key_node, value_node) in _mapping(node).items():
         if key not in CONDITIONS:
-            raise RuleFileError(file, _line(key_node), _column(key_node),
-                                f"rule {rule!r}: unknown condition {key!r} (known: {', '.join(sorted(CONDITIONS))})")
+            raise RuleFileError(
+                file,
+                _line(key_node),
+                _column(key_node),
+                f"rule {rule!r}: unknown condition {key!r} (known: {', '.join(sorted(CONDITIONS))})",
+            )
         value = _value(file, value_node)
         if isinstance(value, dict):
-            referenced = [*value, *(v for v in value.values() if isinstance(v, str))] if key == "per_channel" else list(value)
+            referenced = (
+                [*value, *(v for v in value.values() if isinstance(v, str))] if key == "per_channel" else list(value)
+            )
         else:
             referenced = value if isinstance(value, list) else [value]
         for name in referenced:
             if name not in names:
-                raise RuleFileError(file, _line(value_node), _column(value_node),
-                                    f"rule {rule!r}: condition {key!r} names {name!r}, which the pattern does not bind")
+                raise RuleFileError(
+                    file,
+                    _line(value_node),
+                    _column(value_node),
+                    f"rule {rule!r}: condition {key!r} names {name!r}, which the pattern does not bind",
+                )
         conditions.append((key, value))
     return tuple(conditions)
 
@@ -317,7 +376,7 @@ def _value(file: str, node) -> object:
     its marks for error messages; constructing it directly skips a serialize-and-parse)."""
     try:
         return yaml.constructor.SafeConstructor().construct_document(node)
-    except yaml.constructor.ConstructorError as exc:     # a tag safe YAML does not build, say !!python/object
+    except yaml.constructor.ConstructorError as exc:  # a tag safe YAML does not build, say !!python/object
         mark = exc.problem_mark or node.start_mark
         raise RuleFileError(file, mark.line + 1, mark.column + 1, f"not valid YAML: {exc.problem}") from None
 

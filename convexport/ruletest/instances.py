@@ -4,7 +4,8 @@ random shapes, attributes and weights (samplers.py), for `convexport rules test`
 A pattern name is a constant (an initializer) when the pattern writes `name:const` or a
 `constant:` condition names it, and a graph input otherwise. Around the pattern an instance
 may add what a rule's primitive looks at beyond its match: a reader of the root's output (a
-rewrite may not rename a graph output), a producer of the same op feeding the first input (a Concat of a Concat), identical op chains after the outputs of a group or a
+rewrite may not rename a graph output), a producer of the same op feeding the first input (a
+Concat of a Concat), identical op chains after the outputs of a group or a
 Split (what branch batching follows) joined by a Concat, an intermediate that is also a graph
 output (what `private` guards), optional inputs present or absent, commutative inputs
 swapped, and a constant shared by every element of a group.
@@ -25,8 +26,8 @@ from ..rewrite.rulefile import Rule
 from .draws import Draws
 from .samplers import SAMPLERS, Draft, Reject, Slot
 
-IR_VERSION = 10          # ONNX Runtime 1.31 reads IR <= 10
-OPSETS = (18, 21)        # both sides of opset 20 (DFT-17 vs DFT-20, AveragePool-19)
+IR_VERSION = 10  # ONNX Runtime 1.31 reads IR <= 10
+OPSETS = (18, 21)  # both sides of opset 20 (DFT-17 vs DFT-20, AveragePool-19)
 ABSENT = ""
 CHAIN_OPS = ("Relu", "Conv", "Mul", "Add")
 
@@ -43,12 +44,14 @@ def unsupported_ops(rule: Rule) -> list[str]:
 
 def instances(rule: Rule) -> st.SearchStrategy:
     """Valid instances of `rule` (hypothesis redraws where the choices make no valid model)."""
+
     @st.composite
     def build(draw):
         try:
             return _InstanceBuilder(Draws(draw), rule).build()
         except Reject:
             return None
+
     return build().filter(lambda instance: instance is not None)
 
 
@@ -66,8 +69,8 @@ class _InstanceBuilder:
         self.feeds: dict[str, np.ndarray] = {}
         self.types: dict[str, onnx.TypeProto] = {}
         self.readers: dict[str, int] = {}
-        self.env: dict[tuple, str] = {}           # (pattern name, element or None) -> tensor name
-        self.lists: dict[str, list[str]] = {}     # variadic name -> its tensors
+        self.env: dict[tuple, str] = {}  # (pattern name, element or None) -> tensor name
+        self.lists: dict[str, list[str]] = {}  # variadic name -> its tensors
         self.templates: dict[int, tuple[Draft, list[str]]] = {}
         self.numbers = itertools.count()
 
@@ -96,7 +99,9 @@ class _InstanceBuilder:
         for position, (ref, name) in enumerate(zip(refs, names)):
             if name is None:
                 shared = template[1][position] if reused and self.sharing == "same-constants" else None
-                name = shared if shared and ref.name in self.constants else self._materialize(ref, draft.values[position])
+                name = (
+                    shared if shared and ref.name in self.constants else self._materialize(ref, draft.values[position])
+                )
                 if not ref.wildcard:
                     self.env[self._key(ref, element)] = name
             inputs.append(name)
@@ -104,7 +109,9 @@ class _InstanceBuilder:
             self.templates[index] = (draft, list(inputs))
         if line.op_type in COMMUTATIVE and len(inputs) == 2 and self.draws.flag():
             inputs.reverse()
-        outputs = self._add_node(line.op_type, inputs, {**draft.attrs, **_as_lists(fixed)}, draft.outputs, line.outputs[0].name)
+        outputs = self._add_node(
+            line.op_type, inputs, {**draft.attrs, **_as_lists(fixed)}, draft.outputs, line.outputs[0].name
+        )
         if line.outputs[0].variadic:
             self.lists[line.outputs[0].name] = outputs
         else:
@@ -128,7 +135,9 @@ class _InstanceBuilder:
             elif ref.optional and not self._present(ref, element):
                 names.append(ABSENT)
                 self.env[key] = ABSENT
-            elif position == 0 and not ref.wildcard and ref.name not in self.constants and self.draws.integer(0, 4) == 4:
+            elif (
+                position == 0 and not ref.wildcard and ref.name not in self.constants and self.draws.integer(0, 4) == 4
+            ):
                 names.append(self._nested_producer(line))
                 self.env[key] = names[-1]
             else:
@@ -164,8 +173,10 @@ class _InstanceBuilder:
         refs = [variadic] * self.draws.integer(1, 3) if variadic else list(line.inputs)
         slots = [Slot(None, not ref.optional or self.draws.flag()) for ref in refs]
         draft = SAMPLERS[line.op_type](self.draws, slots, dict(line.attributes), 1)
-        inputs = [self._materialize(ref, value) if slot.present else ABSENT
-                  for ref, slot, value in zip(refs, slots, draft.values)]
+        inputs = [
+            self._materialize(ref, value) if slot.present else ABSENT
+            for ref, slot, value in zip(refs, slots, draft.values)
+        ]
         return self._add_node(line.op_type, inputs, {**draft.attrs, **_as_lists(dict(line.attributes))}, 1, "nested")[0]
 
     def _present(self, ref: ValueRef, element: int | None) -> bool:
@@ -191,7 +202,7 @@ class _InstanceBuilder:
                     draft = SAMPLERS[op](self.draws, slots, {}, 1)
                     constants = [self._materialize(ValueRef("chain", constant=True), v) for v in draft.values[1:]]
                     template = (draft, constants)
-                elif self.sharing == "same-constants":       # one shared operand (a residual, a scale)
+                elif self.sharing == "same-constants":  # one shared operand (a residual, a scale)
                     draft, constants = template
                 else:
                     draft = self._reshuffled(template[0])
@@ -228,8 +239,9 @@ class _InstanceBuilder:
         """The draft's attributes with each value's entries shuffled: the same shapes and the
         same sets of entries, so still valid (positive variances stay positive, indices in
         range, sizes summing to the same)."""
-        return Draft(draft.attrs, [None if value is None else self._shuffled(value) for value in draft.values],
-                     draft.outputs)
+        return Draft(
+            draft.attrs, [None if value is None else self._shuffled(value) for value in draft.values], draft.outputs
+        )
 
     def _shuffled(self, value) -> np.ndarray:
         flat = np.asarray(value).reshape(-1).copy()
@@ -253,17 +265,27 @@ class _InstanceBuilder:
             inputs = inputs[:-1]
         names = [self._fresh(base) for _ in range(outputs)]
         node = helper.make_node(op, inputs, names, name=self._fresh(op.lower()), **attrs)
-        data = {name: numpy_helper.from_array(value, name) for name, value in self.initializers.items() if name in inputs}
+        data = {
+            name: numpy_helper.from_array(value, name) for name, value in self.initializers.items() if name in inputs
+        }
         try:
             inferred = onnx.shape_inference.infer_node_outputs(
-                onnx.defs.get_schema(op, self.opset), node, {name: self.types[name] for name in inputs if name},
-                data, opset_imports=[helper.make_opsetid("", self.opset)], ir_version=IR_VERSION)
+                onnx.defs.get_schema(op, self.opset),
+                node,
+                {name: self.types[name] for name in inputs if name},
+                data,
+                opset_imports=[helper.make_opsetid("", self.opset)],
+                ir_version=IR_VERSION,
+            )
         except Exception:
             raise Reject from None
         for name in names:
             tensor_type = inferred[name].tensor_type if name in inferred else None
-            if tensor_type is None or not tensor_type.HasField("shape") or any(
-                    not d.HasField("dim_value") or d.dim_value <= 0 for d in tensor_type.shape.dim):
+            if (
+                tensor_type is None
+                or not tensor_type.HasField("shape")
+                or any(not d.HasField("dim_value") or d.dim_value <= 0 for d in tensor_type.shape.dim)
+            ):
                 raise Reject
             self.types[name] = inferred[name]
         for name in inputs:
@@ -276,23 +298,31 @@ class _InstanceBuilder:
         produced = [name for node in self.nodes for name in node.output]
         outputs = [name for name in produced if not self.readers.get(name)]
         outputs += [name for name in produced if self.readers.get(name) and self.draws.integer(0, 7) == 7]
-        value_info = lambda name: helper.make_value_info(name, self.types[name])     # noqa: E731
+        value_info = lambda name: helper.make_value_info(name, self.types[name])  # noqa: E731
         graph = helper.make_graph(
-            self.nodes, f"instance of {self.rule.name}", [value_info(n) for n in self.feeds],
+            self.nodes,
+            f"instance of {self.rule.name}",
+            [value_info(n) for n in self.feeds],
             [value_info(n) for n in outputs],
-            [numpy_helper.from_array(v, n) for n, v in self.initializers.items()])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)], ir_version=IR_VERSION,
-                                  producer_name="convexport rules test")
+            [numpy_helper.from_array(v, n) for n, v in self.initializers.items()],
+        )
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", self.opset)],
+            ir_version=IR_VERSION,
+            producer_name="convexport rules test",
+        )
         try:
             onnx.checker.check_model(model)
-            return onnx.shape_inference.infer_shapes(model, strict_mode=True)   # as the pipeline sees models
+            return onnx.shape_inference.infer_shapes(model, strict_mode=True)  # as the pipeline sees models
         except Exception:
             raise Reject from None
 
 
 def _same_layout(template: Draft, slots: list[Slot]) -> bool:
     return len(template.values) == len(slots) and all(
-        (value is not None) == (slot.present and slot.shape is None) for value, slot in zip(template.values, slots))
+        (value is not None) == (slot.present and slot.shape is None) for value, slot in zip(template.values, slots)
+    )
 
 
 def _as_lists(attrs: dict) -> dict:
@@ -308,15 +338,21 @@ def _constant_names(rule: Rule) -> set[str]:
 
 
 def _count_minimums(rule: Rule) -> dict[str, int]:
-    return {name: int(minimum) for key, argument in (*rule.where, *rule.require) if key == "count"
-            for name, minimum in argument.items()}
+    return {
+        name: int(minimum)
+        for key, argument in (*rule.where, *rule.require)
+        if key == "count"
+        for name, minimum in argument.items()
+    }
 
 
 def _topological_order(pattern: tuple[PatternNode, ...]) -> list[int]:
     """Producers before readers, file order among the rest (rulefile.py has already refused
     patterns whose lines form a cycle)."""
     producer = {ref.name: index for index, line in enumerate(pattern) for ref in line.outputs}
-    needs = {index: {producer[ref.name] for ref in line.inputs if ref.name in producer} for index, line in enumerate(pattern)}
+    needs = {
+        index: {producer[ref.name] for ref in line.inputs if ref.name in producer} for index, line in enumerate(pattern)
+    }
     order: list[int] = []
     while len(order) < len(pattern):
         order.append(next(index for index in range(len(pattern)) if index not in order and needs[index] <= set(order)))

@@ -10,8 +10,8 @@ fixed shapes leave it nothing valid to draw; ONNX shape inference rejects the re
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -24,14 +24,14 @@ class Reject(Exception):
 
 @dataclass
 class Slot:
-    shape: tuple[int, ...] | None     # fixed by an earlier node, or None: the sampler draws it
-    present: bool = True              # False: an optional input left out
+    shape: tuple[int, ...] | None  # fixed by an earlier node, or None: the sampler draws it
+    present: bool = True  # False: an optional input left out
 
 
 @dataclass
 class Draft:
     attrs: dict
-    values: list                      # per slot: an array for an open, present slot; else None
+    values: list  # per slot: an array for an open, present slot; else None
     outputs: int = 1
 
 
@@ -83,17 +83,27 @@ def conv(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
             raise Reject
         group = channels // per_group
     else:
-        group = 1 if separable else _pick(fixed, "group", lambda: draws.choice(
-            sorted({1, channels} | {g for g in range(2, channels) if channels % g == 0})))
+        group = (
+            1
+            if separable
+            else _pick(
+                fixed,
+                "group",
+                lambda: draws.choice(sorted({1, channels} | {g for g in range(2, channels) if channels % g == 0})),
+            )
+        )
         if channels % group:
             raise Reject
-        kernel_choices = ([13, 15, 17] if large and nd == 2 else [121, 125] if large else [3, 5] if separable
-                          else [1, 3, 2, 5])
+        kernel_choices = (
+            [13, 15, 17] if large and nd == 2 else [121, 125] if large else [3, 5] if separable else [1, 3, 2, 5]
+        )
         kernel = _pick(fixed, "kernel_shape", lambda: [draws.choice(kernel_choices) for _ in range(nd)])
         out_channels = draws.choice(sorted({channels} | {group * m for m in (1, 2, 3)}, key=lambda m: m != channels))
         if out_channels % group:
             raise Reject
-        produced[1] = draws.normal((out_channels, channels // group, *kernel), 1 / np.sqrt(channels // group * np.prod(kernel)))
+        produced[1] = draws.normal(
+            (out_channels, channels // group, *kernel), 1 / np.sqrt(channels // group * np.prod(kernel))
+        )
         if separable and min(kernel) > 1:
             produced[1] = _low_rank_kernel(draws, produced[1].shape)
     if len(kernel) != nd:
@@ -123,7 +133,7 @@ def _padding(draws: Draws, fixed: dict, kernel, dilations) -> dict:
     if "pads" in fixed or "auto_pad" in fixed:
         return {key: _pick(fixed, key, None) for key in ("pads", "auto_pad") if key in fixed}
     extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
-    auto = ["SAME_UPPER", "SAME_LOWER"] if all(d == 1 for d in dilations) else []   # ONNX Runtime: no SAME with dilation
+    auto = ["SAME_UPPER", "SAME_LOWER"] if all(d == 1 for d in dilations) else []  # ONNX Runtime: no SAME with dilation
     mode = draws.choice(["none", "same", "explicit", *auto, "VALID"])
     if mode == "none":
         return {}
@@ -175,7 +185,7 @@ def elementwise(draws: Draws, slots: list[Slot], fixed: dict, outputs, denominat
     the others broadcast against it (a scalar, per channel, per last dim, ...)."""
     known = next((slot.shape for slot in slots if slot.present and slot.shape is not None), None)
     produced = {}
-    for index, slot in enumerate(slots):
+    for index in range(len(slots)):
         if not _open(slots, index):
             continue
         shape = draws.data_shape() if known is None else _broadcast_shape(draws, known)
@@ -188,11 +198,13 @@ def average_pool(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft
     shape, produced = _data(draws, slots, (3, 4, 5))
     nd = len(shape) - 2
     kernel = _pick(fixed, "kernel_shape", lambda: [draws.choice([1, 2, 3]) for _ in range(nd)])
-    attrs = {"kernel_shape": list(kernel),
-             "strides": _pick(fixed, "strides", lambda: [draws.choice([1, 2]) for _ in range(nd)])}
+    attrs = {
+        "kernel_shape": list(kernel),
+        "strides": _pick(fixed, "strides", lambda: [draws.choice([1, 2]) for _ in range(nd)]),
+    }
     attrs.update(_padding(draws, fixed, kernel, [1] * nd))
     if "pads" in attrs and any(p >= k for p, k in zip(attrs["pads"], list(kernel) * 2)):
-        raise Reject        # ONNX Runtime wants each pad smaller than the window
+        raise Reject  # ONNX Runtime wants each pad smaller than the window
     attrs["ceil_mode"] = _pick(fixed, "ceil_mode", lambda: draws.choice([0, 1]))
     attrs["count_include_pad"] = _pick(fixed, "count_include_pad", lambda: draws.choice([0, 1]))
     return Draft(attrs, _values(slots, produced))
@@ -208,9 +220,11 @@ def pad(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
         produced[3] = np.array([axis - len(shape) if draws.flag() else axis for axis in axes], np.int64)
     if _open(slots, 1):
         lowest = {"constant": -1, "edge": -1, "reflect": 0}.get(mode, 0)
-        spatial_only = len(shape) >= 3 and not draws.flag()       # how convs are padded
-        widths = [0 if spatial_only and axes[i % len(axes)] in (0, 1) else draws.integer(lowest, 2)
-                  for i in range(2 * len(axes))]
+        spatial_only = len(shape) >= 3 and not draws.flag()  # how convs are padded
+        widths = [
+            0 if spatial_only and axes[i % len(axes)] in (0, 1) else draws.integer(lowest, 2)
+            for i in range(2 * len(axes))
+        ]
         if mode == "reflect" and any(w >= shape[axes[i % len(axes)]] for i, w in enumerate(widths)):
             raise Reject
         produced[1] = np.array(widths, np.int64)
@@ -244,7 +258,7 @@ def split(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
     if not -len(shape) <= axis < len(shape):
         raise Reject
     produced = {}
-    if drawn:            # a length that splits: equal parts, or a remainder for the last
+    if drawn:  # a length that splits: equal parts, or a remainder for the last
         shape[axis] = count * draws.integer(1, 3) + (draws.integer(1, 2) if draws.flag() else 0)
         produced[0] = draws.normal(tuple(shape))
     size = shape[axis]
@@ -294,9 +308,12 @@ def gemm(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
         cols = b[0] if trans_b else b[-1]
     if _open(slots, 2):
         produced[2] = draws.normal(draws.choice([(cols,), (1, cols), (rows, cols), (), (rows, 1)]))
-    attrs = {"transA": trans_a, "transB": trans_b,
-             "alpha": _pick(fixed, "alpha", lambda: draws.choice([1.0, 0.5, 2.0])),
-             "beta": _pick(fixed, "beta", lambda: draws.choice([1.0, 0.5, 2.0]))}
+    attrs = {
+        "transA": trans_a,
+        "transB": trans_b,
+        "alpha": _pick(fixed, "alpha", lambda: draws.choice([1.0, 0.5, 2.0])),
+        "beta": _pick(fixed, "beta", lambda: draws.choice([1.0, 0.5, 2.0])),
+    }
     return Draft(attrs, _values(slots, produced))
 
 
@@ -352,10 +369,25 @@ def _binary(denominator=None) -> Sampler:
 
 
 SAMPLERS: dict[str, Sampler] = {
-    "Conv": conv, "BatchNormalization": batch_normalization, "AveragePool": average_pool, "Pad": pad,
-    "Add": _binary(), "Sub": _binary(), "Mul": _binary(), "Div": _binary(denominator=1),
-    "Sum": _binary(), "Max": _binary(), "Min": _binary(),
-    "Concat": concat, "Split": split, "Gather": gather, "Gemm": gemm, "MatMul": matmul,
-    "Dropout": dropout, "Transpose": transpose, "Reshape": reshape, "Flatten": flatten,
-    **{op: unary for op in ("Identity", "Relu", "Neg", "Abs", "Sigmoid", "Tanh", "LeakyRelu", "Softplus")},
+    "Conv": conv,
+    "BatchNormalization": batch_normalization,
+    "AveragePool": average_pool,
+    "Pad": pad,
+    "Add": _binary(),
+    "Sub": _binary(),
+    "Mul": _binary(),
+    "Div": _binary(denominator=1),
+    "Sum": _binary(),
+    "Max": _binary(),
+    "Min": _binary(),
+    "Concat": concat,
+    "Split": split,
+    "Gather": gather,
+    "Gemm": gemm,
+    "MatMul": matmul,
+    "Dropout": dropout,
+    "Transpose": transpose,
+    "Reshape": reshape,
+    "Flatten": flatten,
+    **dict.fromkeys(("Identity", "Relu", "Neg", "Abs", "Sigmoid", "Tanh", "LeakyRelu", "Softplus"), unary),
 }

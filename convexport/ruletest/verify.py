@@ -36,20 +36,22 @@ NOT_APPLIED, INVALID = "not applied", "invalid"
 @dataclass
 class RuleTestResult:
     rule: Rule
-    instances: int = 0          # valid instances tried before any failure
-    applied: int = 0            # of those, where the rule rewrote something
+    instances: int = 0  # valid instances tried before any failure
+    applied: int = 0  # of those, where the rule rewrote something
     failure: str | None = None  # what the (shrunk) counterexample shows
     saved: list[Path] = field(default_factory=list)
     untested: str | None = None
 
 
-def verify_rule(rule: Rule, primitives: dict[str, Primitive], examples: int, seed: int, out_dir: Path) -> RuleTestResult:
+def verify_rule(
+    rule: Rule, primitives: dict[str, Primitive], examples: int, seed: int, out_dir: Path
+) -> RuleTestResult:
     result = RuleTestResult(rule)
     missing = unsupported_ops(rule)
     if missing:
         result.untested = f"no random instances of {', '.join(missing)} (rules test knows {_known_ops()})"
         return result
-    searching = [True]           # until the first counterexample; hypothesis then shrinks it
+    searching = [True]  # until the first counterexample; hypothesis then shrinks it
 
     def is_counterexample(instance: Instance) -> bool:
         verdict, _ = check_instance(instance, rule, primitives)
@@ -65,16 +67,19 @@ def verify_rule(rule: Rule, primitives: dict[str, Primitive], examples: int, see
         found = find(instances(rule), is_counterexample, settings=budget, random=random.Random(seed))
     except NoSuchExample:
         if result.applied == 0:
-            result.untested = (f"none of {result.instances} valid random instances was rewritten: the rule's "
-                               "conditions or its primitive refused them all")
+            result.untested = (
+                f"none of {result.instances} valid random instances was rewritten: the rule's "
+                "conditions or its primitive refused them all"
+            )
         return result
     result.failure, rewritten = check_instance(found, rule, primitives)
     result.saved = _save_counterexample(found, rewritten, rule, out_dir)
     return result
 
 
-def check_instance(instance: Instance, rule: Rule, primitives: dict[str, Primitive]
-                   ) -> tuple[str | None, onnx.ModelProto | None]:
+def check_instance(
+    instance: Instance, rule: Rule, primitives: dict[str, Primitive]
+) -> tuple[str | None, onnx.ModelProto | None]:
     """(None when the rule applied and the result is exact; NOT_APPLIED, INVALID (the
     original does not run to finite outputs), or what is wrong), and the rewritten model
     when the rewrite produced one."""
@@ -110,8 +115,10 @@ def _compare(expected: dict[str, np.ndarray], rewritten: onnx.ModelProto, feeds:
             return f"output {name!r} has shape {actual[name].shape} instead of {reference.shape}"
         error = compare_arrays(reference, actual[name], *Tolerances().for_output(name, str(reference.dtype)))
         if error.mismatches:
-            return (f"output {name!r} differs: max abs error {error.max_abs:.3g}, max rel error {error.max_rel:.3g}, "
-                    f"{error.mismatches} of {error.elements} elements outside rtol={error.rtol:g} atol={error.atol:g}")
+            return (
+                f"output {name!r} differs: max abs error {error.max_abs:.3g}, max rel error {error.max_rel:.3g}, "
+                f"{error.mismatches} of {error.elements} elements outside rtol={error.rtol:g} atol={error.atol:g}"
+            )
     return None
 
 
@@ -119,11 +126,13 @@ def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.n
     session = create_session(model, optimize=False)
     names = [output.name for output in session.get_outputs()]
     quiet = ort.RunOptions()
-    quiet.log_severity_level = 4           # invalid instances fail in ONNX Runtime by design
+    quiet.log_severity_level = 4  # invalid instances fail in ONNX Runtime by design
     return dict(zip(names, session.run(names, feeds, quiet)))
 
 
-def _save_counterexample(instance: Instance, rewritten: onnx.ModelProto | None, rule: Rule, out_dir: Path) -> list[Path]:
+def _save_counterexample(
+    instance: Instance, rewritten: onnx.ModelProto | None, rule: Rule, out_dir: Path
+) -> list[Path]:
     """The instance as <rule>.counterexample.onnx, its inputs as .npz (for `convexport
     validate --inputs`), and the rule's rewrite of it as <rule>.rewritten.onnx when it has one."""
     out_dir.mkdir(parents=True, exist_ok=True)
