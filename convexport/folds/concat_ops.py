@@ -5,14 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ir
+from ..algebra import Refusal
 from ..rewrite.primitives import Rewrite, reach
 from .conv_chain import output_dtype
 
 
 @reach(1)
-def flatten_concats(match, context) -> Rewrite | None:
+def flatten_concats(match, context) -> Rewrite | Refusal:
     """Concat(a, Concat(b, c), d) on one axis -> Concat(a, b, c, d) when the inner one has no
-    other reader (None when no input is such a Concat)."""
+    other reader."""
     root = match.root
     outputs = {id(t) for t in context.graph.outputs}
     rank = len(root.outputs[0].shape) if root.outputs[0].shape else None
@@ -34,7 +35,7 @@ def flatten_concats(match, context) -> Rewrite | None:
             flat.extend(producer.inputs)
             merged += 1
     if not merged:
-        return None
+        return Refusal("no input is a Concat on the same axis read only here", reported=False)
     output = root.outputs[0]
     result = ir.Variable(context.fresh(output.name + "_flat"), dtype=output_dtype(root), shape=output.shape)
     node = ir.Node("Concat", context.fresh(root.name + "_flat"), {"axis": axis}, flat, [result])
@@ -42,12 +43,12 @@ def flatten_concats(match, context) -> Rewrite | None:
 
 
 @reach(0)
-def repeat_as_tile(match, context) -> Rewrite | None:
+def repeat_as_tile(match, context) -> Rewrite | Refusal:
     """Concat(x, x, ..., x) (n times along axis a) -> Tile(x, repeats = n at a, 1 elsewhere)."""
     root, parts = match.root, match.values["parts"]
     shape = parts[0].shape
     if shape is None:
-        return None
+        return Refusal("the repeated tensor's shape is unknown", reported=False)
     rank = len(shape)
     axis = root.attrs["axis"] % rank
     repeats = ir.Constant(

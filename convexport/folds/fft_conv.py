@@ -18,7 +18,7 @@ MIN_ADVANTAGE = 2.0  # the FFT estimate must be this many times cheaper
 
 
 @reach(0)
-def conv_as_fft(match, context) -> Rewrite | Refusal | None:
+def conv_as_fft(match, context) -> Rewrite | Refusal:
     """Conv(x) -> per image (a Scan): Pad, DFT; per output channel (a Scan inside it): complex
     product with the kernel's spectrum, inverse DFT, Slice.
 
@@ -30,7 +30,7 @@ def conv_as_fft(match, context) -> Rewrite | Refusal | None:
     if weight_shape is not None and math.prod(weight_shape[2:]) < int(
         context.params.get("min_kernel_area", MIN_KERNEL_AREA)
     ):
-        return None
+        return Refusal("the kernel area is below min_kernel_area", reported=False)
     spec = conv_spec(conv)
     if isinstance(spec, Refusal):
         return spec
