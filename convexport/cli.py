@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 
 from .errors import ConvexportError, ValidationError, first_line
+from .files import Terminated
 
 EXIT_USER, EXIT_VALIDATION, EXIT_INTERNAL = 1, 3, 70
 
@@ -86,14 +87,12 @@ def optimize(
 ):
     """Export MODEL, fold its linear structure, validate, profile and write the result."""
     from . import pipeline
-    from .files import writable_place
     from .report import print_optimize_summary, write_json
     from .report_html import write_html
 
     def run():
-        for destination in (report, html):  # before the work, not after the model is written
-            if destination is not None:
-                writable_place(destination)
+        reports = [("--report", report), ("--html", html)]
+        _check_outputs([model_file(model)], [("-o", output), *reports])
         try:
             with _progress() as progress:
                 result = pipeline.optimize(
@@ -113,6 +112,7 @@ def optimize(
                     freeze_input_defaults=freeze_input_defaults,
                     trust_pickle=trust_pickle,
                     progress=progress,
+                    other_outputs=[(option, path) for option, path in reports if path is not None],
                 )
         except ValidationError as exc:
             if exc.report is not None:
@@ -125,7 +125,8 @@ def optimize(
             write_json(result.report, report)
         if html is not None:
             write_html(result.report, html)
-        print_optimize_summary(result.report, stdout)
+        if not _is_stdout(report):  # the JSON is what stdout carries then
+            print_optimize_summary(result.report, stdout)
 
     _guarded(run)
 
@@ -176,13 +177,15 @@ def validate_command(
     from .report import write_json
 
     def run():
+        _check_outputs([reference, candidate, inputs], [("--report", report)])
         result = checks.validate_files(
             reference, candidate, inputs, runs, checks.Tolerances.parse(rtol, atol), input_specs(input)
         )
         if report is not None:
             write_json(result.to_report(), report)
         verdict = "passed" if result.passed else "FAILED"
-        stdout.print(f"validation {verdict} over {result.runs} run(s): {result.summary()}", markup=False)
+        if not _is_stdout(report):
+            stdout.print(f"validation {verdict} over {result.runs} run(s): {result.summary()}", markup=False)
         if not result.passed:
             raise ValidationError(f"{candidate} does not match {reference}: {result.summary()}")
 
@@ -209,6 +212,7 @@ def profile(
     from .runtime import resolve_device
 
     def run():
+        _check_outputs([model], [("--report", report)])
         if model.suffix.lower() != ".onnx":
             raise ConvexportError(f"{model}: profile takes an ONNX model; `convexport export` makes one")
         if (runs is not None and runs < 1) or warmup < 0:
@@ -218,6 +222,8 @@ def profile(
         measured = profile_models({"model": onnx_model}, specs, resolve_device(device), runs, warmup)
         if report is not None:
             write_json(measured, report)
+        if _is_stdout(report):
+            return
         entry = measured["model"]
         latency = entry["latency_ms"]
         ops = ", ".join(f"{op} {ms:.3f}" for op, ms in list(entry["op_time_ms"].items())[:5])
@@ -346,6 +352,22 @@ def rules_test(
     _guarded(run)
 
 
+def _check_outputs(inputs, outputs) -> None:
+    from .files import check_paths
+
+    check_paths([path for path in inputs if path is not None], outputs)
+
+
+def model_file(model: str) -> Path:
+    """The file a MODEL argument reads (a factory's .py without its :callable)."""
+    head, sep, tail = model.rpartition(":")
+    return Path(head if sep and tail.isidentifier() and len(head) > 1 else model)
+
+
+def _is_stdout(path) -> bool:
+    return path is not None and str(path) == "-"
+
+
 def _shown_path(path: str) -> str:
     """A rule file's path relative to the working directory when it lies below it."""
     try:
@@ -387,6 +409,12 @@ def _guarded(action) -> None:
     except KeyboardInterrupt:
         stderr.print("convexport: interrupted", markup=False)
         raise typer.Exit(130) from None
+    except Terminated as exc:
+        stderr.print(f"convexport: stopped by signal {exc.number}", markup=False)
+        raise typer.Exit(128 + exc.number) from None
+    except BrokenPipeError:  # `| head` took what it wanted: not an error of ours
+        _silence_stdout()
+        raise typer.Exit(0) from None
     except (typer.Exit, typer.Abort):
         raise
     except Exception as exc:
@@ -400,8 +428,29 @@ def _guarded(action) -> None:
         raise typer.Exit(EXIT_INTERNAL) from None
 
 
+def _silence_stdout() -> None:
+    """Point stdout at the null device: Python's flush at exit would hit the closed pipe again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
 def main() -> None:
+    _keep_stderr_to_one_line()
     app(prog_name="convexport")
+
+
+def _keep_stderr_to_one_line() -> None:
+    """stderr carries convexport's one-line messages and nothing else: the libraries' warnings
+    (torch's, numpy's floating-point ones) are not shown. The report keeps what matters of
+    them (the TorchScript tracer's warnings are collected there)."""
+    import warnings
+
+    import numpy as np
+
+    warnings.simplefilter("ignore")
+    np.seterr(all="ignore")
 
 
 if __name__ == "__main__":

@@ -1,45 +1,137 @@
-"""Atomic output files: written beside the destination, then renamed into place."""
+"""Output files: checked before any work, written so that no reader sees half of one and no
+path the user gives is lost.
+
+- A regular file (or a new one) is written beside itself and renamed into place: a failure or
+  a signal leaves the previous file as it was and no temporary file behind.
+- A symbolic link is written through: the file it points to is replaced that way, and the link
+  stays a link.
+- A character device, a FIFO, a socket or a /dev/std* or /proc/self/fd path is a stream: it is
+  opened and written, never replaced (`--report /dev/stdout`, `-o /dev/null`, a named pipe).
+- An output that is an input (the model, its weights file, a factory's .py, validate's models,
+  an .npz of inputs), or that another output of the same run names, is refused before any work.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import signal
+import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from .errors import ConvexportError
 
+_STREAM_PREFIXES = ("/dev/std", "/dev/fd/", "/proc/self/fd/", "/proc/thread-self/fd/")
+_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGINT") if hasattr(signal, name))
+
+
+def check_paths(inputs: Sequence[str | Path], outputs: Sequence[tuple[str, str | Path | None]]) -> None:
+    """Refuse, before any work: an output that is a folder, whose folder does not exist, whose
+    name the system cannot take, that is one of `inputs`, or that another output names.
+    `outputs` are (option, path) pairs; None (not asked for) and "-" (stdout) are passed over."""
+    read = {_identity(path): str(path) for path in inputs if path is not None and _exists(path)}
+    seen: dict[tuple, str] = {}
+    for option, path in outputs:
+        if path is None or str(path) == "-":
+            continue
+        destination = writable_place(path)
+        if is_stream(destination):
+            continue
+        key = _identity(destination)
+        if key in read:
+            raise ConvexportError(f"{option} {path}: is the input {read[key]}; the input is never modified")
+        if key in seen:
+            raise ConvexportError(f"{option} {path}: is also {seen[key]}; give each output its own file")
+        seen[key] = f"{option} {path}"
+
+
+def writable_place(destination: str | Path) -> Path:
+    """`destination` as a Path, checked before any work is done for it: its folder exists, it
+    is not itself a folder, and its name is one the system takes (whether the folder takes a
+    new file shows only on writing)."""
+    destination = Path(destination)
+    try:
+        if is_stream(destination):
+            return destination
+        target = Path(os.path.realpath(destination))
+        if not target.parent.is_dir():
+            raise ConvexportError(f"{destination}: folder {target.parent} does not exist")
+        if target.is_dir():
+            raise ConvexportError(f"{destination}: is a folder; give a file name")
+        os.stat(target) if target.exists() else _check_name(target)
+    except OSError as exc:
+        raise ConvexportError(f"{_shown(destination)}: {exc.strerror or exc}") from None
+    except UnicodeEncodeError:
+        raise ConvexportError(f"{_shown(destination)}: the name cannot be encoded on this system") from None
+    return destination
+
+
+def is_stream(path: str | Path) -> bool:
+    """Whether writing to `path` must open it rather than replace it (see the module doc)."""
+    text = str(path)
+    if text.startswith(_STREAM_PREFIXES):
+        return True
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
 
 def write_atomically(destination: str | Path, write: Callable[[str], None]) -> None:
-    """Call write(temporary_path), then rename it to `destination` with the usual permissions
-    (0666 less the umask); a reader never sees a half-written file, a failure leaves none."""
+    """Call write(path) so that `destination` ends up holding what it wrote: through a temporary
+    file beside the (link-resolved) destination, renamed into place with the usual permissions
+    (0666 less the umask), or, for a stream, straight to it. A failure or SIGTERM/SIGHUP/SIGINT
+    leaves the destination as it was and no temporary file."""
+    with temporary_beside(destination) as (temporary, final):
+        if temporary is None:
+            _stream(final, write)
+            return
+        write(temporary)
+        give_default_permissions(temporary)
+        rename_all([(temporary, final)])
+
+
+@contextlib.contextmanager
+def temporary_beside(destination: str | Path) -> Iterator[tuple[str | None, Path]]:
+    """(a new temporary file's path beside the destination, the path to rename it to) while the
+    block runs, the temporary file removed if it is still there at the end; (None, the path)
+    for a stream. Signals that end the process are turned into exceptions meanwhile, so the
+    clean-up runs."""
     destination = writable_place(destination)
+    if is_stream(destination):
+        yield None, destination
+        return
+    final = Path(os.path.realpath(destination))  # through a symlink: the link stays
     try:
-        handle, temporary = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
+        handle, temporary = tempfile.mkstemp(prefix=f".{final.name[:64]}.", suffix=".tmp", dir=final.parent)
     except OSError as exc:  # a folder one may not write in (read-only, /proc)
         raise ConvexportError(f"{destination}: cannot write ({exc.strerror or exc})") from exc
     os.close(handle)
     try:
-        write(temporary)
-        give_default_permissions(temporary)
-        os.replace(temporary, destination)
+        with _signals_raise():
+            yield temporary, final
     except OSError as exc:
-        Path(temporary).unlink(missing_ok=True)
         raise ConvexportError(f"{destination}: cannot write ({exc.strerror or exc})") from exc
-    except BaseException:
+    finally:
         Path(temporary).unlink(missing_ok=True)
-        raise
 
 
-def writable_place(destination: str | Path) -> Path:
-    """`destination` as a Path, checked before any work is done for it: its folder exists and
-    it is not itself a folder (whether the folder takes a new file shows only on writing)."""
-    destination = Path(destination)
-    if not destination.parent.is_dir():
-        raise ConvexportError(f"{destination}: folder {destination.parent} does not exist")
-    if destination.is_dir():
-        raise ConvexportError(f"{destination}: is a folder; give a file name")
-    return destination
+def rename_all(pairs: Sequence[tuple[str, Path]]) -> None:
+    """os.replace each (temporary, final) in order with the signals that end the process held
+    back until all are done: a model and its weights file change together or not at all."""
+    masked = hasattr(signal, "pthread_sigmask")
+    if masked:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    try:
+        for temporary, final in pairs:
+            os.replace(temporary, final)
+    finally:
+        if masked:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def give_default_permissions(path: str | Path) -> None:
@@ -50,8 +142,89 @@ def give_default_permissions(path: str | Path) -> None:
 
 
 def write_text_atomically(text: str, destination: str | Path) -> None:
+    """`text` to `destination` (write_atomically); "-" is standard output."""
+    if str(destination) == "-":
+        import sys
+
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+
     def write(path: str) -> None:
         with open(path, "w", encoding="utf-8") as stream:
             stream.write(text)
 
     write_atomically(destination, write)
+
+
+class Terminated(BaseException):
+    """A signal that ends the process arrived while an output was being written."""
+
+    def __init__(self, number: int):
+        super().__init__(f"signal {number}")
+        self.number = number
+
+
+@contextlib.contextmanager
+def _signals_raise():
+    """SIGTERM and SIGHUP raise Terminated (SIGINT already raises KeyboardInterrupt) while the
+    block runs, so that `finally` clauses remove temporary files; the previous handlers after.
+    Only the main thread can set handlers: elsewhere the block runs as it is."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(number, _frame):
+        raise Terminated(number)
+
+    names = [name for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    previous = {name: signal.signal(getattr(signal, name), terminate) for name in names}
+    try:
+        yield
+    finally:
+        for name, handler in previous.items():
+            signal.signal(getattr(signal, name), handler)
+
+
+def _stream(destination: Path, write: Callable[[str], None]) -> None:
+    try:
+        write(str(destination))
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise ConvexportError(f"{destination}: cannot write ({exc.strerror or exc})") from exc
+
+
+def _check_name(target: Path) -> None:
+    """Raise the OSError the system gives for a name it cannot take (too long), as opening
+    would, without creating anything."""
+    limit = os.pathconf(target.parent, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
+    if len(os.fsencode(target.name)) > limit:
+        raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
+    if len(os.fsencode(str(target))) >= 4096:
+        raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
+
+
+def _exists(path: str | Path) -> bool:
+    try:
+        return os.path.exists(path)
+    except (OSError, ValueError):
+        return False
+
+
+def _identity(path: str | Path) -> tuple:
+    """What makes two paths the same file: device and inode where it exists (hard links and
+    symlinks included), else the resolved path."""
+    try:
+        info = os.stat(path)
+        return ("inode", info.st_dev, info.st_ino)
+    except (OSError, ValueError):
+        return ("path", os.path.realpath(path))
+
+
+def _shown(path: Path) -> str:
+    """A path for a one-line message: shortened when it is very long, undecodable bytes escaped."""
+    text = os.fsencode(str(path)).decode("utf-8", "backslashreplace")
+    return text if len(text) <= 200 else f"{text[:96]}...{text[-96:]}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -30,6 +31,10 @@ DTYPES = {
     "bool": np.bool_,
 }
 _DIM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Test data (validation, profiling) is made up in memory, several arrays of each input: an
+# input larger than this is a typo (an extra digit), or a model this machine cannot test.
+MAX_INPUT_BYTES = 16 << 30
 
 # The size a dynamic dimension takes when data has to be made up for it (validation,
 # profiling) and no concrete size was given.
@@ -61,6 +66,10 @@ class InputSpec:
     def concrete_shape(self, dynamic_size: int = DEFAULT_DYNAMIC_SIZE) -> tuple[int, ...]:
         return tuple(d if isinstance(d, int) else dynamic_size for d in self.dims)
 
+    def data_bytes(self, dynamic_size: int = DEFAULT_DYNAMIC_SIZE) -> int:
+        """The bytes of one array of this input (a dynamic dim at `dynamic_size`)."""
+        return math.prod(self.concrete_shape(dynamic_size)) * np.dtype(DTYPES.get(self.dtype, np.float32)).itemsize
+
     def __str__(self) -> str:
         return f"{self.name}:{'x'.join(str(d) for d in self.dims)}:{self.dtype}"
 
@@ -85,7 +94,21 @@ def parse_input_spec(text: str) -> InputSpec:
             raise ConvexportError(f"--input {text!r}: bad dimension {token!r}; {hint}")
     if not dims:
         raise ConvexportError(f"--input {text!r}: {hint}")
-    return InputSpec(name, tuple(dims), str(np.dtype(DTYPES[dtype])))
+    spec = InputSpec(name, tuple(dims), str(np.dtype(DTYPES[dtype])))
+    size = spec.data_bytes()
+    if size > MAX_INPUT_BYTES:
+        raise ConvexportError(
+            f"--input {text!r}: {_in_units(size)} of data for one input; convexport makes test data of at most "
+            f"{_in_units(MAX_INPUT_BYTES)} per input"
+        )
+    return spec
+
+
+def _in_units(size: int) -> str:
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if size >= scale:
+            return f"{size / scale:.3g} {unit}"
+    return f"{size} bytes"
 
 
 def input_specs(given) -> list[InputSpec]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import stat
 import sys
 import zipfile
 from dataclasses import dataclass, field
@@ -35,6 +37,7 @@ class LoadedModel:
     program: Any = None  # nn.Module, ScriptModule or ExportedProgram
     example_inputs: tuple | None = None
     input_names: list[str] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)  # what it was read from: never to be written
 
 
 def load_model(source: str, trust_pickle: bool = False) -> LoadedModel:
@@ -42,21 +45,30 @@ def load_model(source: str, trust_pickle: bool = False) -> LoadedModel:
     path_text, _, factory = _split_factory(source)
     path = Path(path_text)
     suffix = path.suffix.lower()
-    if suffix == ".py" or (factory and not path.suffix):
+    if suffix == ".py" or (factory and _is_module_name(path_text)):
         return _load_factory(source, path_text, factory or DEFAULT_FACTORY)
     if suffix not in (".onnx", ".pt", ".pth", ".pt2"):
         raise ConvexportError(
             f"{source}: unknown model type {path.suffix or '(no suffix)'!r}; expected .onnx, .pt, "
             ".pth, .pt2, file.py[:callable] or package.module:callable"
         )
-    if not path.is_file():
-        raise ConvexportError(f"{source}: no such file")
+    _check_readable_file(source, path)
     default_output = path.with_name(path.stem + ".opt.onnx")
     if suffix == ".onnx":
-        return LoadedModel(source, "onnx", default_output, onnx_model=_load_onnx(path))
-    if suffix == ".pt2":
-        return _load_exported_program(path, default_output)
-    return _load_torch_archive(path, default_output, trust_pickle)
+        model, data_files = _load_onnx(path)
+        return LoadedModel(source, "onnx", default_output, onnx_model=model, files=[path, *data_files])
+    loaded = (
+        _load_exported_program(path, default_output)
+        if suffix == ".pt2"
+        else _load_torch_archive(path, default_output, trust_pickle)
+    )
+    loaded.files = [path]
+    return loaded
+
+
+def _is_module_name(text: str) -> bool:
+    """`package.module` (dotted identifiers) that is no file: a module to import."""
+    return all(part.isidentifier() for part in text.split(".")) and not os.path.exists(text)
 
 
 def _split_factory(source: str) -> tuple[str, str, str]:
@@ -68,11 +80,17 @@ def _split_factory(source: str) -> tuple[str, str, str]:
 
 
 def _load_onnx(path: Path):
+    """The model, its external data read in, and the external data files it names."""
     import onnx
     from google.protobuf.message import DecodeError
+    from onnx.external_data_helper import load_external_data_for_model
+
+    from .ir import external_data_files
 
     try:
-        model = onnx.load(str(path), load_external_data=True)
+        model = onnx.load(str(path), load_external_data=False)
+        data_files = [path.parent / name for name in external_data_files(model)]
+        load_external_data_for_model(model, str(path.parent))
     # onnx.checker.ValidationError: an external-data file that is missing
     except (DecodeError, ValueError, OSError, RuntimeError, onnx.checker.ValidationError) as exc:
         raise ConvexportError(
@@ -84,7 +102,7 @@ def _load_onnx(path: Path):
         onnx.checker.check_model(str(path), full_check=False)  # by path: a model may be over 2 GiB
     except onnx.checker.ValidationError as exc:
         raise ConvexportError(f"{path}: invalid ONNX model: {first_line(exc)}") from exc
-    return model
+    return model, data_files
 
 
 def _load_exported_program(path: Path, default_output: Path) -> LoadedModel:
@@ -168,25 +186,25 @@ def _load_factory(source: str, path_text: str, factory_name: str) -> LoadedModel
     factory = getattr(module, factory_name, None)
     if not callable(factory):
         raise ConvexportError(f"{source}: {path_text} has no callable {factory_name!r}")
-    try:
-        produced = factory()
-    except Exception as exc:
-        raise ConvexportError(f"{source}: {factory_name}() raised {type(exc).__name__}: {first_line(exc)}") from exc
+    produced = _user_call(source, f"{factory_name}()", factory)
     program, inputs = _unpack_factory_result(source, produced)
     if inputs is None and callable(getattr(module, "example_inputs", None)):
-        inputs = _as_tuple(module.example_inputs())
+        inputs = _as_tuple(_user_call(source, "example_inputs()", module.example_inputs))
     if path_text.endswith(".py"):
         default_output = Path(path_text).with_name(f"{Path(path_text).stem}.opt.onnx")
+        files = [Path(path_text)]
     else:
         default_output = Path.cwd() / f"{path_text.rsplit('.', 1)[-1]}.opt.onnx"
-    return LoadedModel(source, "module", default_output, program=program.eval(), example_inputs=inputs)
+        files = [Path(module.__file__)] if getattr(module, "__file__", None) else []
+    loaded = LoadedModel(source, "module", default_output, program=program.eval(), example_inputs=inputs)
+    loaded.files = files
+    return loaded
 
 
 def _import_factory_module(source: str, path_text: str):
     if path_text.endswith(".py"):
         path = Path(path_text)
-        if not path.is_file():
-            raise ConvexportError(f"{source}: no such file {path_text}")
+        _check_readable_file(source, path)
         name = f"convexport_user_{abs(hash(str(path.resolve())))}"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
@@ -194,19 +212,76 @@ def _import_factory_module(source: str, path_text: str):
         loader_dir = str(path.resolve().parent)
         sys.path.insert(0, loader_dir)  # let the file import its neighbours
         try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
+            _user_call(source, f"importing {path_text}", lambda: spec.loader.exec_module(module))
+        except ConvexportError:
             del sys.modules[name]
-            raise ConvexportError(
-                f"{source}: importing {path_text} raised {type(exc).__name__}: {first_line(exc)}"
-            ) from exc
+            raise
         finally:
             sys.path.remove(loader_dir)
         return module
+    added = _current_folder_importable()
     try:
-        return importlib.import_module(path_text)
+        return _user_call(source, f"importing module {path_text!r}", lambda: importlib.import_module(path_text))
+    finally:
+        if added:
+            sys.path.remove(added)
+
+
+def _current_folder_importable() -> str | None:
+    """Put the working directory on sys.path, as `python -m` does, when it is not there yet;
+    what was added (for the caller to take back), or None."""
+    cwd = os.getcwd()
+    if "" in sys.path or cwd in sys.path:
+        return None
+    sys.path.insert(0, cwd)
+    return cwd
+
+
+def _user_call(source: str, what: str, call):
+    """call(): the user's code (a factory, its module, example_inputs). Any exception, and a
+    sys.exit() too, is a ConvexportError naming it; the standard streams are put back if the
+    code closed them."""
+    try:
+        return call()
+    except SystemExit as exc:
+        raise ConvexportError(
+            f"{source}: {what} called sys.exit({exc.code!r}); a factory must return the model"
+        ) from None
+    except ConvexportError:
+        raise
     except Exception as exc:
-        raise ConvexportError(f"{source}: cannot import module {path_text!r} ({first_line(exc)})") from exc
+        raise ConvexportError(f"{source}: {what} raised {type(exc).__name__}: {first_line(exc)}") from exc
+    finally:
+        _reopen_closed_standard_streams()
+
+
+def _reopen_closed_standard_streams() -> None:
+    """A sys.stdout or sys.stderr the user's code closed, open again on its file descriptor
+    (or on the null device when that is closed too): convexport still reports to them."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        if stream is not None and not stream.closed:
+            continue
+        try:
+            reopened = open(os.dup(fd), "w", encoding="utf-8", errors="backslashreplace")  # noqa: SIM115 (kept open)
+        except OSError:
+            reopened = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (kept open: the process's stream)
+        setattr(sys, name, reopened)
+
+
+def _check_readable_file(source: str, path: Path) -> None:
+    """A regular file, or a ConvexportError saying what the path is instead (nothing there, a
+    folder, a FIFO or device, which opening would block on or misread, or an unusable name)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise ConvexportError(f"{source}: no such file") from None
+    except OSError as exc:
+        raise ConvexportError(f"{source}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ConvexportError(f"{source}: is a folder, not a model file")
+    if not stat.S_ISREG(info.st_mode):
+        raise ConvexportError(f"{source}: is not a regular file (a FIFO, socket or device); give a model file")
 
 
 def _unpack_factory_result(source: str, produced) -> tuple[Any, tuple | None]:

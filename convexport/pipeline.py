@@ -9,9 +9,9 @@ from pathlib import Path
 import onnx
 
 from . import __version__, ir
-from .errors import ConvexportError, ValidationError
+from .errors import ConvexportError, ValidationError, first_line
 from .export import ExportResult, export_model
-from .files import give_default_permissions, writable_place, write_atomically
+from .files import check_paths, give_default_permissions, rename_all, temporary_beside, write_atomically
 from .inputs import InputSpec, input_specs
 from .ir import needs_external_data, save_with_external_data
 from .loading import LoadedModel, load_model
@@ -53,8 +53,11 @@ def optimize(
     trust_pickle: bool = False,
     write: bool = True,
     progress: Progress | None = None,
+    other_outputs: Sequence[tuple[str, str | Path]] = (),
 ) -> OptimizeResult:
     """Optimize MODEL (a path or MODEL string, an onnx.ModelProto, or an nn.Module).
+    `other_outputs`: (option, path) of the files the caller will write (reports), checked with
+    OUT against every file the model is read from before any work.
 
     Raises ConvexportError for user errors and ValidationError (nothing written) when the
     optimized graph does not match the original.
@@ -67,7 +70,9 @@ def optimize(
     specs = input_specs(inputs)
     loaded = _load(model, trust_pickle)
     rule_list = _rules(rules, builtin_rules)
-    destination = _destination(loaded, output) if write else None
+    destination = _destination(loaded, output, other_outputs) if write else None
+    if not write:
+        check_paths(loaded.files, list(other_outputs))
 
     say("exporting")
     exported = export_model(loaded, specs, opset, dynamic_batch, freeze_input_defaults)
@@ -78,6 +83,8 @@ def optimize(
         exported.model, rule_list, primitives, strategy, loaded.source, device=device, decided=decided
     )
     report = _report(loaded, destination, exported, outcome)
+    if outcome.model is not exported.model:
+        _check_well_formed(exported.model, outcome.model, loaded.source, report)
 
     inputs_for_check = _validation_inputs(exported, specs)
     if validate:
@@ -138,6 +145,27 @@ def optimize(
         say("writing")
         save_atomically(outcome.model, destination)
     return OptimizeResult(report, outcome.model, exported.model, destination)
+
+
+def _check_well_formed(original: onnx.ModelProto, rewritten: onnx.ModelProto, source: str, report: dict) -> None:
+    """ValidationError unless the rewritten model passes onnx.checker's full check (types and
+    shapes included) wherever the original does: no rewrite may turn a valid model invalid,
+    whether or not it is validated by running it. (A model over 2 GiB is checked by ONNX
+    Runtime when validated; protobuf cannot hand it to the checker whole.)"""
+    if needs_external_data(rewritten):
+        return
+    try:
+        onnx.checker.check_model(rewritten, full_check=True)
+    except onnx.checker.ValidationError as problem:
+        try:
+            onnx.checker.check_model(original, full_check=True)
+        except onnx.checker.ValidationError:
+            return  # invalid as exported: the rewrite is not what broke it
+        raise ValidationError(
+            f"{source}: the optimized graph is not a valid ONNX model ({first_line(problem)}); nothing was written "
+            "(please report it)",
+            report,
+        ) from None
 
 
 def find_bad_rewrite(
@@ -207,12 +235,13 @@ def _rules(paths: Sequence[str | Path], builtin: bool):
     return load_rules(files, set(primitives))
 
 
-def _destination(loaded: LoadedModel, output: str | Path | None) -> Path:
+def _destination(loaded: LoadedModel, output: str | Path | None, others=()) -> Path:
+    """Where the model goes: checked, with its weights file and the `others` outputs, against
+    every file the model was read from and against each other, before any work."""
     destination = Path(output) if output is not None else loaded.default_output
-    source = Path(loaded.source.rsplit(":", 1)[0]) if loaded.kind == "module" else Path(loaded.source)
-    if source.exists() and destination.exists() and destination.resolve() == source.resolve():
-        raise ConvexportError(f"{destination}: is the input model; choose another -o (the input is never modified)")
-    return writable_place(destination)
+    outputs = [("-o", destination), ("-o's weights file", weights_file(destination)), *others]
+    check_paths(loaded.files, outputs)
+    return destination
 
 
 def _validation_inputs(exported: ExportResult, specs: list[InputSpec]) -> list[InputSpec]:
@@ -247,18 +276,28 @@ def _report(loaded: LoadedModel, destination: Path | None, exported: ExportResul
     }
 
 
+def weights_file(destination: Path) -> Path:
+    """<OUT>.data beside OUT: where weights of 1 GiB or more go."""
+    return destination.with_name(destination.name + ".data")
+
+
 def save_atomically(model: onnx.ModelProto, destination: Path) -> None:
-    """Weights of 1 GiB or more go to one external data file, <OUT>.data beside OUT (written
-    first; the model file is then renamed into place)."""
+    """OUT, written atomically (files.py). Weights of 1 GiB or more go to <OUT>.data beside it:
+    both are written to temporary files first and renamed into place together."""
     if not needs_external_data(model):
         write_atomically(destination, lambda path: onnx.save(model, path))
         return
-    location = Path(destination).name + ".data"
-    data = Path(destination).parent / location
-    data.unlink(missing_ok=True)
-
-    def save(path: str) -> None:
-        save_with_external_data(model, path, location)
-        give_default_permissions(data)
-
-    write_atomically(destination, save)
+    data = weights_file(destination)
+    with (
+        temporary_beside(destination) as (model_temporary, model_final),
+        temporary_beside(data) as (
+            data_temporary,
+            data_final,
+        ),
+    ):
+        if model_temporary is None or data_temporary is None:
+            raise ConvexportError(f"{destination}: a model with external weights cannot be written to a stream")
+        save_with_external_data(model, model_temporary, data.name, Path(data_temporary))
+        give_default_permissions(model_temporary)
+        give_default_permissions(data_temporary)
+        rename_all([(data_temporary, data_final), (model_temporary, model_final)])

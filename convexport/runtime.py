@@ -6,12 +6,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import re
 import tempfile
 
 import onnx
 import onnxruntime as ort
 
-from .errors import ConvexportError, first_line
+from .errors import ConvexportError
 from .ir import needs_external_data, save_with_external_data
 
 CPU = "CPUExecutionProvider"
@@ -86,9 +87,22 @@ def create_session(
     except Exception as exc:
         if "NOT_IMPLEMENTED" in str(exc):
             raise MissingKernel(
-                f"ONNX Runtime's {providers[0]} has no kernel for this model ({first_line(exc).split(' : ')[-1]})"
+                f"ONNX Runtime's {providers[0]} has no kernel for this model ({ort_reason(exc)})"
             ) from exc
-        raise ConvexportError(f"ONNX Runtime cannot load {what}: {first_line(exc)}") from exc
+        raise ConvexportError(f"ONNX Runtime cannot load {what}: {ort_reason(exc)}") from exc
+
+
+# "[ONNXRuntimeError] : 1 : FAIL : /onnxruntime_src/.../model.cc:256 onnxruntime::Model::Model(...) Reason..."
+_ORT_NOISE = re.compile(
+    r"^(?:\[ONNXRuntimeError\] : \d+ : \w+ : )?(?:\S+\.(?:cc|cpp|h):\d+ )?(?:[^()]*\(.*?\) (?=[A-Z]))?"
+)
+
+
+def ort_reason(exc: BaseException) -> str:
+    """The reason in an ONNX Runtime error, whole: its status code, source location and C++
+    signature (which fill the first 300 characters of a load error) left out."""
+    text = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+    return _ORT_NOISE.sub("", text, count=1) or text
 
 
 class MissingKernel(ConvexportError):
@@ -109,7 +123,7 @@ def checked_run(call, feeds: dict, what: str, hint: str = ""):
         shapes = ", ".join(
             f"{name}:{'x'.join(map(str, value.shape)) or 'scalar'}:{value.dtype}" for name, value in feeds.items()
         )
-        raise RunFailure(f"ONNX Runtime cannot run {what} on {shapes}: {first_line(exc)}{hint}") from exc
+        raise RunFailure(f"ONNX Runtime cannot run {what} on {shapes}: {ort_reason(exc)}{hint}") from exc
 
 
 def _session_from_files(model: onnx.ModelProto, options, providers) -> ort.InferenceSession:

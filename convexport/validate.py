@@ -22,6 +22,7 @@ max(|ref|, rms(ref))), cosine similarity (the lowest over the runs), failing ele
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +63,15 @@ class Tolerances:
         atol = dict(self.atol_by_output).get(name, atol if self.atol is None else self.atol)
         return rtol, atol
 
+    def check_outputs(self, outputs: list[str], model: str) -> None:
+        """A ConvexportError for a per-output tolerance naming no output of the model."""
+        for option, given in (("--rtol", self.rtol_by_output), ("--atol", self.atol_by_output)):
+            unknown = sorted({name for name, _ in given} - set(outputs))
+            if unknown:
+                raise ConvexportError(
+                    f"{option} {', '.join(unknown)}: {model} has no such output (outputs: {', '.join(outputs)})"
+                )
+
     @classmethod
     def parse(cls, rtol: list[str] | float | None, atol: list[str] | float | None) -> Tolerances:
         """From CLI values: each a number (the default) or NAME:number (one output)."""
@@ -83,8 +93,8 @@ def _parse_tolerance(option: str, values) -> tuple[float | None, tuple[tuple[str
             value = float(number)
         except ValueError:
             raise ConvexportError(f"{option} {text!r}: expected a number or NAME:number") from None
-        if not value >= 0:
-            raise ConvexportError(f"{option} {text!r}: a tolerance is a number >= 0")
+        if not 0 <= value < math.inf:
+            raise ConvexportError(f"{option} {text!r}: a tolerance is a finite number >= 0")
         if name:
             by_output.append((name, value))
         else:
@@ -174,6 +184,7 @@ def compare_models(
     The reference failing to run is a RunFailure (the inputs do not suit the model); the
     candidate failing where the reference runs fails the validation. `labels` name the two
     models in those messages."""
+    tolerances.check_outputs([out.name for out in reference.graph.output], labels[0])
     ref_session, cand_session = _evaluator(reference, labels[0]), _evaluator(candidate, labels[1])
     names = [out.name for out in ref_session.get_outputs()]
     result = ValidationResult(True, runs + len(extra_feeds), tolerances, inputs=[str(spec) for spec in inputs])
@@ -301,4 +312,11 @@ def _load_npz(path: Path, inputs: list[InputSpec]) -> dict[str, np.ndarray]:
     missing = [spec.name for spec in inputs if spec.name not in arrays]
     if missing:
         raise ConvexportError(f"{path}: lacks arrays for input(s) {', '.join(missing)} (has {', '.join(arrays)})")
+    for spec in inputs:
+        given = arrays[spec.name].dtype
+        if not np.can_cast(given, spec.numpy_dtype, casting="same_kind") or given.kind != spec.numpy_dtype.kind:
+            raise ConvexportError(
+                f"{path}: array {spec.name!r} is {given}, but the model's input {spec.name!r} is {spec.numpy_dtype}; "
+                "save it as that type"
+            )
     return {spec.name: arrays[spec.name].astype(spec.numpy_dtype) for spec in inputs}

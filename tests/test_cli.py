@@ -215,7 +215,7 @@ def test_missing_output_folder_and_overwriting_the_input(small_net_path, tmp_pat
     model = tmp_path / "m.onnx"
     assert invoke("export", f"{small_net_path}:build", "-o", model).exit_code == 0
     before = model.read_bytes()
-    assert_user_error(invoke("optimize", model, "-o", model), "is the input model")
+    assert_user_error(invoke("optimize", model, "-o", model), "is the input", "the input is never modified")
     assert model.read_bytes() == before
 
 

@@ -53,6 +53,8 @@ def split_separable(spec: ConvSpec, max_rank: int | None = None) -> SeparableCon
     higher; a Refusal where the low-rank product would not reproduce the kernel."""
     if spec.nd != 2:
         return _no_split(f"a {spec.nd}-D kernel has no row/column split")
+    if not np.all(np.isfinite(spec.weight)):
+        return Refusal("the kernel holds inf or NaN: it is never factored")
     out_channels, in_channels, rows, cols = spec.weight.shape
     if rows == 1 or cols == 1:
         return _no_split("the kernel is already a single row or column")
@@ -88,9 +90,15 @@ def split_separable(spec: ConvSpec, max_rank: int | None = None) -> SeparableCon
 
 def rank_at_least(weight: np.ndarray, rank: int) -> bool:
     """Whether the screen split_separable runs first (_plainly_of_rank) shows that the kernel
-    [O, I, Kh, Kw], as the [I*Kh, O*Kw] matrix, has rank `rank` or more (at most its full rank)."""
+    [O, I, Kh, Kw], as the [I*Kh, O*Kw] matrix, has rank `rank` or more (at most its full rank).
+    A kernel holding inf or NaN has no rank to speak of: True, so that it is never factored
+    (LAPACK's iterations need not end on one)."""
     out_channels, in_channels, rows, cols = weight.shape
-    return rank <= 0 or _plainly_of_rank(weight, min(rank, in_channels * rows, out_channels * cols))
+    return (
+        rank <= 0
+        or not np.all(np.isfinite(weight))
+        or _plainly_of_rank(weight, min(rank, in_channels * rows, out_channels * cols))
+    )
 
 
 def _plainly_of_rank(weight: np.ndarray, rank: int) -> bool:

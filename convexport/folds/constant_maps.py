@@ -41,6 +41,8 @@ def linear_of_constant_map(match, context) -> Rewrite | Refusal:
     value = _full_map(constant_value(m).astype(np.float64), t.shape)
     if isinstance(value, Refusal):
         return value
+    if not np.all(np.isfinite(value)):
+        return Refusal("the map holds inf or NaN, which moving it would not reproduce")
     spec = linear_spec(node, context.opset)
     if isinstance(spec, Refusal):
         return spec

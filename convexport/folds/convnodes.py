@@ -26,7 +26,14 @@ def conv_weights(node: ir.Node) -> tuple[np.ndarray, np.ndarray | None] | Refusa
     bias = None if is_absent(bias_input) else constant_value(bias_input)
     if weight is None or (not is_absent(bias_input) and bias is None):
         return Refusal(f"{node.name}: weight or bias is not a constant")
+    if not all_finite(weight, bias):
+        return Refusal(f"{node.name}: its weights hold inf or NaN, which a fold would not reproduce")
     return weight, bias
+
+
+def all_finite(*arrays) -> bool:
+    """No inf or NaN in any of the (float) arrays given; None counts as finite."""
+    return all(a is None or np.asarray(a).dtype.kind not in "fc" or np.all(np.isfinite(a)) for a in arrays)
 
 
 def conv_attributes(node: ir.Node) -> dict:

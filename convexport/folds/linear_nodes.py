@@ -20,7 +20,7 @@ from ..algebra import (
     scale_shift_after,
 )
 from ..ir import attribute, attribute_or, constant_value, is_absent
-from .convnodes import conv_spec, spatial_shape
+from .convnodes import all_finite, conv_spec, spatial_shape
 
 ELEMENTWISE = ("Mul", "Div", "Add", "Sub")
 
@@ -67,6 +67,14 @@ def channel_affine(node: ir.Node, opset: int) -> tuple[np.ndarray, np.ndarray] |
     if isinstance(geometry, Refusal):
         return geometry
     channels, nd = geometry
+    affine = _affine_of(node, channels, nd, opset)
+    if not isinstance(affine, Refusal) and not all_finite(*affine):
+        return Refusal(f"{node.name}: its scale or shift holds inf or NaN, which a fold would not reproduce")
+    return affine
+
+
+def _affine_of(node: ir.Node, channels: int, nd: int, opset: int) -> tuple[np.ndarray, np.ndarray] | Refusal:
+    """channel_affine's (scale, shift) for a BatchNormalization or an elementwise op, in float64."""
     if node.op == "BatchNormalization":
         gamma, beta, mean, var = (constant_value(t) for t in node.inputs[1:5])
         return batchnorm_scale_shift(
@@ -82,7 +90,9 @@ def channel_affine(node: ir.Node, opset: int) -> tuple[np.ndarray, np.ndarray] |
     if node.op == "Mul":
         return k, zero
     if node.op == "Div":
-        return (1.0 / k, zero) if data_first else Refusal(f"{node.name}: k / x is not linear in x")
+        with np.errstate(divide="ignore"):  # x / 0: an inf scale, refused by the caller
+            inverse = 1.0 / k
+        return (inverse, zero) if data_first else Refusal(f"{node.name}: k / x is not linear in x")
     if node.op == "Add":
         return one, k
     return (one, -k) if data_first else (-one, k)

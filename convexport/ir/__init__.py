@@ -17,7 +17,7 @@ outputs' producers as it is made.
 from onnx_graphsurgeon import Constant, Graph, Node, Tensor, Variable
 
 from .convert import IR_VERSION, export_graph, import_graph, nodes_as_model, overridable_initializers
-from .large import needs_external_data, save_with_external_data
+from .large import external_data_files, needs_external_data, save_with_external_data
 from .naming import NameGenerator
 from .query import (
     DEFAULT_OPSET,
@@ -46,6 +46,7 @@ __all__ = [
     "import_graph",
     "nodes_as_model",
     "overridable_initializers",
+    "external_data_files",
     "needs_external_data",
     "save_with_external_data",
     "NameGenerator",

@@ -19,6 +19,26 @@ EXTERNAL_DATA_THRESHOLD = 1 << 30  # weights from here on are saved as external 
 EXTERNAL_TENSOR_MIN_BYTES = 1024  # smaller tensors stay inside the model file
 
 
+def external_data_files(model: onnx.ModelProto) -> list[str]:
+    """The external data files (locations relative to the model's folder) that the model's
+    tensors name, in every scope."""
+    from .scopes import proto_scopes
+
+    tensors = [t for scope in proto_scopes(model.graph) for t in scope.initializer]
+    tensors += [
+        a.t for scope in proto_scopes(model.graph) for node in scope.node for a in node.attribute if a.HasField("t")
+    ]
+    return sorted(
+        {
+            entry.value
+            for tensor in tensors
+            if tensor.data_location == onnx.TensorProto.EXTERNAL
+            for entry in tensor.external_data
+            if entry.key == "location"
+        }
+    )
+
+
 def weight_bytes(model: onnx.ModelProto) -> int:
     return sum(_data_bytes(tensor) for tensor in model.graph.initializer)
 
@@ -44,10 +64,12 @@ def skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[tuple[onnx.T
     return light, stripped
 
 
-def save_with_external_data(model: onnx.ModelProto, path: str | Path, location: str) -> None:
-    """MODEL at `path`, its large tensors one after another in `location` (beside it)."""
+def save_with_external_data(model: onnx.ModelProto, path: str | Path, location: str, data_path=None) -> None:
+    """MODEL at `path`, its large tensors one after another in the file `location` names
+    (beside it); written to `data_path` instead when given (a temporary file that becomes
+    `location`)."""
     light, stripped = skeleton(model)
-    with open(Path(path).parent / location, "wb") as data:
+    with open(data_path or Path(path).parent / location, "wb") as data:
         for original, copy in stripped:
             offset = data.tell()
             payload = original.raw_data or numpy_helper.to_array(original).tobytes()

@@ -172,11 +172,11 @@ def _run_scope(graph: ir.Graph, rules: list[Rule], base: RewriteContext, state: 
             match = matcher.match_group(anchor) if group else matcher.match(anchor)
             if match is None or first_failure(rule.where, match.values, graph):
                 continue
-            verdict = _decide(match, primitive, context)
+            verdict = _decide(match, primitive, context, members)
             _record(state, rule, match.node_names(), verdict)
             if isinstance(verdict, Refusal):
                 continue
-            _apply(graph, verdict, base.fresh, state.changes)
+            _apply(graph, verdict, base.fresh, state.changes, members)
             state.created.extend(verdict.nodes)
             changed = True
             matcher.graph_outputs = set(map(id, graph.outputs))
@@ -217,8 +217,9 @@ def _anchors(graph: ir.Graph, rule: Rule, candidates: list[ir.Node], region: set
     return tensors
 
 
-def _decide(match: Match, primitive: Primitive, context: RewriteContext) -> Rewrite | Refusal:
-    """The Rewrite to apply, or the Refusal that says why not."""
+def _decide(match: Match, primitive: Primitive, context: RewriteContext, members: set[int]) -> Rewrite | Refusal:
+    """The Rewrite to apply, or the Refusal that says why not; `members`: the ids of the
+    scope's nodes."""
     reason = first_failure(match.rule.require, match.values, context.graph)
     if reason:
         return Refusal(reason)
@@ -227,13 +228,15 @@ def _decide(match: Match, primitive: Primitive, context: RewriteContext) -> Rewr
         return result
     if result.complete is not None and context.strategy != "cost":  # only the estimate judges a prospect
         result = _completed(result, match.rule)
-    result = _checked(result, context.graph)
+    result = _checked(result, context.graph, members)
     if isinstance(result, Refusal):
         return result
-    return _judged(result, match.rule, match.node_names(), context)
+    return _judged(result, match.rule, match.node_names(), context, members)
 
 
-def _judged(result: Rewrite, rule: Rule, node_names: list[str], context: RewriteContext) -> Rewrite | Refusal:
+def _judged(
+    result: Rewrite, rule: Rule, node_names: list[str], context: RewriteContext, members: set[int]
+) -> Rewrite | Refusal:
     """The rewrite with its decision's numbers, or the Refusal that the decision gives (under
     --strategy exact, the rewrite as it is)."""
     if context.strategy == "exact":
@@ -243,7 +246,7 @@ def _judged(result: Rewrite, rule: Rule, node_names: list[str], context: Rewrite
     outputs = set(map(id, context.graph.outputs))
     decision = context.decided.get(key) or judge(result, context.opset, context.device, outputs)
     if decision.apply and result.complete is not None:  # a prospect that passes: build it, judge that
-        result = _checked(_completed(result, rule), context.graph)
+        result = _checked(_completed(result, rule), context.graph, members)
         if isinstance(result, Refusal):
             return result
         decision = context.decided.get(key) or judge(result, context.opset, context.device, outputs)
@@ -302,13 +305,13 @@ def _called(rule: Rule, call) -> Rewrite | Refusal:
     return result
 
 
-def _checked(result: Rewrite | Refusal, graph: ir.Graph) -> Rewrite | Refusal:
+def _checked(result: Rewrite | Refusal, graph: ir.Graph, members: set[int]) -> Rewrite | Refusal:
     """The rewrite, or a Refusal: the one given, or one for a rewrite that would rename a
     graph output."""
     if isinstance(result, Refusal):
         return result
     for old, new in result.replace:
-        if not _takes_over(new, graph) and _is_graph_output(old, graph):
+        if _is_graph_output(old, graph) and not _takes_over(new, graph, members, result):
             _discard(result)
             return Refusal(f"would rename graph output {old.name!r} to {new.name!r}")
     return result
@@ -320,7 +323,7 @@ def _cost_fields(rewrite: Rewrite) -> dict:
     return {"flops_before": rewrite.flops_before, "flops_after": rewrite.flops_after}
 
 
-def _apply(graph: ir.Graph, rewrite: Rewrite, fresh: ir.NameGenerator, changes: ChangeLog) -> None:
+def _apply(graph: ir.Graph, rewrite: Rewrite, fresh: ir.NameGenerator, changes: ChangeLog, members: set[int]) -> None:
     """Insert the new nodes and make each replaced tensor come from its replacement; the nodes
     this leaves dead are disconnected and buried in `changes` (to be dropped from the graph).
 
@@ -337,7 +340,7 @@ def _apply(graph: ir.Graph, rewrite: Rewrite, fresh: ir.NameGenerator, changes: 
     orphans = []
     for old, new in rewrite.replace:
         changes.touch((old, new))
-        takes_over = _takes_over(new, graph)
+        takes_over = _takes_over(new, graph, members, rewrite)
         orphans.extend(old.inputs)
         if takes_over:
             _detach(old, fresh)
@@ -385,9 +388,15 @@ def _rewire(consumer: ir.Node, old, new) -> None:
             consumer.inputs[index] = new
 
 
-def _takes_over(new, graph: ir.Graph) -> bool:
-    """The replacement's producer can output the old tensor instead (keeping its name)."""
-    return bool(new.inputs) and not _is_graph_output(new, graph)
+def _takes_over(new, graph: ir.Graph, members: set[int], rewrite: Rewrite) -> bool:
+    """The replacement's producer can output the old tensor instead (keeping its name): it is
+    a node of this scope (in `members`, the ids of the scope's nodes, or one of the rewrite's:
+    a subgraph may not rename a tensor of the graph around it, nor have one as its output) and
+    its output is no graph output."""
+    if not new.inputs or _is_graph_output(new, graph):
+        return False
+    producer = new.inputs[0]
+    return id(producer) in members or any(producer is node for node in rewrite.nodes)
 
 
 def _is_graph_output(tensor, graph: ir.Graph) -> bool:
