@@ -451,6 +451,9 @@ def _keep_stderr_to_one_line() -> None:
 
     warnings.simplefilter("ignore")
     np.seterr(all="ignore")
+    for stream in (sys.stdout, sys.stderr):  # a path that is not UTF-8 is shown escaped, not a crash
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
 
 
 if __name__ == "__main__":

@@ -50,8 +50,11 @@ def export_model(
     exports with keep_initializers_as_inputs) leave the inputs and become the constants they
     were meant to be (graph.overridable_initializers)."""
     input_specs = list(input_specs or [])
-    if opset is not None and opset < MIN_OPSET:
-        raise ConvexportError(f"--opset {opset}: convexport needs opset >= {MIN_OPSET}")
+    if opset is not None and not MIN_OPSET <= opset <= onnx.defs.onnx_opset_version():
+        raise ConvexportError(
+            f"--opset {opset}: convexport exports at opsets {MIN_OPSET} to {onnx.defs.onnx_opset_version()} "
+            f"(the newest the installed onnx {onnx.__version__} knows)"
+        )
     if loaded.kind == "onnx":
         model_opset = ir.onnx_opset(loaded.onnx_model) or 0
         if model_opset < MIN_OPSET:
@@ -77,6 +80,12 @@ def export_model(
         args = tuple(_at_least_two_in_batch(t) for t in args)
     opset = opset or ir.DEFAULT_OPSET
     model, exporter, tracer_warnings = _run_exporter(loaded, args, names, opset, dynamic)
+    written = ir.onnx_opset(model)
+    if written != opset:
+        raise ConvexportError(
+            f"{loaded.source}: the {exporter} exporter wrote opset {written}, not the {opset} asked for; "
+            f"give --opset {written} (or another it writes as asked)"
+        )
     return ExportResult(ir.infer_shapes(model, loaded.source), graph_input_specs(model), exporter, tracer_warnings)
 
 
@@ -116,6 +125,12 @@ def _apply_input_specs(model: onnx.ModelProto, specs: list[InputSpec], dynamic_b
         if spec.name not in by_name:
             raise ConvexportError(
                 f"--input {spec.name}: {source} has no input {spec.name!r} (inputs: {', '.join(by_name)})"
+            )
+        declared = _dtype_name(by_name[spec.name].type)
+        if spec.dtype_given and declared != spec.dtype:
+            raise ConvexportError(
+                f"--input {spec}: {source} input {spec.name!r} is {declared}; an ONNX model's input type is "
+                "its own (leave the type out, or give that one)"
             )
         shape = by_name[spec.name].type.tensor_type.shape
         if len(shape.dim) != len(spec.dims):

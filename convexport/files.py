@@ -48,6 +48,15 @@ def check_paths(inputs: Sequence[str | Path], outputs: Sequence[tuple[str, str |
         seen[key] = f"{option} {path}"
 
 
+def check_not_an_input(option: str, path: str | Path, inputs: Sequence[str | Path]) -> None:
+    """Refuse `path` (a file a run may write) when it is one of `inputs`; unlike check_paths,
+    nothing else about it is checked (it may never be written)."""
+    key = _identity(path)
+    for given in inputs:
+        if given is not None and _exists(given) and _identity(given) == key:
+            raise ConvexportError(f"{option} {path}: is the input {given}; the input is never modified")
+
+
 def writable_place(destination: str | Path) -> Path:
     """`destination` as a Path, checked before any work is done for it: its folder exists, it
     is not itself a folder, and its name is one the system takes (whether the folder takes a

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
@@ -48,6 +48,7 @@ class InputSpec:
     name: str
     dims: tuple[int | str, ...]
     dtype: str = "float32"
+    dtype_given: bool = field(default=False, compare=False)  # by --input, not the default
 
     @property
     def numpy_dtype(self) -> np.dtype:
@@ -94,7 +95,7 @@ def parse_input_spec(text: str) -> InputSpec:
             raise ConvexportError(f"--input {text!r}: bad dimension {token!r}; {hint}")
     if not dims:
         raise ConvexportError(f"--input {text!r}: {hint}")
-    spec = InputSpec(name, tuple(dims), str(np.dtype(DTYPES[dtype])))
+    spec = InputSpec(name, tuple(dims), str(np.dtype(DTYPES[dtype])), dtype_given=len(parts) == 3)
     size = spec.data_bytes()
     if size > MAX_INPUT_BYTES:
         raise ConvexportError(

@@ -98,8 +98,10 @@ def _load_onnx(path: Path):
         ) from exc
     if not model.graph.node and not model.graph.output:
         raise ConvexportError(f"{path}: the file parses as ONNX but holds no graph")
-    try:
-        onnx.checker.check_model(str(path), full_check=False)  # by path: a model may be over 2 GiB
+    from .ir import needs_external_data
+
+    try:  # a model over 2 GiB by path: protobuf cannot hand it to the checker whole
+        onnx.checker.check_model(str(path) if needs_external_data(model) else model, full_check=False)
     except onnx.checker.ValidationError as exc:
         raise ConvexportError(f"{path}: invalid ONNX model: {first_line(exc)}") from exc
     return model, data_files

@@ -11,7 +11,14 @@ import onnx
 from . import __version__, ir
 from .errors import ConvexportError, ValidationError, first_line
 from .export import ExportResult, export_model
-from .files import check_paths, give_default_permissions, rename_all, temporary_beside, write_atomically
+from .files import (
+    check_not_an_input,
+    check_paths,
+    give_default_permissions,
+    rename_all,
+    temporary_beside,
+    write_atomically,
+)
 from .inputs import InputSpec, input_specs
 from .ir import needs_external_data, save_with_external_data
 from .loading import LoadedModel, load_model
@@ -239,8 +246,8 @@ def _destination(loaded: LoadedModel, output: str | Path | None, others=()) -> P
     """Where the model goes: checked, with its weights file and the `others` outputs, against
     every file the model was read from and against each other, before any work."""
     destination = Path(output) if output is not None else loaded.default_output
-    outputs = [("-o", destination), ("-o's weights file", weights_file(destination)), *others]
-    check_paths(loaded.files, outputs)
+    check_paths(loaded.files, [("-o", destination), *others])
+    check_not_an_input("-o's weights file", weights_file(destination), loaded.files)
     return destination
 
 

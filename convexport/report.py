@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from rich.console import Console
@@ -12,8 +13,24 @@ from .files import write_text_atomically
 
 
 def write_json(report: dict, destination: str | Path) -> None:
-    """Atomically write the report as indented JSON."""
-    write_text_atomically(json.dumps(report, indent=2, default=_jsonable) + "\n", destination)
+    """Atomically write the report as indented, standard JSON ("-": to stdout): a number that
+    is not finite (an error ratio against zero, say) is written as null, never as the
+    non-standard Infinity or NaN."""
+    text = json.dumps(_standard(report), indent=2, default=_jsonable, allow_nan=False)
+    write_text_atomically(text + "\n", destination)
+
+
+def _standard(value):
+    """`value` with every float that is not finite as None, in nested dicts and lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _standard(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_standard(item) for item in value]
+    if hasattr(value, "item") and not hasattr(value, "__len__"):  # a numpy scalar
+        return _standard(value.item())
+    return value
 
 
 def _jsonable(value):

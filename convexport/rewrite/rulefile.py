@@ -98,12 +98,20 @@ def rule_files(paths: list[str | Path]) -> list[Path]:
     found = []
     for raw in paths:
         path = Path(raw)
-        if path.is_dir():
-            found.extend(sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml")))
-        elif path.is_file():
-            found.append(path)
-        else:
-            raise ConvexportError(f"{raw}: no such rule file or folder")
+        try:
+            if path.is_dir():
+                inside = sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+                if not inside:
+                    raise ConvexportError(f"{raw}: a folder without rule files (*.yaml, *.yml)")
+                found.extend(inside)
+            elif path.is_file():
+                found.append(path)
+            elif path.exists():
+                raise ConvexportError(f"{raw}: not a regular file (a FIFO, socket or device); give a rule file")
+            else:
+                raise ConvexportError(f"{raw}: no such rule file or folder")
+        except OSError as exc:
+            raise ConvexportError(f"{raw}: {exc.strerror or exc}") from None
     return found
 
 
@@ -145,7 +153,33 @@ def _parsed_builtin(file: str, text: str, primitives: frozenset[str]) -> tuple[R
     return tuple(_parsed(file, text, primitives))
 
 
+# A rule file nests a few levels (rules, a rule, its conditions, a list); the YAML parser
+# recurses once per level on the C stack, and tens of thousands of levels crash the process.
+MAX_NESTING = 64
+
+
+def _check_nesting(file: str, text: str) -> None:
+    """A RuleFileError where the text nests deeper than MAX_NESTING, in flow style ([ and {)
+    or by indentation, before the parser sees it. Brackets inside quotes count too: a rule
+    file has no business with 64 of them open at once."""
+    depth, indents = 0, []
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.lstrip(" ")
+        if stripped and not stripped.startswith("#"):
+            indent = len(line) - len(stripped)
+            while indents and indents[-1] >= indent:
+                indents.pop()
+            indents.append(indent)
+            if len(indents) > MAX_NESTING:
+                raise RuleFileError(file, number, indent + 1, f"nested deeper than {MAX_NESTING} levels")
+        for column, char in enumerate(line, 1):
+            depth += (char in "[{") - (char in "]}")
+            if depth > MAX_NESTING:
+                raise RuleFileError(file, number, column, f"nested deeper than {MAX_NESTING} levels")
+
+
 def _parsed(file: str, text: str, primitives: set[str]) -> list[Rule]:
+    _check_nesting(file, text)
     try:
         document = yaml.compose(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
