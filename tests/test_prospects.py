@@ -73,9 +73,10 @@ def test_a_replay_reuses_the_decision_of_the_built_rewrite(monkeypatch):
 def _decide_at_the_pointwise_conv(builder, y, strategy):
     graph = import_graph(builder.model([y]))
     root = next(node for node in graph.nodes if node.outputs[0].name == y)
-    matcher = PatternMatcher(CONV_CONV, 18, set(map(id, graph.outputs)), set(map(id, graph.nodes)))
+    members = set(map(id, graph.nodes))
+    matcher = PatternMatcher(CONV_CONV, 18, set(map(id, graph.outputs)), members)
     context = RewriteContext(graph, 18, NameGenerator(graph), CONV_CONV.params, strategy)
-    verdict = engine._decide(matcher.match(root), builtin_primitives()["compose_linear"], context)
+    verdict = engine._decide(matcher.match(root), builtin_primitives()["compose_linear"], context, members)
     x = next(tensor for tensor in graph.inputs if tensor.name == "x")
     return verdict, [node.name for node in x.outputs]
 
