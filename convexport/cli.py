@@ -15,18 +15,19 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from .errors import ConvexportError, ValidationError, first_line
+from .errors import ConvexportError, InternalError, ValidationError, first_line
 from .files import Terminated
 
 EXIT_USER, EXIT_VALIDATION, EXIT_INTERNAL = 1, 3, 70
 
+HELP = {"help_option_names": ["-h", "--help"]}
 app = typer.Typer(
-    add_completion=False,
     no_args_is_help=True,
+    context_settings=HELP,
     pretty_exceptions_enable=False,
     help="Export PyTorch models to ONNX, fold their linear structure exactly, prove it.",
 )
-rules_app = typer.Typer(no_args_is_help=True, help="List, show, check and test rule files.")
+rules_app = typer.Typer(no_args_is_help=True, context_settings=HELP, help="List, show, check and test rule files.")
 app.add_typer(rules_app, name="rules")
 
 stdout = Console(soft_wrap=True)
@@ -34,8 +35,21 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 _debug = False
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from . import __version__
+
+        stdout.print(f"convexport {__version__}", markup=False, highlight=False)
+        raise typer.Exit()
+
+
 @app.callback()
-def _main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False):
+def _main(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", help="Print the version and exit.", callback=_print_version, is_eager=True)
+    ] = False,
+):
     global _debug
     _debug = debug
 
@@ -84,6 +98,10 @@ def optimize(
         ),
     ] = False,
     trust_pickle: TrustOpt = False,
+    inputs: Annotated[
+        Path | None, typer.Option("--inputs", help="DATA.npz of real input arrays, validated on besides random ones.")
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary and no progress; errors only.")] = False,
 ):
     """Export MODEL, fold its linear structure, validate, profile and write the result."""
     from . import pipeline
@@ -92,9 +110,9 @@ def optimize(
 
     def run():
         reports = [("--report", report), ("--html", html)]
-        _check_outputs([model_file(model)], [("-o", output), *reports])
+        _check_outputs([model_file(model), inputs], [("-o", output), *reports])
         try:
-            with _progress() as progress:
+            with _progress(quiet) as progress:
                 result = pipeline.optimize(
                     model,
                     input or [],
@@ -113,6 +131,7 @@ def optimize(
                     trust_pickle=trust_pickle,
                     progress=progress,
                     other_outputs=[(option, path) for option, path in reports if path is not None],
+                    input_data=inputs,
                 )
         except ValidationError as exc:
             if exc.report is not None:
@@ -125,7 +144,7 @@ def optimize(
             write_json(result.report, report)
         if html is not None:
             write_html(result.report, html)
-        if not _is_stdout(report):  # the JSON is what stdout carries then
+        if not quiet and not _is_stdout(report):  # the JSON is what stdout carries then
             print_optimize_summary(result.report, stdout)
 
     _guarded(run)
@@ -384,14 +403,31 @@ def _all_rules(extra):
 
 
 @contextlib.contextmanager
-def _progress():
-    """A transient spinner naming the current step, on a terminal only: stderr stays one
-    line long for pipelines."""
-    if not stderr.is_terminal:
+def _progress(quiet: bool = False):
+    """Each step on one transient line with its elapsed time (and a profile's runs done), on a
+    terminal only: stderr stays one line long for pipelines. The display is bound to the
+    stderr of the moment, so that libraries quieted by redirecting sys.stderr meanwhile do not
+    freeze it."""
+    if quiet or not stderr.is_terminal:
         yield lambda step: None
         return
-    with stderr.status("starting") as status:
-        yield lambda step: status.update(f"{step}...")
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    display = Console(file=sys.stderr, highlight=False)
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=display, transient=True) as progress:
+        current: dict = {}
+
+        def show(message: str) -> None:
+            step = message.split(" (")[0]
+            if current.get("step") != step:
+                if "task" in current:
+                    progress.update(current["task"], visible=False)
+                    progress.stop_task(current["task"])
+                current.update(step=step, task=progress.add_task(message))
+            progress.update(current["task"], description=message)
+
+        yield show
 
 
 def _guarded(action) -> None:
@@ -401,6 +437,11 @@ def _guarded(action) -> None:
     except ValidationError as exc:
         stderr.print(f"convexport: {exc}", markup=False)
         raise typer.Exit(EXIT_VALIDATION) from None
+    except InternalError as exc:
+        if _debug:
+            traceback.print_exception(exc.__cause__ or exc)
+        stderr.print(f"convexport: {exc}; --debug shows the traceback", markup=False)
+        raise typer.Exit(EXIT_INTERNAL) from None
     except ConvexportError as exc:
         if _debug:
             traceback.print_exc()

@@ -17,6 +17,11 @@ class ValidationError(ConvexportError):
         self.report = report
 
 
+class InternalError(ConvexportError):
+    """A bug in convexport, met through the Python API (exit code 70 on the command line): the
+    API raises only ConvexportError and its subclasses; the original exception is its cause."""
+
+
 def first_line(exc: BaseException, limit: int = 300) -> str:
     """The first line of an exception's message, for one-line error reports."""
     text = str(exc).strip() or type(exc).__name__

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,7 +13,7 @@ from pathlib import Path
 import onnx
 
 from . import __version__, ir
-from .errors import ConvexportError, ValidationError, first_line
+from .errors import ConvexportError, InternalError, ValidationError, first_line
 from .export import ExportResult, export_model
 from .files import (
     check_not_an_input,
@@ -28,7 +32,7 @@ from .rewrite.primitives import builtin_primitives
 from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
 from .runtime import MissingKernel, resolve_device
 from .stats import graph_stats
-from .validate import DEFAULT_RUNS, Tolerances, compare_models
+from .validate import DEFAULT_RUNS, Tolerances, compare_models, load_npz
 
 Progress = Callable[[str], None]
 
@@ -61,20 +65,72 @@ def optimize(
     write: bool = True,
     progress: Progress | None = None,
     other_outputs: Sequence[tuple[str, str | Path]] = (),
+    input_data: str | Path | None = None,
 ) -> OptimizeResult:
     """Optimize MODEL (a path or MODEL string, an onnx.ModelProto, or an nn.Module).
-    `other_outputs`: (option, path) of the files the caller will write (reports), checked with
-    OUT against every file the model is read from before any work.
+    `inputs` and `rules` take one value or a sequence of them. `input_data`: an .npz of real
+    input arrays, validated on besides the random ones. `other_outputs`: (option, path)
+    of the files the caller will write (reports), checked with OUT against every file the model
+    is read from before any work.
 
-    Raises ConvexportError for user errors and ValidationError (nothing written) when the
-    optimized graph does not match the original.
+    Raises ConvexportError for user errors, ValidationError (nothing written) when the
+    optimized graph does not match the original, InternalError for a bug in convexport; never
+    anything else.
     """
-    say = progress or (lambda message: None)
+    given = dict(locals())  # every argument, by name: _optimize takes them as they are
+    with _only_convexport_errors():
+        return _optimize(**given)
+
+
+@contextlib.contextmanager
+def _only_convexport_errors():
+    """Any exception but convexport's own (and KeyboardInterrupt, SystemExit, a signal) as an InternalError."""
+    try:
+        yield
+    except ConvexportError:
+        raise
+    except Exception as exc:
+        raise InternalError(f"internal error: {type(exc).__name__}: {first_line(exc)} (please report it)") from exc
+
+
+def _as_list(given) -> list:
+    """One value (a str or Path) or a sequence of them, as a list: never a string's characters."""
+    if given is None:
+        return []
+    return [given] if isinstance(given, (str, Path, InputSpec)) else list(given)
+
+
+def _optimize(
+    *,
+    model,
+    inputs,
+    output,
+    rules,
+    strategy,
+    device,
+    validate,
+    profile,
+    builtin_rules,
+    rtol,
+    atol,
+    opset,
+    dynamic_batch,
+    freeze_input_defaults,
+    trust_pickle,
+    write,
+    progress,
+    other_outputs,
+    input_data,
+) -> OptimizeResult:
+    inputs, rules = _as_list(inputs), _as_list(rules)
+    stages = Stages(progress)
+    say = stages.start
     tolerances = Tolerances.parse(rtol, atol)
     if strategy not in STRATEGIES:
         raise ConvexportError(f"--strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
     device = resolve_device(device)  # where the model will run: what cost and measure decide for
     specs = input_specs(inputs)
+    say("loading")
     loaded = _load(model, trust_pickle)
     rule_list = _rules(rules, builtin_rules)
     destination = _destination(loaded, output, other_outputs) if write else None
@@ -89,11 +145,12 @@ def optimize(
     outcome = rewrite_model(
         exported.model, rule_list, primitives, strategy, loaded.source, device=device, decided=decided
     )
-    report = _report(loaded, destination, exported, outcome)
+    report = _report(loaded, destination, exported, outcome, device)
     if outcome.model is not exported.model:
         _check_well_formed(exported.model, outcome.model, loaded.source, report)
 
     inputs_for_check = _validation_inputs(exported, specs)
+    real_data = [load_npz(Path(input_data), inputs_for_check)] if input_data is not None else []
     if validate:
         say("validating")
         result = compare_models(
@@ -102,6 +159,7 @@ def optimize(
             inputs_for_check,
             DEFAULT_RUNS,
             tolerances,
+            extra_feeds=real_data,
             labels=(f"{loaded.source} (as exported)", "the optimized graph"),
         )
         report["validation"] = result.to_report()
@@ -136,22 +194,115 @@ def optimize(
     if profile:
         say(f"profiling on {device}")
         try:
-            measured = profile_models({"before": exported.model, "after": outcome.model}, inputs_for_check, device)
+            measured = profile_models(
+                {"before": exported.model, "after": outcome.model},
+                inputs_for_check,
+                device,
+                progress=lambda done, total: say(f"profiling on {device}", f"{done}/{total} runs"),
+            )
         except MissingKernel as exc:
             report["profile_skipped"] = str(exc)
     if measured:
-        before, after = measured["before"]["latency_ms"]["median"], measured["after"]["latency_ms"]["median"]
-        report["profile"] = {**measured, "speedup": before / after if after > 0 else None}
-        peak_before, peak_after = (
-            measured["before"].get("peak_memory_bytes"),
-            measured["after"].get("peak_memory_bytes"),
-        )
-        if peak_before and peak_after:
-            report["profile"]["memory_ratio"] = peak_after / peak_before
+        report["profile"] = _judged_profile(measured, unchanged=outcome.model is exported.model)
     if destination is not None:
         say("writing")
         save_atomically(outcome.model, destination)
+    report["timings_s"] = stages.finish()
     return OptimizeResult(report, outcome.model, exported.model, destination)
+
+
+# Peak memory or file size this much above the original's is flagged as a regression.
+REGRESSION_RATIO = 1.05
+
+
+def _judged_profile(measured: dict, unchanged: bool) -> dict:
+    """The profile with its speedup, the noise of the timings and a verdict a person can read:
+    `noise` is the larger of the two models' half 10-90% spread over their medians; a speedup
+    within it is "no measurable change" (never shown as a slowdown), as is an unchanged graph."""
+    before, after = measured["before"]["latency_ms"], measured["after"]["latency_ms"]
+    speedup = before["median"] / after["median"] if after["median"] > 0 else None
+    noise = max((t["p90"] - t["p10"]) / (2 * t["median"]) for t in (before, after) if t["median"] > 0)
+    if unchanged:
+        verdict = "unchanged graph"
+    elif speedup is None or abs(speedup - 1) <= noise:
+        verdict = "no measurable change"
+    else:
+        verdict = "faster" if speedup > 1 else "slower"
+    profile = {**measured, "speedup": speedup, "noise": noise, "verdict": verdict}
+    peak_before, peak_after = measured["before"].get("peak_memory_bytes"), measured["after"].get("peak_memory_bytes")
+    if peak_before and peak_after:
+        profile["memory_ratio"] = peak_after / peak_before
+        profile["memory_regression"] = peak_after > REGRESSION_RATIO * peak_before
+    return profile
+
+
+def _environment(device: str) -> dict:
+    """What the numbers were measured with: versions, the provider, threads, the processor."""
+    import platform
+
+    from .runtime import ort
+
+    return {
+        "onnxruntime": ort.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": device,
+        "provider": "CUDAExecutionProvider" if device == "cuda" else "CPUExecutionProvider",
+        "cpu": _cpu_name(),
+        "cpu_threads": os.cpu_count(),
+        "gpu": _gpu_name() if device == "cuda" else None,
+    }
+
+
+def _cpu_name() -> str:
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _gpu_name() -> str | None:
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        )
+        return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+class Stages:
+    """The optimize steps as they go: each one announced to `progress` (a callable taking the
+    step's name, or the name and a note such as "12/40 runs"), and the seconds each took."""
+
+    def __init__(self, progress: Progress | None):
+        self.progress = progress
+        self.seconds: dict[str, float] = {}
+        self.began = self.current_start = time.perf_counter()
+        self.current: str | None = None
+
+    def start(self, step: str, note: str | None = None) -> None:
+        if step != self.current:
+            self._close()
+            self.current, self.current_start = step, time.perf_counter()
+        if self.progress is not None:
+            self.progress(step if note is None else f"{step} ({note})")
+
+    def finish(self) -> dict[str, float]:
+        """{step: seconds, ..., "total": seconds} (a step's key is its name's first word)."""
+        self._close()
+        return {**self.seconds, "total": round(time.perf_counter() - self.began, 3)}
+
+    def _close(self) -> None:
+        if self.current is not None:
+            key = self.current.split()[0]
+            self.seconds[key] = round(self.seconds.get(key, 0.0) + time.perf_counter() - self.current_start, 3)
 
 
 def _check_well_formed(original: onnx.ModelProto, rewritten: onnx.ModelProto, source: str, report: dict) -> None:
@@ -212,7 +363,12 @@ def export_only(
     warn: Callable[[str], None] | None = None,
 ) -> Path:
     """Export MODEL to `output` and return where it went; `warn` gets each of the TorchScript
-    tracer's warnings (see the report's export_warnings)."""
+    tracer's warnings (see the report's export_warnings). Raises as optimize does."""
+    with _only_convexport_errors():
+        return _export_only(model, output, _as_list(inputs), opset, dynamic_batch, trust_pickle, warn)
+
+
+def _export_only(model, output, inputs, opset, dynamic_batch, trust_pickle, warn) -> Path:
     specs = input_specs(inputs)
     loaded = _load(model, trust_pickle)
     destination = _destination(loaded, output)
@@ -264,8 +420,13 @@ def _validation_inputs(exported: ExportResult, specs: list[InputSpec]) -> list[I
     return resolved
 
 
-def _report(loaded: LoadedModel, destination: Path | None, exported: ExportResult, outcome) -> dict:
-    before = graph_stats(exported.model)
+def _report(loaded: LoadedModel, destination: Path | None, exported: ExportResult, outcome, device: str) -> dict:
+    before = {**graph_stats(exported.model), "model_bytes": exported.model.ByteSize()}
+    after = (
+        before
+        if outcome.model is exported.model
+        else {**graph_stats(outcome.model), "model_bytes": outcome.model.ByteSize()}
+    )
     return {
         "convexport_version": __version__,
         "model": loaded.source,
@@ -275,7 +436,10 @@ def _report(loaded: LoadedModel, destination: Path | None, exported: ExportResul
         "opset": ir.onnx_opset(exported.model),
         "inputs": [str(spec) for spec in exported.inputs],
         "before": before,
-        "after": before if outcome.model is exported.model else graph_stats(outcome.model),  # unchanged: the same
+        "after": after,
+        "size_regression": after["model_bytes"] > REGRESSION_RATIO * before["model_bytes"],
+        "outputs": [_output_spec(value) for value in exported.model.graph.output],
+        "environment": _environment(device),
         "rewrites": outcome.applied,
         "skipped": outcome.skipped,
         "validation": None,
@@ -286,6 +450,16 @@ def _report(loaded: LoadedModel, destination: Path | None, exported: ExportResul
 def weights_file(destination: Path) -> Path:
     """<OUT>.data beside OUT: where weights of 1 GiB or more go."""
     return destination.with_name(destination.name + ".data")
+
+
+def _output_spec(value: onnx.ValueInfoProto) -> str:
+    """An output as NAME:DIMS:DTYPE, as the report's inputs are written."""
+    tensor_type = value.type.tensor_type
+    dims = "x".join(
+        str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor_type.shape.dim
+    )
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).name if tensor_type.elem_type else "?"
+    return f"{value.name}:{dims}:{dtype}"
 
 
 def save_atomically(model: onnx.ModelProto, destination: Path) -> None:

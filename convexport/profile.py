@@ -8,35 +8,40 @@ for a few seconds) hits them alike instead of the one model timed during it. The
 each block is not counted: ORT's worker threads spin for a while after a run, and one
 session's spinning threads would slow the other's next run if they alternated run by run
 (bench/RESULTS.md, "Measurements behind the code"). Per-op time comes
-from ORT's own profiler in a separate session. Peak memory is measured in a child process
-per model: on the CPU, the growth of its peak resident set over what it had before creating
-the session (weights, arena, activations); on a GPU, the growth of device memory in use
-(NVML), which ORT's arena keeps at its peak.
+from ORT's own profiler in a separate session. Peak memory is measured in a process of its
+own per model (peak_memory.py).
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 import numpy as np
 import onnx
 
+from .errors import ConvexportError
 from .inputs import DEFAULT_DYNAMIC_SIZE, InputSpec, dynamic_dims_note, random_inputs
 from .ir import needs_external_data, save_with_external_data
 from .runtime import CPU, CUDA, checked_run, create_session
 
 DEFAULT_RUNS = None  # chosen so that each model is timed for about TIME_BUDGET_S
 TIME_BUDGET_S = 2.0
-MIN_RUNS, MAX_RUNS = 10, 200
+MIN_RUNS, MAX_RUNS = 5, 200  # a model slower than TIME_BUDGET_S / MIN_RUNS runs MIN_RUNS times
 BLOCK = 10
 ALTERNATIONS = 5
 DEFAULT_WARMUP = 3
-PER_OP_RUNS = 10
+PER_OP_RUNS = 10  # at most: about PER_OP_BUDGET_S worth
+PER_OP_BUDGET_S = 1.0
+MEMORY_RUNS = 2  # the arena grows on the first run; a second shows it stays
+SETTLE_BELOW_S = 0.05  # a run this short can be slowed by the other session's spinning threads
+PEAK_MEMORY_TIMEOUT_S = 600
 
 
 def profile_models(
@@ -47,12 +52,14 @@ def profile_models(
     warmup: int = DEFAULT_WARMUP,
     memory: bool = True,
     per_op: bool = True,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict:
-    """Per model label: latency_ms, throughput, peak_memory_bytes, op_time_ms; measured on one device."""
+    """Per model label: latency_ms, throughput, peak_memory_bytes, op_time_ms; measured on one
+    device. `progress(done, total)` is told the timed runs made so far."""
     feeds = random_inputs(inputs, seed=0)
     batch = next((int(v.shape[0]) for v in feeds.values() if v.ndim), 1)
     hint = dynamic_dims_note(inputs, f"made {DEFAULT_DYNAMIC_SIZE}")
-    latencies, runs = _block_latency(models, feeds, device, runs, warmup, hint=hint)
+    latencies, runs = _block_latency(models, feeds, device, runs, warmup, hint=hint, progress=progress)
     result = {
         "device": device,
         "provider": CUDA if device == "cuda" else CPU,
@@ -67,9 +74,10 @@ def profile_models(
             "throughput_per_s": batch * 1e3 / latency["median"] if latency["median"] else None,
         }
         if memory:
-            entry.update(_peak_memory(model, feeds, device, 3))
+            entry.update(_peak_memory(model, feeds, device, MEMORY_RUNS))
         if per_op:
-            entry["op_time_ms"] = _op_times(model, feeds, device)
+            per_op_runs = int(min(PER_OP_RUNS, max(1, PER_OP_BUDGET_S * 1e3 / max(latency["median"], 1e-3))))
+            entry["op_time_ms"] = _op_times(model, feeds, device, per_op_runs)
         result[label] = entry
     return result
 
@@ -82,34 +90,40 @@ def time_models(models: dict[str, onnx.ModelProto], feeds: dict, device: str, bu
 
 
 def _block_latency(
-    models, feeds, device, runs, warmup, budget_s=TIME_BUDGET_S, hint: str = ""
+    models, feeds, device, runs, warmup, budget_s=TIME_BUDGET_S, hint: str = "", progress=None
 ) -> tuple[dict[str, list[float]], int]:
     named = {label: f"the model profiled as {label!r}" for label in models}  # in load and run failures
     runners = {
-        label: _runner(create_session(model, device, what=named[label]), feeds, device)
+        label: session_runner(create_session(model, device, what=named[label]), feeds, device)
         for label, model in models.items()
     }
     slowest = 0.0
     for label, run in runners.items():
-        for _ in range(max(warmup, 1)):  # a model that cannot run on `feeds` fails here, in one line
+        for index in range(max(warmup, 1)):  # a model that cannot run on `feeds` fails here, in one line
             start = time.perf_counter()
             checked_run(run, feeds, named[label], hint)
             slowest = max(slowest, time.perf_counter() - start)
+            if index and slowest * (index + 1) > budget_s:  # warm by now: no more of the budget on it
+                break
     if runs is None:
         runs = int(min(MAX_RUNS, max(MIN_RUNS, budget_s / max(slowest, 1e-6))))
     times: dict[str, list[float]] = {label: [] for label in runners}
     block = max(1, min(BLOCK, runs // ALTERNATIONS))
+    total = runs * len(runners)
     while any(len(samples) < runs for samples in times.values()):
         for label, run in runners.items():
-            run()  # let the other session's threads settle
+            if slowest < SETTLE_BELOW_S:
+                run()  # let the other session's threads settle
             for _ in range(min(block, runs - len(times[label]))):
                 start = time.perf_counter()
                 run()
                 times[label].append((time.perf_counter() - start) * 1e3)
+            if progress is not None:
+                progress(sum(map(len, times.values())), total)
     return times, runs
 
 
-def _runner(session, feeds, device):
+def session_runner(session, feeds, device):
     """A no-argument callable running the session once; on CUDA the inputs stay on the device
     and the outputs are allocated there (IO binding), so no host copies are timed."""
     names = [output.name for output in session.get_outputs()]
@@ -134,19 +148,20 @@ def _latency(samples: list[float]) -> dict:
     values = np.asarray(samples)
     return {
         "median": float(np.median(values)),
+        "p10": float(np.percentile(values, 10)),
         "p90": float(np.percentile(values, 90)),
         "min": float(values.min()),
         "mean": float(values.mean()),
     }
 
 
-def _op_times(model: onnx.ModelProto, feeds, device) -> dict[str, float]:
+def _op_times(model: onnx.ModelProto, feeds, device, runs: int) -> dict[str, float]:
     """Milliseconds per run spent in each op type, from ORT's profiler (largest first)."""
     with tempfile.TemporaryDirectory() as folder:
         session = create_session(model, device, profile_path=os.path.join(folder, "ort"))
-        run = _runner(session, feeds, device)
+        run = session_runner(session, feeds, device)
         run()  # the first run includes one-off work
-        for _ in range(PER_OP_RUNS):
+        for _ in range(runs):
             run()
         with open(session.end_profiling(), encoding="utf-8") as stream:
             events = json.load(stream)
@@ -154,11 +169,13 @@ def _op_times(model: onnx.ModelProto, feeds, device) -> dict[str, float]:
     for event in events:
         if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
             totals[event["args"]["op_name"]] += event["dur"] / 1e3
-    return {op: total / (PER_OP_RUNS + 1) for op, total in sorted(totals.items(), key=lambda item: -item[1])}
+    return {op: total / (runs + 1) for op, total in sorted(totals.items(), key=lambda item: -item[1])}
 
 
 def _peak_memory(model: onnx.ModelProto, feeds, device, runs: int) -> dict:
-    """Measured in a child process (spawned, so nothing of this one is counted)."""
+    """Measured in a fresh Python process (peak_memory.py), so that nothing of this one is
+    counted; a process of its own rather than multiprocessing's spawn, which re-runs the
+    caller's script (a script without an `if __name__ == "__main__":` guard would start over)."""
     with tempfile.TemporaryDirectory() as folder:
         model_path, feeds_path = os.path.join(folder, "model.onnx"), os.path.join(folder, "feeds.npz")
         if needs_external_data(model):
@@ -166,66 +183,12 @@ def _peak_memory(model: onnx.ModelProto, feeds, device, runs: int) -> dict:
         else:
             onnx.save(model, model_path)
         np.savez(feeds_path, **feeds)
-        context = multiprocessing.get_context("spawn")
-        queue = context.Queue()
-        child = context.Process(target=_measure_in_child, args=(model_path, feeds_path, device, runs, queue))
-        child.start()
+        command = [sys.executable, "-m", "convexport.peak_memory", model_path, feeds_path, device, str(runs)]
         try:
-            measured = queue.get(timeout=600)
-        finally:
-            child.join(timeout=60)
-    return measured
-
-
-def _measure_in_child(model_path: str, feeds_path: str, device: str, runs: int, queue) -> None:
-    from .runtime import create_session as make_session
-
-    with np.load(feeds_path) as data:
-        feeds = {name: data[name] for name in data.files}
-    _reset_peak_rss()
-    before_rss = _status_bytes("VmRSS")
-    before_device = _device_memory_used() if device == "cuda" else None
-    run = _runner(make_session(model_path, device), feeds, device)
-    for _ in range(runs):
-        run()
-    peak_rss = _status_bytes("VmHWM")
-    result = {"peak_rss_bytes": int(peak_rss), "peak_memory_bytes": int(max(peak_rss - before_rss, 0))}
-    if before_device is not None:
-        after_device = _device_memory_used()
-        result["peak_memory_bytes"] = int(max(after_device - before_device, 0))
-        result["peak_host_memory_bytes"] = int(max(peak_rss - before_rss, 0))
-    queue.put(result)
-
-
-def _status_bytes(field: str) -> int:
-    """A size from /proc/self/status (VmRSS: now; VmHWM: the peak since the last reset)."""
-    with open("/proc/self/status", encoding="ascii") as stream:
-        for line in stream:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise OSError(f"/proc/self/status has no {field}")
-
-
-def _reset_peak_rss() -> None:
-    """Make VmHWM start from the current RSS (Linux >= 4.0), so the peak is this session's."""
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as stream:
-            stream.write("5")
-    except OSError:
-        pass
-
-
-def _device_memory_used() -> int:
-    """Bytes in use on GPU 0, from NVML (the driver's library, present wherever CUDA runs)."""
-    import ctypes
-
-    class Memory(ctypes.Structure):
-        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
-
-    nvml = ctypes.CDLL("libnvidia-ml.so.1")
-    nvml.nvmlInit_v2()
-    handle = ctypes.c_void_p()
-    nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle))
-    memory = Memory()
-    nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory))
-    return int(memory.used)
+            done = subprocess.run(command, capture_output=True, text=True, timeout=PEAK_MEMORY_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise ConvexportError(f"measuring peak memory took over {PEAK_MEMORY_TIMEOUT_S} s") from None
+        if done.returncode != 0:
+            reason = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            raise ConvexportError(f"measuring peak memory failed: {reason}")
+        return json.loads(done.stdout)

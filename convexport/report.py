@@ -66,11 +66,15 @@ def print_optimize_summary(report: dict, console: Console) -> None:
             f"{profile['after']['latency_ms']['median']:.3f}",
         )
         if profile["before"].get("peak_memory_bytes") is not None:
+            flag = " [red](more)[/red]" if profile.get("memory_regression") else ""
             table.add_row(
                 "peak memory MiB",
                 f"{profile['before']['peak_memory_bytes'] / 2**20:.1f}",
-                f"{profile['after']['peak_memory_bytes'] / 2**20:.1f}",
+                f"{profile['after']['peak_memory_bytes'] / 2**20:.1f}{flag}",
             )
+    if "model_bytes" in before:
+        flag = " [red](larger)[/red]" if report.get("size_regression") else ""
+        table.add_row("model file", size(before["model_bytes"]), size(after["model_bytes"]) + flag)
     console.print(table)
     for warning in report.get("export_warnings", []):
         console.print(tracer_warning(warning), markup=False)
@@ -80,7 +84,9 @@ def print_optimize_summary(report: dict, console: Console) -> None:
     applied = ", ".join(f"{rule} x{count}" for rule, count in rules.items()) or "none"
     console.print(f"rewrites: {applied}")
     if report["skipped"]:
-        console.print(f"skipped: {len(report['skipped'])} (see --report for the reasons)")
+        count = len(report["skipped"])
+        shown = "" if count <= 5 else "; the first 5:"
+        console.print(f"skipped: {count} (--report lists each with its reason){shown}")
         for entry in report["skipped"][:5]:
             console.print(f"  {entry['rule']} at {', '.join(entry['nodes'][:3])}: {entry['reason']}")
     validation = report.get("validation")
@@ -91,7 +97,44 @@ def print_optimize_summary(report: dict, console: Console) -> None:
     if report.get("profile_skipped"):
         console.print(f"profile: skipped: {report['profile_skipped']}", markup=False)
     if profile and profile.get("speedup"):
-        console.print(f"speedup: {profile['speedup']:.2f}x on {profile['provider']}")
+        console.print(speed_line(profile))
+    if profile and profile.get("memory_regression"):
+        console.print(f"[red]peak memory up {profile['memory_ratio'] - 1:.0%}[/red] (regression)")
+    if report.get("size_regression"):
+        console.print(
+            f"[red]model file larger: {size(before['model_bytes'])} -> {size(after['model_bytes'])}[/red]"
+            " (the rewritten weights take more room than the original ones)"
+        )
+    environment = report.get("environment")
+    if environment:
+        console.print(
+            f"measured with ONNX Runtime {environment['onnxruntime']} ({environment['provider']}, "
+            f"{environment['cpu_threads']} threads, {environment.get('gpu') or environment['cpu']})",
+            markup=False,
+        )
+    timings = report.get("timings_s")
+    if timings:
+        steps = ", ".join(f"{step} {seconds:.1f}" for step, seconds in timings.items() if step != "total")
+        console.print(f"done in {timings['total']:.1f} s ({steps})", markup=False)
+
+
+def speed_line(profile: dict) -> str:
+    """The latency verdict in words: a speedup within the timings' noise is no change."""
+    noise = f"noise ±{profile['noise']:.0%}"
+    if profile.get("verdict") == "unchanged graph":
+        return f"speed: unchanged graph (nothing folded); {profile['speedup']:.2f}x is the timing noise"
+    if profile.get("verdict") == "no measurable change":
+        return f"speed: no measurable change ({profile['speedup']:.2f}x, {noise}) on {profile['provider']}"
+    colour = "green" if profile["speedup"] > 1 else "red"
+    return f"speedup: [{colour}]{profile['speedup']:.2f}x[/{colour}] ({noise}) on {profile['provider']}"
+
+
+def size(count: int) -> str:
+    """A byte count in B, KB, MB or GB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
 
 
 def _interesting_ops(before: dict, after: dict) -> list[str]:

@@ -71,9 +71,19 @@ def _badges(report) -> str:
             else "<span class=bad>validation FAILED</span>"
         )
     if profile and profile.get("speedup"):
-        badges.append(f"<span class=info>{profile['speedup']:.2f}x faster</span>")
+        verdict = profile.get("verdict", "faster")
+        kind = {"faster": "ok", "slower": "bad"}.get(verdict, "info")
+        label = f"{profile['speedup']:.2f}x faster" if verdict == "faster" else verdict
+        if verdict == "slower":
+            label = f"{1 / profile['speedup']:.2f}x slower"
+        badges.append(f"<span class={kind}>{_e(label)} (noise ±{profile.get('noise', 0):.0%})</span>")
     if profile and profile.get("memory_ratio"):
-        badges.append(f"<span class=info>{profile['memory_ratio']:.2f}x peak memory</span>")
+        kind = "bad" if profile.get("memory_regression") else "info"
+        badges.append(f"<span class={kind}>{profile['memory_ratio']:.2f}x peak memory</span>")
+    if report.get("size_regression"):
+        badges.append(
+            f"<span class=bad>model file {report['before']['model_bytes']:,} → {report['after']['model_bytes']:,} bytes</span>"
+        )
     badges.append(f"<span class=info>{report['before']['nodes']} → {report['after']['nodes']} nodes</span>")
     return f"<p class=badges>{''.join(badges)}</p>"
 

@@ -10,9 +10,16 @@ import re
 import tempfile
 
 import onnx
-import onnxruntime as ort
 
 from .errors import ConvexportError
+
+try:
+    import onnxruntime as ort
+except ImportError as missing:  # an install that skipped it, or one of the two builds uninstalled over the other
+    raise ConvexportError(
+        "ONNX Runtime is not importable: pip install onnxruntime-gpu (Linux x86-64, Windows) or onnxruntime "
+        f"(macOS, Linux aarch64), only one of the two ({missing})"
+    ) from missing
 from .ir import needs_external_data, save_with_external_data
 
 CPU = "CPUExecutionProvider"

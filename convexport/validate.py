@@ -297,13 +297,13 @@ def validate_files(
             raise ConvexportError(f"{path}: validate compares ONNX models")
     models = [load_model(str(path)).onnx_model for path in (reference, candidate)]
     specs = with_overrides(graph_input_specs(models[0]), list(input_specs), reference)
-    feeds = [] if inputs_npz is None else [_load_npz(inputs_npz, specs)]
+    feeds = [] if inputs_npz is None else [load_npz(inputs_npz, specs)]
     if runs == 0 and not feeds:
         raise ConvexportError("--runs 0 without --inputs compares nothing")
     return compare_models(models[0], models[1], specs, runs, tolerances, extra_feeds=feeds)
 
 
-def _load_npz(path: Path, inputs: list[InputSpec]) -> dict[str, np.ndarray]:
+def load_npz(path: Path, inputs: list[InputSpec]) -> dict[str, np.ndarray]:
     try:
         with np.load(path) as data:
             arrays = {name: data[name] for name in data.files}

@@ -50,7 +50,7 @@ def test_models_take_turns_in_at_least_five_blocks(monkeypatch, runs, blocks):
 
     order = []
     monkeypatch.setattr(profile, "create_session", lambda model, device, what: model)
-    monkeypatch.setattr(profile, "_runner", lambda label, feeds, device: lambda: order.append(label))
+    monkeypatch.setattr(profile, "session_runner", lambda label, feeds, device: lambda: order.append(label))
     times, counted = profile._block_latency({"a": "a", "b": "b"}, {}, "cpu", runs, warmup=1)
     assert counted == runs and all(len(samples) == runs for samples in times.values())
     timed = order[2:]                                      # after one warm-up run each

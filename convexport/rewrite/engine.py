@@ -190,7 +190,7 @@ def _run_scope(graph: ir.Graph, rules: list[Rule], base: RewriteContext, state: 
 def _record(state: _Run, rule: Rule, node_names: list[str], verdict: Rewrite | Refusal) -> None:
     """A verdict into the report's lists: applied, or skipped with its reason (a refusal that
     is not to be reported: nowhere)."""
-    entry = {"rule": rule.name, "file": rule.file, "nodes": node_names}
+    entry = {"rule": rule.name, "file": rule.shown_file, "nodes": node_names}
     if isinstance(verdict, Refusal):
         if not verdict.reported:
             return

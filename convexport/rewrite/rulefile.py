@@ -54,6 +54,12 @@ class Rule:
         return Path(self.file).resolve().parent == _builtin_folder()
 
     @property
+    def shown_file(self) -> str:
+        """The rule file as reports name it: rules/NAME for a built-in one (wherever the package
+        is installed), the path given for a user's."""
+        return f"rules/{Path(self.file).name}" if self.builtin else self.file
+
+    @property
     def root(self) -> PatternNode:
         return self.pattern[-1]
 

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from hypothesis import HealthCheck, find, settings
 from hypothesis.errors import NoSuchExample
 
@@ -25,7 +24,7 @@ from ..files import write_atomically
 from ..rewrite.engine import rewrite_model
 from ..rewrite.primitives import Primitive
 from ..rewrite.rulefile import Rule
-from ..runtime import create_session
+from ..runtime import create_session, ort
 from ..validate import Tolerances, compare_arrays
 from .instances import Instance, instances, unsupported_ops
 from .samplers import SAMPLERS

@@ -1,0 +1,95 @@
+"""Peak memory of one ONNX Runtime session, measured in a process of its own:
+
+    python -m convexport.peak_memory MODEL.onnx FEEDS.npz cpu|cuda RUNS
+
+prints {"peak_memory_bytes": ..., "peak_rss_bytes": ...} as JSON. On the CPU the figure is the
+growth of the process's peak resident set over what it had before the session was created
+(weights, arena, activations); on a GPU, the growth of device memory in use (NVML), which ORT's
+arena keeps at its peak. Linux resets the peak before the session (/proc/self/clear_refs);
+elsewhere (macOS) the peak is the process's getrusage high-water mark.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+
+def measure(model_path: str, feeds_path: str, device: str, runs: int) -> dict:
+    from .profile import session_runner
+    from .runtime import create_session
+
+    with np.load(feeds_path) as data:
+        feeds = {name: data[name] for name in data.files}
+    _reset_peak_rss()
+    before_rss = _current_rss()
+    before_device = _device_memory_used() if device == "cuda" else None
+    run = session_runner(create_session(model_path, device), feeds, device)
+    for _ in range(runs):
+        run()
+    peak_rss = _peak_rss()
+    result = {"peak_rss_bytes": int(peak_rss), "peak_memory_bytes": int(max(peak_rss - before_rss, 0))}
+    if before_device is not None:
+        after_device = _device_memory_used()
+        result["peak_memory_bytes"] = int(max(after_device - before_device, 0))
+        result["peak_host_memory_bytes"] = int(max(peak_rss - before_rss, 0))
+    return result
+
+
+def _current_rss() -> int:
+    """The resident set now (Linux), or the peak so far where the system tells only that."""
+    try:
+        return _status_bytes("VmRSS")
+    except OSError:
+        return _peak_rss()
+
+
+def _peak_rss() -> int:
+    try:
+        return _status_bytes("VmHWM")
+    except OSError:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
+
+
+def _status_bytes(field: str) -> int:
+    """A size from /proc/self/status (VmRSS: now; VmHWM: the peak since the last reset)."""
+    with open("/proc/self/status", encoding="ascii") as stream:
+        for line in stream:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"/proc/self/status has no {field}")
+
+
+def _reset_peak_rss() -> None:
+    """Make VmHWM start from the current RSS (Linux >= 4.0), so the peak is this session's."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as stream:
+            stream.write("5")
+    except OSError:
+        pass
+
+
+def _device_memory_used() -> int:
+    """Bytes in use on GPU 0, from NVML (the driver's library, present wherever CUDA runs)."""
+    import ctypes
+
+    class Memory(ctypes.Structure):
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+    nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    nvml.nvmlInit_v2()
+    handle = ctypes.c_void_p()
+    nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle))
+    memory = Memory()
+    nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory))
+    return int(memory.used)
+
+
+if __name__ == "__main__":
+    model, feeds, device, runs = sys.argv[1:5]
+    print(json.dumps(measure(model, feeds, device, int(runs))))
