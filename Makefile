@@ -23,7 +23,8 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/convexport optimize sample_models/seed004_full_padding.py -o out/seed004.opt.onnx --report out/seed004.report.json
+	$(VENV)/bin/convexport optimize sample_models/seed004_full_padding.py -o out/seed004.opt.onnx --report out/seed004.report.json --html out/seed004.report.html
+	@echo "HTML report: out/seed004.report.html"
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check convexport

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import subprocess
 import time
@@ -216,12 +217,20 @@ REGRESSION_RATIO = 1.05
 
 
 def _judged_profile(measured: dict, unchanged: bool) -> dict:
-    """The profile with its speedup, the noise of the timings and a verdict a person can read:
-    `noise` is the larger of the two models' half 10-90% spread over their medians; a speedup
-    within it is "no measurable change" (never shown as a slowdown), as is an unchanged graph."""
+    """The profile with its speedup, the noise of that ratio and a verdict a person can read.
+    `noise` is the half-width of a 95% interval of the ratio of the two medians: each median's
+    relative standard error is 1.253 * sigma / sqrt(runs) / median, sigma read from the
+    interquartile range (IQR / 1.349, robust to the odd slow run). A speedup within it is "no
+    measurable change" (never shown as a slowdown), as is an unchanged graph."""
     before, after = measured["before"]["latency_ms"], measured["after"]["latency_ms"]
     speedup = before["median"] / after["median"] if after["median"] > 0 else None
-    noise = max((t["p90"] - t["p10"]) / (2 * t["median"]) for t in (before, after) if t["median"] > 0)
+    runs = max(int(measured.get("runs") or 1), 1)
+
+    def relative_error(latency: dict) -> float:
+        spread = latency.get("p75", latency["p90"]) - latency.get("p25", latency["p10"])
+        return 1.253 * spread / 1.349 / math.sqrt(runs) / latency["median"] if latency["median"] > 0 else 0.0
+
+    noise = 1.96 * math.hypot(relative_error(before), relative_error(after))
     if unchanged:
         verdict = "unchanged graph"
     elif speedup is None or abs(speedup - 1) <= noise:

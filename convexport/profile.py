@@ -26,6 +26,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 
+from . import ir
 from .errors import ConvexportError
 from .inputs import DEFAULT_DYNAMIC_SIZE, InputSpec, dynamic_dims_note, random_inputs
 from .ir import needs_external_data, save_with_external_data
@@ -149,6 +150,8 @@ def _latency(samples: list[float]) -> dict:
     return {
         "median": float(np.median(values)),
         "p10": float(np.percentile(values, 10)),
+        "p25": float(np.percentile(values, 25)),
+        "p75": float(np.percentile(values, 75)),
         "p90": float(np.percentile(values, 90)),
         "min": float(values.min()),
         "mean": float(values.mean()),
@@ -165,9 +168,14 @@ def _op_times(model: onnx.ModelProto, feeds, device, runs: int) -> dict[str, flo
             run()
         with open(session.end_profiling(), encoding="utf-8") as stream:
             events = json.load(stream)
+    # A Scan, Loop or If node's time includes its body's nodes, which ORT reports as well: only
+    # the main graph's nodes count (by name), else the body's time would be counted twice.
+    main = {node.name for node in model.graph.node} if any(ir.proto_subgraphs(n) for n in model.graph.node) else None
     totals: dict[str, float] = defaultdict(float)
     for event in events:
-        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
+        name = event.get("name", "")
+        is_kernel = event.get("cat") == "Node" and name.endswith("_kernel_time")
+        if is_kernel and (main is None or name[: -len("_kernel_time")] in main):
             totals[event["args"]["op_name"]] += event["dur"] / 1e3
     return {op: total / (runs + 1) for op, total in sorted(totals.items(), key=lambda item: -item[1])}
 

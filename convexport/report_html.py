@@ -6,7 +6,7 @@ import html
 from pathlib import Path
 
 from .files import write_text_atomically
-from .report import si, tracer_warning
+from .report import si, size, tracer_warning
 
 BEFORE, AFTER = "#9aa5b1", "#2f7de1"
 STYLE = """
@@ -14,7 +14,7 @@ body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2r
 h1{font-size:1.4rem;margin:0 0 .2rem}h2{font-size:1.1rem;margin:2rem 0 .6rem;border-bottom:1px solid #e4e7eb;padding-bottom:.3rem}
 .sub{color:#616e7c;margin:0 0 1rem}.badges span{display:inline-block;border-radius:4px;padding:.15rem .55rem;margin-right:.4rem;font-weight:600}
 .ok{background:#e3f9e5;color:#05400a}.bad{background:#ffe3e3;color:#610404}.info{background:#e6f0ff;color:#0b3b8c}
-table{border-collapse:collapse;width:100%;margin:.3rem 0}th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid #eef0f2;vertical-align:top}
+table{border-collapse:collapse;width:100%;margin:.3rem 0}th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid #eef0f2;vertical-align:top;overflow-wrap:anywhere}td code{white-space:nowrap}
 th{color:#52606d;font-weight:600}td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 .legend span{display:inline-block;width:.8rem;height:.8rem;border-radius:2px;margin:0 .3rem 0 1rem;vertical-align:-1px}
 svg text{font:12px system-ui,sans-serif;fill:#323f4b}code{font-size:12px}
@@ -34,6 +34,14 @@ def render(report: dict) -> str:
         f"{_e(report['convexport_version'])} · exporter {_e(report.get('exporter'))} · opset {_e(report.get('opset'))}</p>",
         _badges(report),
     ]
+    environment, timings = report.get("environment"), report.get("timings_s")
+    if environment:
+        parts.append(
+            f"<p class=sub>measured with ONNX Runtime {_e(environment['onnxruntime'])} · {_e(environment['provider'])}"
+            f" · {_e(environment['cpu_threads'])} threads · {_e(environment.get('gpu') or environment['cpu'])}"
+            + (f" · done in {timings['total']:.1f} s" if timings else "")
+            + "</p>"
+        )
     parts += [f"<p class=sub>{_e(tracer_warning(warning))}</p>" for warning in report.get("export_warnings", [])]
     parts += ["<h2>Graph</h2>", _summary_table(report)]
     parts += ["<h2>Operators</h2>", _legend(), _grouped_bars(_op_rows(before["ops"], after["ops"]), unit="")]
@@ -108,6 +116,8 @@ def _summary_table(report) -> str:
                     _bytes(profile["after"]["peak_memory_bytes"]),
                 )
             )
+    if "model_bytes" in before:
+        rows.append(("model file", size(before["model_bytes"]), size(after["model_bytes"])))
     body = "".join(f"<tr><td>{_e(a)}</td><td class=num>{_e(b)}</td><td class=num>{_e(c)}</td></tr>" for a, b, c in rows)
     return f"<table><tr><th></th><th class=num>before</th><th class=num>after</th></tr>{body}</table>"
 
@@ -156,11 +166,47 @@ def _rewrites(entries) -> str:
     if not entries:
         return "<p>none</p>"
     body = "".join(
-        f"<tr><td>{index}</td><td><code>{_e(e['rule'])}</code></td><td>{_e(', '.join(e['nodes'][:4]))}"
-        f"{' …' if len(e['nodes']) > 4 else ''}</td><td>{_e(e['reason'])}</td></tr>"
+        f"<tr><td>{index}</td><td><code>{_e(e['rule'])}</code><br><small>{_e(e.get('file', ''))}</small></td>"
+        f"<td>{_region(e)}<br><small>{_e(', '.join(e['nodes'][:4]))}{' …' if len(e['nodes']) > 4 else ''}</small></td>"
+        f"<td>{_e(e['reason'])}{_decision(e.get('decision'))}</td></tr>"
         for index, e in enumerate(entries, 1)
     )
-    return f"<table><tr><th>#</th><th>rule</th><th>nodes</th><th>what was done</th></tr>{body}</table>"
+    return f"<table><tr><th>#</th><th>rule</th><th>region: before → after</th><th>what was done</th></tr>{body}</table>"
+
+
+def _region(entry) -> str:
+    """The folded region as a picture: the matched nodes' ops, an arrow, the new nodes' ops."""
+    before, after = entry.get("ops_before", []), entry.get("ops_after", [])
+    if not before:
+        return ""
+    boxes, x = [], 2
+    for ops, colour in ((before, BEFORE), (None, None), (after or ["(removed)"], AFTER)):
+        if ops is None:
+            boxes.append(f'<text x="{x + 4}" y="17" font-size="16">→</text>')
+            x += 26
+            continue
+        for op in ops:
+            width = 10 + 7.5 * len(op)
+            boxes.append(f'<rect x="{x}" y="3" width="{width}" height="20" rx="4" fill="{colour}"/>')
+            boxes.append(f'<text x="{x + 4}" y="17" fill="#fff" font-size="12">{_e(op)}</text>')
+            x += width + 4
+    return f'<svg role="img" width="{x + 2}" height="26" viewBox="0 0 {x + 2} 26">{"".join(boxes)}</svg>'
+
+
+def _decision(decision) -> str:
+    """A cost or measure decision's numbers, one short line."""
+    if not decision:
+        return ""
+    if decision.get("method") == "measured":
+        numbers = f"measured {decision['before_ms']:.3g} → {decision['after_ms']:.3g} ms over {decision['runs']} runs"
+    elif "before_us" in decision:
+        numbers = (
+            f"estimated {decision['before_us']:.3g} → {decision['after_us']:.3g} µs on {decision['device']}"
+            f" (FLOPs {si(decision['flops_before'])} → {si(decision['flops_after'])})"
+        )
+    else:
+        numbers = decision.get("note", "")
+    return f"<br><small>{_e(numbers)}</small>"
 
 
 def _skipped(entries) -> str:

@@ -129,11 +129,16 @@ def test_an_unchanged_graph_is_no_speedup_and_noise_is_no_slowdown():
     from convexport.pipeline import _judged_profile
 
     def timed(median, spread):
-        return {"latency_ms": {"median": median, "p10": median - spread, "p90": median + spread}}
+        return {"latency_ms": {"median": median, "p25": median - spread, "p75": median + spread,
+                               "p10": median - 2 * spread, "p90": median + 2 * spread}}
 
-    assert _judged_profile({"before": timed(10, 1), "after": timed(10.5, 1)}, False)["verdict"] == "no measurable change"
-    assert _judged_profile({"before": timed(10, 1), "after": timed(5, 0.5)}, False)["verdict"] == "faster"
-    assert _judged_profile({"before": timed(10, 0.1), "after": timed(20, 0.1)}, False)["verdict"] == "slower"
+    def verdict(before, after, runs=10):
+        return _judged_profile({"before": before, "after": after, "runs": runs}, False)["verdict"]
+
+    assert verdict(timed(10, 1), timed(10.5, 1)) == "no measurable change"
+    assert verdict(timed(10, 1), timed(10.5, 1), runs=1000) == "slower"  # the same medians, known better
+    assert verdict(timed(10, 1), timed(5, 0.5)) == "faster"
+    assert verdict(timed(10, 0.1), timed(20, 0.1)) == "slower"
 
 
 def test_the_report_says_what_a_reader_needs(tmp_path):

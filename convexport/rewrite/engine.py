@@ -173,7 +173,7 @@ def _run_scope(graph: ir.Graph, rules: list[Rule], base: RewriteContext, state: 
             if match is None or first_failure(rule.where, match.values, graph):
                 continue
             verdict = _decide(match, primitive, context, members)
-            _record(state, rule, match.node_names(), verdict)
+            _record(state, rule, match.node_list(), verdict)
             if isinstance(verdict, Refusal):
                 continue
             _apply(graph, verdict, base.fresh, state.changes, members)
@@ -187,9 +187,11 @@ def _run_scope(graph: ir.Graph, rules: list[Rule], base: RewriteContext, state: 
     return changed
 
 
-def _record(state: _Run, rule: Rule, node_names: list[str], verdict: Rewrite | Refusal) -> None:
-    """A verdict into the report's lists: applied, or skipped with its reason (a refusal that
-    is not to be reported: nowhere)."""
+def _record(state: _Run, rule: Rule, nodes: list[ir.Node], verdict: Rewrite | Refusal) -> None:
+    """A verdict into the report's lists: applied (with the ops of the matched nodes and of the
+    new ones, for the report's picture of the region), or skipped with its reason (a refusal
+    that is not to be reported: nowhere)."""
+    node_names = [node.name for node in nodes]
     entry = {"rule": rule.name, "file": rule.shown_file, "nodes": node_names}
     if isinstance(verdict, Refusal):
         if not verdict.reported:
@@ -197,7 +199,8 @@ def _record(state: _Run, rule: Rule, node_names: list[str], verdict: Rewrite | R
         decision = {"decision": verdict.decision} if verdict.decision else {}
         state.skipped[(rule.name, tuple(node_names))] = {**entry, "reason": verdict.reason, **decision}
     else:
-        state.applied.append({**entry, "reason": verdict.note, **_cost_fields(verdict), **verdict.extra})
+        region = {"ops_before": [node.op for node in nodes], "ops_after": [node.op for node in verdict.nodes]}
+        state.applied.append({**entry, "reason": verdict.note, **region, **_cost_fields(verdict), **verdict.extra})
 
 
 def _anchors(graph: ir.Graph, rule: Rule, candidates: list[ir.Node], region: set[int] | None) -> list:
