@@ -49,6 +49,12 @@ def tracer_warning(warning: str) -> str:
 def print_optimize_summary(report: dict, console: Console) -> None:
     before, after = report["before"], report["after"]
     console.print(f"[bold]{report['model']}[/bold] -> {report.get('output') or '(not written)'}", highlight=False)
+    if report.get("inputs") or report.get("outputs"):
+        console.print(
+            f"inputs {', '.join(report.get('inputs', []))}; outputs {', '.join(report.get('outputs', []))}",
+            markup=False,
+            highlight=False,
+        )
     table = Table(show_edge=False)
     table.add_column("")
     table.add_column("before", justify="right")

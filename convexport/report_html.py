@@ -34,6 +34,11 @@ def render(report: dict) -> str:
         f"{_e(report['convexport_version'])} · exporter {_e(report.get('exporter'))} · opset {_e(report.get('opset'))}</p>",
         _badges(report),
     ]
+    if report.get("inputs") or report.get("outputs"):
+        parts.append(
+            f"<p class=sub>inputs <code>{_e(', '.join(report.get('inputs', [])))}</code> · outputs "
+            f"<code>{_e(', '.join(report.get('outputs', [])))}</code></p>"
+        )
     environment, timings = report.get("environment"), report.get("timings_s")
     if environment:
         parts.append(

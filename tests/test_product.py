@@ -161,11 +161,16 @@ def test_a_larger_model_file_is_flagged(tmp_path):
     report = {"model": "m", "output": None, "before": {"nodes": 1, "ops": {}, "flops": 1, "params": 1, "model_bytes": 1000},
               "after": {"nodes": 1, "ops": {}, "flops": 1, "params": 1, "model_bytes": 9000}, "rewrites": [],
               "skipped": [{"rule": "r", "nodes": ["n"], "reason": f"why {i}"} for i in range(6)],
-              "size_regression": True}
+              "size_regression": True, "inputs": ["x:1x3x8x8:float32"], "outputs": ["y:1x4x8x8:float32"]}
     console = Console(record=True, width=200)
     print_optimize_summary(report, console)
     text = console.export_text()
     assert "model file larger: 1.0 KB -> 9.0 KB" in text and "skipped: 6" in text and "first 5" in text
+    assert "inputs x:1x3x8x8:float32; outputs y:1x4x8x8:float32" in text
+    from convexport.report_html import render
+
+    page = render({**report, "convexport_version": "0", "validation": None, "profile": None})
+    assert "x:1x3x8x8:float32" in page and "class=bad>model file" in page
 
 
 def test_version_short_help_and_quiet(tmp_path):

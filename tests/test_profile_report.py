@@ -60,7 +60,8 @@ def test_models_take_turns_in_at_least_five_blocks(monkeypatch, runs, blocks):
 
 def test_html_report_is_self_contained_with_charts(optimized, tmp_path):
     page = render(optimized.report)
-    assert page.count("<svg") == 3 and "validation passed" in page and "Conv" in page
+    charts_and_regions = 3 + len(optimized.report["rewrites"])  # a picture of each folded region
+    assert page.count("<svg") == charts_and_regions and "validation passed" in page and "Conv" in page
     assert "<script" not in page and "http://" not in page and "https://" not in page
     assert "Rewrites" in page and "conv-conv" in page
 
