@@ -188,3 +188,19 @@ def test_optimize_validates_on_real_data_too(tmp_path):
                                  "--no-profile", "--report", str(tmp_path / "r.json")])
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "r.json").read_text())["validation"]["runs"] == 4
+
+
+def test_a_scan_bodys_op_time_stays_out_of_the_top_level_chart():
+    """The Scan node's time includes its body's; the body's Relu is not counted again."""
+    from convexport.inputs import InputSpec
+    from convexport.profile import profile_models
+
+    body = helper.make_graph(
+        [helper.make_node("Relu", ["row"], ["out"], name="body_relu")], "body",
+        [helper.make_tensor_value_info("row", onnx.TensorProto.FLOAT, [64])],
+        [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [64])],
+    )
+    nodes = [helper.make_node("Scan", ["x"], ["y"], name="scan", body=body, num_scan_inputs=1)]
+    model = make_model(nodes, [tensor("x", [8, 64])], [tensor("y", [8, 64])])
+    measured = profile_models({"m": model}, [InputSpec("x", (8, 64))], "cpu", runs=5, warmup=1, memory=False)
+    assert set(measured["m"]["op_time_ms"]) == {"Scan"}
