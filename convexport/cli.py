@@ -57,6 +57,12 @@ def _main(
 InputOpt = Annotated[
     list[str] | None, typer.Option("--input", help="NAME:DIMS[:DTYPE], e.g. x:1x3x224x224 (N or batch = dynamic).")
 ]
+RtolOpt = Annotated[
+    list[str] | None, typer.Option("--rtol", help="Relative tolerance; NAME:F for one output (repeatable).")
+]
+AtolOpt = Annotated[
+    list[str] | None, typer.Option("--atol", help="Absolute tolerance; NAME:F for one output (repeatable).")
+]
 OpsetOpt = Annotated[int | None, typer.Option("--opset", help="ONNX opset for torch exports (default 18).")]
 DynamicOpt = Annotated[bool, typer.Option("--dynamic-batch", help="Make the first dim of every input dynamic.")]
 TrustOpt = Annotated[
@@ -82,12 +88,8 @@ def optimize(
     html: Annotated[Path | None, typer.Option("--html", help="Write an HTML report here.")] = None,
     no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip validation (not recommended).")] = False,
     no_profile: Annotated[bool, typer.Option("--no-profile", help="Skip profiling.")] = False,
-    rtol: Annotated[
-        list[str] | None, typer.Option("--rtol", help="Relative tolerance; NAME:F for one output (repeatable).")
-    ] = None,
-    atol: Annotated[
-        list[str] | None, typer.Option("--atol", help="Absolute tolerance; NAME:F for one output (repeatable).")
-    ] = None,
+    rtol: RtolOpt = None,
+    atol: AtolOpt = None,
     opset: OpsetOpt = None,
     dynamic_batch: DynamicOpt = False,
     freeze_input_defaults: Annotated[
@@ -181,12 +183,8 @@ def validate_command(
     candidate: Annotated[Path, typer.Argument(help="The ONNX model to check against it.")],
     inputs: Annotated[Path | None, typer.Option("--inputs", help="DATA.npz of input arrays.")] = None,
     runs: Annotated[int, typer.Option("--runs", help="Seeded random input sets.")] = 3,
-    rtol: Annotated[
-        list[str] | None, typer.Option("--rtol", help="Relative tolerance; NAME:F for one output (repeatable).")
-    ] = None,
-    atol: Annotated[
-        list[str] | None, typer.Option("--atol", help="Absolute tolerance; NAME:F for one output (repeatable).")
-    ] = None,
+    rtol: RtolOpt = None,
+    atol: AtolOpt = None,
     input: InputOpt = None,
     report: Annotated[Path | None, typer.Option("--report")] = None,
 ):
