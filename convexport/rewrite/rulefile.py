@@ -48,12 +48,12 @@ class Rule:
     line: int = 0
     plugin: object = field(default=None, hash=False, compare=False)  # a user primitive (apply: module:function)
 
-    @property
+    @functools.cached_property  # (read for every match the engine records)
     def builtin(self) -> bool:
         """One of convexport's own rules (an exception in its primitive is convexport's bug)."""
         return Path(self.file).resolve().parent == _builtin_folder()
 
-    @property
+    @functools.cached_property
     def shown_file(self) -> str:
         """The rule file as reports name it: rules/NAME for a built-in one (wherever the package
         is installed), the path given for a user's."""
