@@ -141,12 +141,12 @@ def _optimize(
     say("exporting")
     exported = export_model(loaded, specs, opset, dynamic_batch, freeze_input_defaults)
     say("rewriting")
+    folded = ir.fold_constants(exported.model)  # the rules see constants as constants
     primitives = builtin_primitives()
     decided: dict = {}  # cost/measure decisions, replayed by the bisection below
-    outcome = rewrite_model(
-        exported.model, rule_list, primitives, strategy, loaded.source, device=device, decided=decided
-    )
+    outcome = rewrite_model(folded, rule_list, primitives, strategy, loaded.source, device=device, decided=decided)
     report = _report(loaded, destination, exported, outcome, device)
+    report["constant_folding"] = {"nodes_before": len(exported.model.graph.node), "nodes_after": len(folded.graph.node)}
     if outcome.model is not exported.model:
         _check_well_formed(exported.model, outcome.model, loaded.source, report)
 
@@ -172,9 +172,7 @@ def _optimize(
                 inputs_for_check,
                 tolerances,
                 lambda limit: (
-                    rewrite_model(
-                        exported.model, rule_list, primitives, strategy, loaded.source, limit, device, decided
-                    ).model
+                    rewrite_model(folded, rule_list, primitives, strategy, loaded.source, limit, device, decided).model
                 ),
             )
             report["validation"]["culprit"] = culprit

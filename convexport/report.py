@@ -88,6 +88,11 @@ def print_optimize_summary(report: dict, console: Console) -> None:
     for entry in report["rewrites"]:
         rules[entry["rule"]] = rules.get(entry["rule"], 0) + 1
     applied = ", ".join(f"{rule} x{count}" for rule, count in rules.items()) or "none"
+    folding = report.get("constant_folding")
+    if folding and folding["nodes_after"] != folding["nodes_before"]:
+        console.print(
+            f"constant folding: {folding['nodes_before']} -> {folding['nodes_after']} nodes, before the rules"
+        )
     console.print(f"rewrites: {applied}")
     if report["skipped"]:
         count = len(report["skipped"])

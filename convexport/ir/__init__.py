@@ -12,11 +12,13 @@ outputs' producers as it is made.
     scopes.py    subgraphs, topological order, clean-up
     shapes.py    shape inference, and whether a model needs it
     large.py     models of 1 GiB of weights or more: external data, the weightless skeleton
+    folding.py   constant folding before the rules (onnxscript's)
 """
 
 from onnx_graphsurgeon import Constant, Graph, Node, Tensor, Variable
 
 from .convert import IR_VERSION, export_graph, import_graph, nodes_as_model, overridable_initializers
+from .folding import fold_constants
 from .large import external_data_files, needs_external_data, save_with_external_data
 from .naming import NameGenerator
 from .query import (
@@ -47,6 +49,7 @@ __all__ = [
     "nodes_as_model",
     "overridable_initializers",
     "external_data_files",
+    "fold_constants",
     "needs_external_data",
     "save_with_external_data",
     "NameGenerator",

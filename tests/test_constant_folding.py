@@ -1,0 +1,102 @@
+"""Constant folding before the rules (issue 22, item 1): a graph folds the same from each
+export route, what depends on the inputs' values or overrides stays, large results stay."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper, numpy_helper
+from torch import nn
+from torch.nn import functional as F
+
+import convexport
+from convexport import ir
+from helpers import make_model, op_counts, tensor
+
+
+class PaddedRepBlock(nn.Module):
+    """A RepVGG-style block whose 3x3 branch pads with F.pad: 3x3 conv-BN + 1x1 conv-BN + BN skip."""
+
+    def __init__(self, channels=8):
+        super().__init__()
+        self.dense = nn.Sequential(nn.Conv2d(channels, channels, 3, bias=False), nn.BatchNorm2d(channels))
+        self.point = nn.Sequential(nn.Conv2d(channels, channels, 1, bias=False), nn.BatchNorm2d(channels))
+        self.skip = nn.BatchNorm2d(channels)
+        for module in self.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.uniform_(-1, 1)
+                module.running_var.uniform_(0.5, 2)
+        self.eval()
+
+    def forward(self, x):
+        return torch.relu(self.dense(F.pad(x, (1, 1, 1, 1))) + self.point(x) + self.skip(x))
+
+
+def exported(route: str) -> onnx.ModelProto:
+    torch.manual_seed(0)
+    module, args = PaddedRepBlock(), (torch.randn(1, 8, 10, 10),)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if route.startswith("dynamo"):
+            return torch.onnx.export(module, args, dynamo=True, optimize=route == "dynamo", verbose=False).model_proto
+        buffer = io.BytesIO()
+        torch.onnx.export(module, args, buffer, dynamo=False, opset_version=18,
+                          do_constant_folding=route == "torchscript", training=torch.onnx.TrainingMode.EVAL)
+    return onnx.load_from_string(buffer.getvalue())
+
+
+@pytest.mark.parametrize("route", ["dynamo", "dynamo-unoptimized", "torchscript", "torchscript-unfolded"])
+def test_every_export_route_folds_to_one_conv(route):
+    model = exported(route)
+    before = model.SerializeToString()
+    result = convexport.optimize(model, write=False, profile=False)
+    assert result.report["validation"]["passed"]
+    assert op_counts(result.model) == {"Conv": 1, "Relu": 1}, (route, result.report["constant_folding"])
+    assert model.SerializeToString() == before
+
+
+def test_nothing_to_fold_gives_the_model_itself():
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [1, 4])], [tensor("y", [1, 4])])
+    assert ir.fold_constants(model) is model
+
+
+def test_a_shape_read_from_an_input_folds_its_values_do_not():
+    """Shape(x) of a static input is a constant; x + 1 is not."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Cast", ["s"], ["sf"], to=1),
+             helper.make_node("ReduceSum", ["sf"], ["total"], keepdims=0),
+             helper.make_node("Add", ["x", "total"], ["y"])]
+    model = make_model(nodes, [tensor("x", [2, 3])], [tensor("y", [2, 3])])
+    folded = ir.fold_constants(model)
+    assert op_counts(folded) == {"Add": 1}
+    x = np.ones([2, 3], np.float32)
+    from helpers import run
+
+    np.testing.assert_array_equal(run(folded, {"x": x})[0], run(model, {"x": x})[0])
+
+
+def test_an_initializer_the_caller_may_override_is_not_folded():
+    w = numpy_helper.from_array(np.ones([4], np.float32), "w")
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["w", "two"], ["w2"]), helper.make_node("Add", ["x", "w2"], ["y"])], "g",
+        [tensor("x", [4]), tensor("w", [4])], [tensor("y", [4])], [w, two])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    assert ir.fold_constants(model) is model
+
+
+def test_a_result_over_the_size_limit_stays_computed(monkeypatch):
+    """A Tile of a small constant would become a large weight: over the limit, it stays a Tile."""
+    monkeypatch.setattr("convexport.ir.folding.FOLD_LIMIT_ELEMENTS", 100)
+    small = numpy_helper.from_array(np.ones([1, 1], np.float32), "small")
+    repeats = numpy_helper.from_array(np.array([64, 64], np.int64), "repeats")
+    nodes = [helper.make_node("Tile", ["small", "repeats"], ["t"]), helper.make_node("MatMul", ["x", "t"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [tensor("x", [1, 64])], [tensor("y", [1, 64])], [small, repeats])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    assert "Tile" in op_counts(ir.fold_constants(model))
+    monkeypatch.setattr("convexport.ir.folding.FOLD_LIMIT_ELEMENTS", 1 << 20)
+    assert "Tile" not in op_counts(ir.fold_constants(model))
