@@ -104,10 +104,19 @@ def optimize(
         Path | None, typer.Option("--inputs", help="DATA.npz of real input arrays, validated on besides random ones.")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary and no progress; errors only.")] = False,
+    disable_rule: Annotated[
+        list[str] | None, typer.Option("--disable-rule", help="Do not run this rule (repeatable).")
+    ] = None,
+    explain: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--explain", help="Say, for each node the rule looked at, why it did or did not fire (repeatable)."
+        ),
+    ] = None,
 ):
     """Export MODEL, fold its linear structure, validate, profile and write the result."""
     from . import pipeline
-    from .report import print_optimize_summary, write_json
+    from .report import print_explanations, print_optimize_summary, write_json
     from .report_html import write_html
 
     def run():
@@ -134,6 +143,8 @@ def optimize(
                     progress=progress,
                     other_outputs=[(option, path) for option, path in reports if path is not None],
                     input_data=inputs,
+                    disable_rules=disable_rule or [],
+                    explain=explain or [],
                 )
         except ValidationError as exc:
             if exc.report is not None:
@@ -148,6 +159,7 @@ def optimize(
             write_html(result.report, html)
         if not quiet and not _is_stdout(report):  # the JSON is what stdout carries then
             print_optimize_summary(result.report, stdout)
+            print_explanations(result.report.get("explain", {}), stdout)
 
     _guarded(run)
 

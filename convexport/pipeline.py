@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import math
 import os
 import subprocess
@@ -67,9 +68,13 @@ def optimize(
     progress: Progress | None = None,
     other_outputs: Sequence[tuple[str, str | Path]] = (),
     input_data: str | Path | None = None,
+    disable_rules: Sequence[str] = (),
+    explain: Sequence[str] = (),
 ) -> OptimizeResult:
     """Optimize MODEL (a path or MODEL string, an onnx.ModelProto, or an nn.Module).
-    `inputs` and `rules` take one value or a sequence of them. `input_data`: an .npz of real
+    `inputs` and `rules` take one value or a sequence of them. `disable_rules`: rules not to
+    run (by name); `explain`: rules whose verdict at every node is kept in the report's
+    `explain` (why a rule did not fire). `input_data`: an .npz of real
     input arrays, validated on besides the random ones. `other_outputs`: (option, path)
     of the files the caller will write (reports), checked with OUT against every file the model
     is read from before any work.
@@ -122,6 +127,8 @@ def _optimize(
     progress,
     other_outputs,
     input_data,
+    disable_rules,
+    explain,
 ) -> OptimizeResult:
     inputs, rules = _as_list(inputs), _as_list(rules)
     stages = Stages(progress)
@@ -133,7 +140,7 @@ def _optimize(
     specs = input_specs(inputs)
     say("loading")
     loaded = _load(model, trust_pickle)
-    rule_list = _rules(rules, builtin_rules)
+    rule_list = _rules(rules, builtin_rules, _as_list(disable_rules), _as_list(explain))
     destination = _destination(loaded, output, other_outputs) if write else None
     if not write:
         check_paths(loaded.files, list(other_outputs))
@@ -144,8 +151,19 @@ def _optimize(
     folded = ir.fold_constants(exported.model)  # the rules see constants as constants
     primitives = builtin_primitives()
     decided: dict = {}  # cost/measure decisions, replayed by the bisection below
-    outcome = rewrite_model(folded, rule_list, primitives, strategy, loaded.source, device=device, decided=decided)
+    outcome = rewrite_model(
+        folded,
+        rule_list,
+        primitives,
+        strategy,
+        loaded.source,
+        device=device,
+        decided=decided,
+        explain=frozenset(_as_list(explain)),
+    )
     report = _report(loaded, destination, exported, outcome, device)
+    if explain:
+        report["explain"] = {name: outcome.explained.get(name, {}) for name in _as_list(explain)}
     report["constant_folding"] = {"nodes_before": len(exported.model.graph.node), "nodes_after": len(folded.graph.node)}
     if outcome.model is not exported.model:
         _check_well_formed(exported.model, outcome.model, loaded.source, report)
@@ -399,10 +417,20 @@ def _load(model, trust_pickle: bool) -> LoadedModel:
     raise ConvexportError(f"cannot optimize a {type(model).__name__}: give a path, an onnx.ModelProto or an nn.Module")
 
 
-def _rules(paths: Sequence[str | Path], builtin: bool):
+def _rules(paths: Sequence[str | Path], builtin: bool, disabled: Sequence[str] = (), explained: Sequence[str] = ()):
+    """The rules to run: the built-in ones (unless not `builtin`) and the files in `paths`,
+    without those `disabled`; a name in `disabled` or `explained` that no rule has is an error."""
     primitives = builtin_primitives()
     files = (builtin_rule_files() if builtin else []) + rule_files(list(paths))
-    return load_rules(files, set(primitives))
+    rules = load_rules(files, set(primitives))
+    names = [rule.name for rule in rules]
+    for option, given in (("--disable-rule", disabled), ("--explain", explained)):
+        for name in given:
+            if name not in names:
+                close = difflib.get_close_matches(name, names, n=3)
+                hint = f"; did you mean {', '.join(close)}?" if close else "; `convexport rules list` names them"
+                raise ConvexportError(f"{option} {name}: no rule of that name{hint}")
+    return [rule for rule in rules if rule.name not in set(disabled)]
 
 
 def _destination(loaded: LoadedModel, output: str | Path | None, others=()) -> Path:

@@ -129,6 +129,18 @@ def print_optimize_summary(report: dict, console: Console) -> None:
         console.print(f"done in {timings['total']:.1f} s ({steps})", markup=False)
 
 
+def print_explanations(explained: dict, console: Console, most: int = 40) -> None:
+    """--explain: for each rule asked about, each node it looked at and what happened there."""
+    for rule, verdicts in explained.items():
+        console.print(f"explain {rule}: {len(verdicts)} node(s) looked at", markup=False, highlight=False)
+        if not verdicts:
+            console.print("  none: an op of its pattern is not in the graph", markup=False)
+        for node, verdict in list(verdicts.items())[:most]:
+            console.print(f"  {node}: {verdict}", markup=False, highlight=False)
+        if len(verdicts) > most:
+            console.print(f"  ... and {len(verdicts) - most} more (--report lists them all)", markup=False)
+
+
 def speed_line(profile: dict) -> str:
     """The latency verdict in words: a speedup within the timings' noise is no change."""
     noise = f"noise ±{profile['noise']:.0%}"

@@ -56,6 +56,7 @@ class RewriteOutcome:
     applied: list[dict] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
     passes: int = 0
+    explained: dict[str, dict[str, str]] = field(default_factory=dict)  # --explain: rule -> node -> why
 
 
 @dataclass
@@ -68,6 +69,12 @@ class _Run:
     skipped: dict[tuple, dict]
     limit: int | None
     created: list[ir.Node] = field(default_factory=list)  # nodes the current pass inserted
+    explain: frozenset[str] = frozenset()  # rules whose every verdict is kept (--explain)
+    explained: dict[str, dict[str, str]] = field(default_factory=dict)  # rule -> anchor -> its last verdict
+
+    def explaining(self, rule: Rule, anchor, verdict: str) -> None:
+        if rule.name in self.explain:
+            self.explained.setdefault(rule.name, {})[anchor.name or "(a tensor)"] = verdict
 
     def full(self) -> bool:
         return self.limit is not None and len(self.applied) >= self.limit
@@ -82,13 +89,17 @@ def rewrite_model(
     limit: int | None = None,
     device: str = "cpu",
     decided: dict | None = None,
+    explain: frozenset[str] = frozenset(),
 ) -> RewriteOutcome:
     """Rewrite to a fixed point; with `limit`, stop after that many rewrites (the same first
     ones as an unlimited run, since the order is deterministic: used to find a bad one).
     `decided` keeps each cost or measure decision by rule and nodes; a later run given the
-    same dict replays them (a measurement need not come out the same twice)."""
+    same dict replays them (a measurement need not come out the same twice). For the rules
+    named in `explain`, the outcome's `explained` says, for each node where matching started
+    (the root op's nodes), what happened there last: the pattern line or condition that
+    failed, the primitive's or the decision's refusal, or the rewrite."""
     with _collector_paused():
-        return _rewrite(model, rules, primitives, strategy, source, limit, device, decided)
+        return _rewrite(model, rules, primitives, strategy, source, limit, device, decided, frozenset(explain))
 
 
 @contextlib.contextmanager
@@ -107,12 +118,12 @@ def _collector_paused():
             gc.enable()
 
 
-def _rewrite(model, rules, primitives, strategy, source, limit, device, decided) -> RewriteOutcome:
+def _rewrite(model, rules, primitives, strategy, source, limit, device, decided, explain) -> RewriteOutcome:
     opset = ir.onnx_opset(model) or ir.DEFAULT_OPSET
     decided = {} if decided is None else decided
     graph = ir.import_graph(model)
     base = RewriteContext(graph, opset, ir.NameGenerator(graph), {}, strategy, device, decided)
-    state = _Run(primitives, ChangeLog(), [], {}, limit)
+    state = _Run(primitives, ChangeLog(), [], {}, limit, explain=explain)
     passes, changed_at_all = 0, False
     for passes in range(1, MAX_PASSES + 1):  # noqa: B007 (the count of passes made is reported)
         state.created = []
@@ -137,7 +148,7 @@ def _rewrite(model, rules, primitives, strategy, source, limit, device, decided)
         if still_there:
             final_nodes = {node.name for scope in ir.proto_scopes(current.graph) for node in scope.node}
             still_there = [entry for entry in still_there if set(entry["nodes"]) <= final_nodes]
-    return RewriteOutcome(current, state.applied, still_there, passes)
+    return RewriteOutcome(current, state.applied, still_there, passes, state.explained)
 
 
 def _run_scope(graph: ir.Graph, rules: list[Rule], base: RewriteContext, state: _Run) -> bool:
@@ -170,12 +181,20 @@ def _run_scope(graph: ir.Graph, rules: list[Rule], base: RewriteContext, state: 
             if dead(anchor) if not group else any(dead(node) for node in anchor.inputs):
                 continue
             match = matcher.match_group(anchor) if group else matcher.match(anchor)
-            if match is None or first_failure(rule.where, match.values, graph):
+            if match is None:
+                state.explaining(rule, anchor, f"no match: {matcher.why}")
+                continue
+            silent = first_failure(rule.where, match.values, graph)
+            if silent:
+                state.explaining(rule, anchor, f"where: {silent}")
                 continue
             verdict = _decide(match, primitive, context, members)
             _record(state, rule, match.node_list(), verdict)
             if isinstance(verdict, Refusal):
+                kind = "refused" if verdict.reported else "not a case for it (unreported)"
+                state.explaining(rule, anchor, f"{kind}: {verdict.reason}")
                 continue
+            state.explaining(rule, anchor, f"rewritten: {verdict.note}")
             _apply(graph, verdict, base.fresh, state.changes, members)
             state.created.extend(verdict.nodes)
             changed = True

@@ -54,6 +54,7 @@ class PatternMatcher:
         self.opset = opset
         self.graph_outputs = graph_outputs
         self.members = members  # ids of the nodes of the graph being matched (one scope)
+        self.why = ""  # after a failed match: what failed last, for --explain
         self.producers = {ref.name: line for line in rule.pattern for ref in line.outputs}
         # What the root's inputs must be, a cheap test before a full match: the ops that must
         # produce them, as many times as the pattern names a distinct input of that op, and how
@@ -77,9 +78,9 @@ class PatternMatcher:
             made_by = [t.inputs[0].op for t in root.inputs if isinstance(t, ir.Variable) and len(t.inputs) == 1]
             for op, count in self.root_feeders:
                 if made_by.count(op) < count:
-                    return None
+                    return self._no(f"{self.rule.root.text}: no input of it is made by a {op} node")
         if self.root_constants and sum(map(is_constant, root.inputs)) < self.root_constants:
-            return None
+            return self._no(f"{self.rule.root.text}: fewer of its inputs are constants than the pattern's :const names")
         state = _State()
         if not self._node(self.rule.root, root, state, None):
             return None
@@ -93,7 +94,7 @@ class PatternMatcher:
         root = self.rule.root
         candidates = [node for node in _downstream(anchor, len(self.rule.pattern)) if node.op == root.op_type]
         if len(candidates) < 2:  # most tensors: one reader, no group to match
-            return None
+            return self._no(f"fewer than two {root.op_type} nodes read it")
         state = _State()
         state.values[self.rule.anchor] = anchor
         members = 0
@@ -102,32 +103,37 @@ class PatternMatcher:
             if self._node(root, node, trial, members):
                 state, members = trial, members + 1
         if members < 2:
-            return None
+            return self._no(f"fewer than two of its readers match {root.text}")
         values, nodes = _collect(state.values), _collect(state.nodes)
         return Match(self.rule, values, nodes, nodes[root.outputs[0].name][0])
 
+    def _no(self, why: str):
+        """Record why the match failed (the last reason wins) and fail: False, or None from match()."""
+        self.why = why
+        return None
+
     def _node(self, line: PatternNode, node: ir.Node, state: _State, element: int | None) -> bool:
         if node.op != line.op_type or (node.domain or "") not in ("", "ai.onnx") or id(node) not in self.members:
-            return False
+            return bool(self._no(f"{line.text}: {node.name} is a {node.op}"))
         first = line.outputs[0]
         key = _key(first, element)
         if key in state.nodes:
-            return state.nodes[key] is node
+            return state.nodes[key] is node or bool(self._no(f"{line.text}: {first.name} is bound to another node"))
         for name, wanted in line.attributes:
             actual = attribute(node, name, self.opset)
             if actual is not NOT_IN_SCHEMA and actual != wanted:
-                return False
+                return bool(self._no(f"{line.text}: {node.name} has {name}={actual!r}, not {wanted!r}"))
         if first.variadic:
             state.nodes[key] = node
             state.values[first.name] = list(node.outputs)
             return self._inputs(line, list(node.inputs), state, element)
         if len(node.outputs) < len(line.outputs) or any(self._used(out) for out in node.outputs[len(line.outputs) :]):
-            return False
+            return bool(self._no(f"{line.text}: {node.name} has other outputs in use"))
         state.nodes[key] = node
         for ref, tensor in zip(line.outputs, node.outputs):
             out_key = _key(ref, element)
             if out_key in state.values and state.values[out_key] is not tensor:
-                return False
+                return bool(self._no(f"{line.text}: {ref.name} is bound to another tensor"))
             state.values[out_key] = tensor
         return self._inputs(line, list(node.inputs), state, element)
 
@@ -151,12 +157,12 @@ class PatternMatcher:
 
     def _fixed(self, refs: list[ValueRef], tensors: list, state: _State, element: int | None, exact: bool) -> bool:
         if exact and len(tensors) > len(refs) and any(not is_absent(t) for t in tensors[len(refs) :]):
-            return False
+            return bool(self._no(f"the node has {len(tensors)} inputs, the pattern names {len(refs)}"))
         for index, ref in enumerate(refs):
             tensor = tensors[index] if index < len(tensors) else None
             if is_absent(tensor):
                 if not ref.optional:
-                    return False
+                    return bool(self._no(f"input {ref.name} is absent and not optional (name it {ref.name}?)"))
                 state.values.setdefault(_key(ref, element), None)
                 continue
             if not self._value(ref, tensor, state, element):
@@ -178,18 +184,18 @@ class PatternMatcher:
             return True
         key = _key(ref, element)
         if key in state.values:
-            return state.values[key] is tensor
+            return state.values[key] is tensor or bool(self._no(f"{ref.name} is bound to another tensor"))
         if ref.constant and not is_constant(tensor):
-            return False
+            return bool(self._no(f"{ref.name} ({tensor.name}) is not a constant"))
         state.values[key] = tensor
         line = self.producers.get(ref.name)
         if line is None:
             return True
         if not isinstance(tensor, ir.Variable) or len(tensor.inputs) != 1:
-            return False
+            return bool(self._no(f"{line.text}: {ref.name} ({tensor.name}) is made by no node"))
         producer = tensor.inputs[0]
         if producer.outputs.index(tensor) != line.output_names.index(ref.name):
-            return False
+            return bool(self._no(f"{line.text}: {ref.name} is another output of {producer.name}"))
         return self._node(line, producer, state, element if line.is_element else None)
 
     def _used(self, tensor) -> bool:
