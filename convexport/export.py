@@ -73,7 +73,14 @@ def export_model(
             del model.graph.input[:]
             model.graph.input.extend(kept)
         _apply_input_specs(model, input_specs, dynamic_batch, loaded.source)
+        if input_specs or dynamic_batch:  # the shapes the model declares were those of the old inputs
+            _forget_inferred_shapes(model)
         return ExportResult(ir.infer_shapes(model, loaded.source), graph_input_specs(model), "onnx")
+    if loaded.kind == "exported_program" and (dynamic_batch or any(spec.is_dynamic for spec in input_specs)):
+        raise ConvexportError(
+            f"{loaded.source}: a torch.export program's dims are fixed when it is exported; --dynamic-batch and "
+            "dynamic --input dims cannot change them (export it with dynamic_shapes, or give the module's factory)"
+        )
     args, names = _example_arguments(loaded, input_specs)
     dynamic = dynamic_batch or any(spec.is_dynamic for spec in input_specs)
     if dynamic:
@@ -116,6 +123,15 @@ def _dtype_name(value_type: onnx.TypeProto) -> str:
         return name
     numpy_name = str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(element)))
     return numpy_name if numpy_name in DTYPES else name
+
+
+def _forget_inferred_shapes(model: onnx.ModelProto) -> None:
+    """Drop the main graph's value_info and its outputs' shapes (their element types stay), so
+    that shape inference derives them from the inputs as they now are; a subgraph's are its own."""
+    del model.graph.value_info[:]
+    for value in model.graph.output:
+        if value.type.HasField("tensor_type"):
+            value.type.tensor_type.ClearField("shape")
 
 
 def _apply_input_specs(model: onnx.ModelProto, specs: list[InputSpec], dynamic_batch: bool, source: str) -> None:

@@ -100,3 +100,29 @@ def test_a_result_over_the_size_limit_stays_computed(monkeypatch):
     assert "Tile" in op_counts(ir.fold_constants(model))
     monkeypatch.setattr("convexport.ir.folding.FOLD_LIMIT_ELEMENTS", 1 << 20)
     assert "Tile" not in op_counts(ir.fold_constants(model))
+
+
+@pytest.mark.parametrize("option", [["--input", "x:2x3x8x8"], ["--dynamic-batch"]])
+def test_new_input_dims_on_an_onnx_model_give_outputs_of_the_new_dims(tmp_path, option):
+    """The declared output shapes were those of the old inputs: inferred again, the model
+    passes the checker's full check and its output follows the input."""
+    from typer.testing import CliRunner
+
+    from convexport.cli import app
+    from test_hostile import conv_bn
+
+    onnx.save(conv_bn(), tmp_path / "m.onnx")
+    result = CliRunner().invoke(app, ["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"),
+                                      "--no-profile", *option])
+    assert result.exit_code == 0, result.output
+    out = onnx.load(tmp_path / "o.onnx")
+    onnx.checker.check_model(out, full_check=True)
+    batch = out.graph.output[0].type.tensor_type.shape.dim[0]
+    assert (batch.dim_value == 2) if option[0] == "--input" else (batch.dim_param and not batch.dim_value)
+
+
+def test_a_dynamic_batch_asked_of_a_pt2_program_is_refused(tmp_path):
+    module = nn.Conv2d(3, 4, 1).eval()
+    torch.export.save(torch.export.export(module, (torch.randn(1, 3, 4, 4),)), tmp_path / "m.pt2")
+    with pytest.raises(convexport.ConvexportError, match="dims are fixed when it is exported"):
+        convexport.optimize(str(tmp_path / "m.pt2"), dynamic_batch=True, write=False)
