@@ -85,7 +85,8 @@ def test_the_api_from_a_script_without_a_main_guard(tmp_path):
     """))
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert marker.read_text() == "run\n" and result.stdout.strip() in ("faster", "no measurable change")
+    verdicts = ("faster", "slower", "no measurable change", "unchanged graph")  # which one is the machine's
+    assert marker.read_text() == "run\n" and result.stdout.strip() in verdicts
 
 
 def test_rules_and_inputs_may_be_one_string(tmp_path, small_net_path):
