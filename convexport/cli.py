@@ -302,11 +302,19 @@ def rules_show(name: Annotated[str, typer.Argument(help="A rule name.")], rules:
 def rules_check(files: Annotated[list[Path], typer.Argument(help="Rule files to check.")]):
     """Parse rule files and report every error as file:line:col: message."""
     from .rewrite.primitives import builtin_primitives
-    from .rewrite.rulefile import load_rules, rule_files
+    from .rewrite.rulefile import rule_file_errors, rule_files
 
     def run():
-        rules = load_rules(rule_files(list(files)), set(builtin_primitives()))
-        stdout.print(f"{len(rules)} rule(s) OK")
+        good, errors = rule_file_errors(rule_files(list(files)), set(builtin_primitives()))
+        if len(errors) == 1:  # the one line on stderr is the error itself
+            raise ConvexportError(errors[0])
+        for error in errors:
+            stdout.print(error, markup=False, highlight=False)
+        if errors:
+            raise ConvexportError(
+                f"{len(errors)} error(s) in the rule files given ({good} rule(s) OK), listed on stdout"
+            )
+        stdout.print(f"{good} rule(s) OK")
 
     _guarded(run)
 

@@ -184,7 +184,49 @@ def _check_nesting(file: str, text: str) -> None:
                 raise RuleFileError(file, number, column, f"nested deeper than {MAX_NESTING} levels")
 
 
+def rule_file_errors(paths: list[Path], primitives: set[str]) -> tuple[int, list[str]]:
+    """`rules check`: (the number of rules that parse, every error in every file): each rule's
+    first error, a name defined twice, a name that a built-in rule already has."""
+    builtin = {
+        rule.name: (Path(rule.file).resolve(), rule.line) for rule in load_rules(builtin_rule_files(), primitives)
+    }
+    seen: dict[str, str] = {}
+    good, errors = 0, []
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            errors.append(f"{path}: cannot read rule file ({exc})")
+            continue
+        try:
+            nodes = _rule_nodes(str(path), text)
+        except RuleFileError as exc:
+            errors.append(str(exc))
+            continue
+        for node in nodes:
+            try:
+                rule = _parse_rule(str(path), node, primitives)
+            except RuleFileError as exc:
+                errors.append(str(exc))
+                continue
+            where = f"{rule.file}:{rule.line}"
+            if rule.name in builtin and builtin[rule.name] != (path.resolve(), rule.line):
+                theirs = f"rules/{builtin[rule.name][0].name}:{builtin[rule.name][1]}"
+                errors.append(f"{where}:1: rule {rule.name!r} has the name of the built-in rule at {theirs}")
+            elif rule.name in seen:
+                errors.append(f"{where}:1: rule {rule.name!r} is already defined in {seen[rule.name]}")
+            else:
+                good += 1
+            seen.setdefault(rule.name, where)
+    return good, errors
+
+
 def _parsed(file: str, text: str, primitives: set[str]) -> list[Rule]:
+    return [_parse_rule(file, node, primitives) for node in _rule_nodes(file, text)]
+
+
+def _rule_nodes(file: str, text: str) -> list:
+    """The YAML nodes of the file's rules (each parsed on its own)."""
     _check_nesting(file, text)
     try:
         document = yaml.compose(text, Loader=_LOADER)
@@ -197,7 +239,7 @@ def _parsed(file: str, text: str, primitives: set[str]) -> list[Rule]:
     top = _mapping(document)
     if "rules" not in top or not isinstance(top["rules"][1], yaml.SequenceNode):
         raise RuleFileError(file, _line(document), 1, "expected a top-level 'rules:' list")
-    return [_parse_rule(file, node, primitives) for node in top["rules"][1].value]
+    return list(top["rules"][1].value)
 
 
 def _parse_rule(file: str, node, primitives: set[str]) -> Rule:
@@ -275,6 +317,9 @@ def _parse_match(file: str, rule: str, node) -> tuple[PatternNode, ...]:
                 raise RuleFileError(
                     file, _line(item), _column(item) + max(text.find(name), 0), f"rule {rule!r}: {problem}"
                 )
+        problem = _input_count_problem(parsed)
+        if problem:
+            raise RuleFileError(file, _line(item), _column(item), f"rule {rule!r}: {problem}")
         lines.append(parsed)
     _check_connected(file, rule, lines, node)
     return tuple(lines)
@@ -297,6 +342,20 @@ _ATTRIBUTE_VALUES = {
         lambda v: isinstance(v, tuple) and all(isinstance(x, str) for x in v),
     ),
 }
+
+
+def _input_count_problem(line: PatternNode) -> str | None:
+    """Why a line can never match for the number of inputs it names: more than the op takes, or
+    fewer than it needs (a node always has those; the match compares them one for one)."""
+    if line.variadic_input is not None:
+        return None
+    schema = onnx.defs.get_schema(line.op_type)
+    given = len(line.inputs)
+    if given > schema.max_input:
+        return f"{line.op_type} takes at most {schema.max_input} input(s); the line names {given}"
+    if given < schema.min_input:
+        return f"{line.op_type} takes at least {schema.min_input} input(s); the line names {given}"
+    return None
 
 
 def _attribute_problem(op: str, name: str, value) -> str | None:
@@ -400,6 +459,13 @@ def _parse_conditions(
         else:
             referenced = value if isinstance(value, list) else [value]
         for name in referenced:
+            if not isinstance(name, str):
+                raise RuleFileError(
+                    file,
+                    _line(value_node),
+                    _column(value_node),
+                    f"rule {rule!r}: condition {key!r} takes names (a name or a list of names), not {name!r}",
+                )
             if name not in names:
                 raise RuleFileError(
                     file,
