@@ -54,3 +54,39 @@ def test_the_built_in_rules_check_clean():
 
     result = CliRunner().invoke(app, ["rules", "check", *map(str, builtin_rule_files())])
     assert result.exit_code == 0 and result.stdout.strip() == "30 rule(s) OK"
+
+
+def test_rule_files_run_in_file_name_order_built_ins_included(tmp_path):
+    """A user file named to sort between two built-in ones runs between them."""
+    from convexport.rewrite.primitives import builtin_primitives
+    from convexport.rewrite.rulefile import builtin_rule_files, load_rules
+
+    early = tmp_path / "15_early.yaml"
+    early.write_text("rules:\n  - name: early\n    doc: d\n    match: [y = Identity(x)]\n    apply: forward_input\n")
+    late = tmp_path / "mine.yaml"
+    late.write_text(early.read_text().replace("early", "late"))
+    names = [rule.name for rule in load_rules([*builtin_rule_files(), late, early], set(builtin_primitives()))]
+    assert names.index("drop-dropout") < names.index("early") < names.index("conv-batchnorm")
+    assert names[-1] == "late"
+
+
+def test_override_replaces_a_built_in_rule_in_its_place(tmp_path):
+    import pytest
+
+    from convexport.errors import ConvexportError
+    from convexport.rewrite.primitives import builtin_primitives
+    from convexport.rewrite.rulefile import builtin_rule_files, load_rules
+
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("rules:\n  - name: conv-batchnorm\n    doc: mine\n    override: true\n"
+                    "    match:\n      - y = BatchNormalization(x, s, t, m, v)\n    apply: forward_input\n")
+    builtins = load_rules(builtin_rule_files(), set(builtin_primitives()))
+    rules = load_rules([*builtin_rule_files(), mine], set(builtin_primitives()))
+    assert [rule.name for rule in rules] == [rule.name for rule in builtins]
+    assert next(rule for rule in rules if rule.name == "conv-batchnorm").doc == "mine"
+    mine.write_text(mine.read_text().replace("    override: true\n", ""))
+    with pytest.raises(ConvexportError, match="say override: true to replace it"):
+        load_rules([*builtin_rule_files(), mine], set(builtin_primitives()))
+    mine.write_text(mine.read_text().replace("conv-batchnorm", "no-such-rule").replace("doc: mine", "doc: mine\n    override: true"))
+    with pytest.raises(ConvexportError, match="overrides no rule of that name"):
+        load_rules([*builtin_rule_files(), mine], set(builtin_primitives()))

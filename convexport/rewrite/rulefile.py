@@ -32,7 +32,7 @@ from .conditions import CONDITIONS
 from .pattern import PatternNode, PatternSyntaxError, parse_pattern_line
 from .plugins import is_plugin_name, load_plugin
 
-RULE_KEYS = {"name", "doc", "match", "where", "require", "apply", "with"}
+RULE_KEYS = {"name", "doc", "match", "where", "require", "apply", "with", "override"}
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class Rule:
     file: str = ""
     line: int = 0
     plugin: object = field(default=None, hash=False, compare=False)  # a user primitive (apply: module:function)
+    override: bool = False  # replaces the earlier rule of its name (a built-in one, say)
 
     @functools.cached_property  # (read for every match the engine records)
     def builtin(self) -> bool:
@@ -122,16 +123,27 @@ def rule_files(paths: list[str | Path]) -> list[Path]:
 
 
 def load_rules(files: list[Path], primitives: set[str]) -> list[Rule]:
+    """The rules of `files`, in the order they run: files by name (a built-in file before a
+    user's of the same name), rules in file order. A rule named as an earlier one is an error,
+    unless it says `override: true`: then it takes that rule's place in the list."""
     rules: list[Rule] = []
     seen: dict[str, str] = {}
-    for path in files:
+    for path in sorted(files, key=lambda path: path.name):
         for rule in parse_rule_file(path, primitives):
-            if rule.name in seen:
+            if rule.name in seen and not rule.override:
                 raise RuleFileError(
-                    str(path), rule.line, 1, f"rule {rule.name!r} is already defined in {seen[rule.name]}"
+                    str(path),
+                    rule.line,
+                    1,
+                    f"rule {rule.name!r} is already defined in {seen[rule.name]} (say override: true to replace it)",
                 )
+            if rule.override and rule.name not in seen:
+                raise RuleFileError(str(path), rule.line, 1, f"rule {rule.name!r} overrides no rule of that name")
+            if rule.name in seen:
+                rules = [rule if kept.name == rule.name else kept for kept in rules]
+            else:
+                rules.append(rule)
             seen[rule.name] = f"{rule.file}:{rule.line}"
-            rules.append(rule)
     return rules
 
 
@@ -210,11 +222,13 @@ def rule_file_errors(paths: list[Path], primitives: set[str]) -> tuple[int, list
                 errors.append(str(exc))
                 continue
             where = f"{rule.file}:{rule.line}"
-            if rule.name in builtin and builtin[rule.name] != (path.resolve(), rule.line):
+            if rule.name in builtin and builtin[rule.name] != (path.resolve(), rule.line) and not rule.override:
                 theirs = f"rules/{builtin[rule.name][0].name}:{builtin[rule.name][1]}"
                 errors.append(f"{where}:1: rule {rule.name!r} has the name of the built-in rule at {theirs}")
-            elif rule.name in seen:
+            elif rule.name in seen and not rule.override:
                 errors.append(f"{where}:1: rule {rule.name!r} is already defined in {seen[rule.name]}")
+            elif rule.override and rule.name not in builtin and rule.name not in seen:
+                errors.append(f"{where}:1: rule {rule.name!r} overrides no rule of that name")
             else:
                 good += 1
             seen.setdefault(rule.name, where)
@@ -285,6 +299,11 @@ def _parse_rule(file: str, node, primitives: set[str]) -> Rule:
     params = _value(file, fields["with"][1]) if "with" in fields else {}
     if not isinstance(params, dict):
         raise RuleFileError(file, _line(fields["with"][1]), _column(fields["with"][1]), "'with' must be a mapping")
+    override = _value(file, fields["override"][1]) if "override" in fields else False
+    if not isinstance(override, bool):
+        raise RuleFileError(
+            file, _line(fields["override"][1]), _column(fields["override"][1]), "'override' is true or false"
+        )
     return Rule(
         name,
         _scalar(file, fields["doc"][1], "doc"),
@@ -296,6 +315,7 @@ def _parse_rule(file: str, node, primitives: set[str]) -> Rule:
         file,
         _line(node),
         plugin,
+        override,
     )
 
 
