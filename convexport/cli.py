@@ -332,7 +332,7 @@ def rules_test(
     failing instance is shrunk and saved as a small ONNX model (exit 3)."""
     from .rewrite.primitives import builtin_primitives
     from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
-    from .ruletest.verify import verify_rule
+    from .ruletest.verify import CRASHED, verify_rule
 
     if not files and not builtin:
         raise typer.BadParameter("give rule files or folders, or --builtin", param_hint="FILES")
@@ -352,8 +352,9 @@ def rules_test(
                 where = f"{_shown_path(rule.file)}:{rule.line}"
                 if result.failure:
                     failed.append(result)
+                    status = "CRASH   " if result.failure.startswith(CRASHED) else "FAIL    "
                     stdout.print(
-                        f"FAIL     {rule.name:28} {where}\n         {result.failure}\n         counterexample: "
+                        f"{status} {rule.name:28} {where}\n         {result.failure}\n         counterexample: "
                         + ", ".join(str(path) for path in result.saved),
                         markup=False,
                         highlight=False,
@@ -377,8 +378,9 @@ def rules_test(
         )
         if failed:
             first = failed[0]
+            verdict = "crashed" if first.failure.startswith(CRASHED) else "is not exact"
             raise ValidationError(
-                f"rule {first.rule.name!r} is not exact: {first.failure}; counterexample "
+                f"rule {first.rule.name!r} {verdict}: {first.failure.removeprefix(CRASHED)}; counterexample "
                 f"{first.saved[0]}" + (f" (and {len(failed) - 1} more failing rule(s))" if len(failed) > 1 else "")
             )
         if untested:

@@ -255,7 +255,9 @@ def compare_arrays(ref: np.ndarray, cand: np.ndarray, rtol: float, atol: float) 
     scale = float(np.sqrt(np.mean(np.square(ref64[finite])))) if finite.any() else 0.0
     reference = np.maximum(np.abs(np.where(finite, ref64, 0.0)), scale)
     close = finite & (diff <= atol + rtol * reference)
-    rel = diff / np.maximum(reference, np.finfo(np.float64).tiny)
+    # against a reference of zero (all of it zero: no scale either) a relative error has no
+    # meaning: infinite where the candidate differs, 0 where it does not
+    rel = np.divide(diff, reference, out=np.where(diff > 0, np.inf, 0.0), where=reference > 0)
     cosine = _cosine(ref64[finite], cand64[finite])
     return OutputError(
         max_abs=float(diff.max()),

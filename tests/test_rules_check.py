@@ -90,3 +90,24 @@ def test_override_replaces_a_built_in_rule_in_its_place(tmp_path):
     mine.write_text(mine.read_text().replace("conv-batchnorm", "no-such-rule").replace("doc: mine", "doc: mine\n    override: true"))
     with pytest.raises(ConvexportError, match="overrides no rule of that name"):
         load_rules([*builtin_rule_files(), mine], set(builtin_primitives()))
+
+
+def test_a_primitive_that_raises_is_reported_as_a_crash_not_as_inexact(tmp_path):
+    (tmp_path / "boom.py").write_text("def boom(match, context):\n    raise RuntimeError('kaboom')\n")
+    (tmp_path / "boom.yaml").write_text(
+        "rules:\n  - name: boom\n    doc: d\n    match: [y = Relu(x)]\n    apply: boom.py:boom\n")
+    result = CliRunner().invoke(app, ["rules", "test", str(tmp_path / "boom.yaml"), "--examples", "5",
+                                      "--out", str(tmp_path / "cx")])
+    assert result.exit_code == 3, result.output
+    assert result.stdout.startswith("CRASH") and "kaboom" in result.stdout
+    assert "rule 'boom' crashed: " in result.stderr and "not exact" not in result.stderr
+
+
+def test_a_relative_error_against_zero_is_infinite_not_huge():
+    import numpy as np
+
+    from convexport.validate import compare_arrays
+
+    error = compare_arrays(np.zeros(4, np.float32), np.array([0, 0, 1e-3, 0], np.float32), 1e-4, 1e-5)
+    assert error.max_rel == float("inf") and error.mismatches == 1
+    assert compare_arrays(np.zeros(4, np.float32), np.zeros(4, np.float32), 1e-4, 1e-5).max_rel == 0.0

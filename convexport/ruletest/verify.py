@@ -76,6 +76,9 @@ def verify_rule(
     return result
 
 
+CRASHED = "crashed: "  # a failure that is the primitive's exception, not a wrong result
+
+
 def check_instance(
     instance: Instance, rule: Rule, primitives: dict[str, Primitive]
 ) -> tuple[str | None, onnx.ModelProto | None]:
@@ -92,9 +95,9 @@ def check_instance(
     try:
         outcome = rewrite_model(instance.model, [rule], primitives, strategy="exact", source="rule instance")
     except ConvexportError as exc:
-        return f"the rewrite failed: {exc}", None
+        return f"{CRASHED}the rewrite failed: {exc}", None
     except Exception as exc:
-        return f"the rewrite raised {type(exc).__name__}: {first_line(exc)}", None
+        return f"{CRASHED}the rewrite raised {type(exc).__name__}: {first_line(exc)}", None
     if instance.model.SerializeToString() != before:
         return "the rewrite modified its input model in place", outcome.model
     if not outcome.applied:
