@@ -365,8 +365,10 @@ def rules_test(
                         f"UNTESTED {rule.name:28} {where}\n         {result.untested}", markup=False, highlight=False
                     )
                 else:
+                    left = result.instances - result.applied
+                    why = f"; not in {left}: {result.reasons()}" if left else ""
                     stdout.print(
-                        f"ok       {rule.name:28} {result.instances} instances, rewritten in {result.applied}",
+                        f"ok       {rule.name:28} {result.instances} instances, rewritten in {result.applied}{why}",
                         markup=False,
                         highlight=False,
                     )

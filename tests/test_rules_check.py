@@ -111,3 +111,12 @@ def test_a_relative_error_against_zero_is_infinite_not_huge():
     error = compare_arrays(np.zeros(4, np.float32), np.array([0, 0, 1e-3, 0], np.float32), 1e-4, 1e-5)
     assert error.max_rel == float("inf") and error.mismatches == 1
     assert compare_arrays(np.zeros(4, np.float32), np.zeros(4, np.float32), 1e-4, 1e-5).max_rel == 0.0
+
+
+def test_rules_test_says_why_instances_were_not_rewritten(tmp_path):
+    result = CliRunner().invoke(app, ["rules", "test", "--builtin", "--rule", "drop-identity", "--examples", "40",
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    line = result.stdout.splitlines()[0]
+    assert line.startswith("ok       drop-identity") and "; not in " in line
+    assert "refused: would rename graph output" in line

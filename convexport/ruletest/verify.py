@@ -11,6 +11,8 @@ that fails is shrunk by hypothesis to a small one and saved as the counterexampl
 from __future__ import annotations
 
 import random
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +42,11 @@ class RuleTestResult:
     failure: str | None = None  # what the (shrunk) counterexample shows
     saved: list[Path] = field(default_factory=list)
     untested: str | None = None
+    not_rewritten: Counter = field(default_factory=Counter)  # why, for the valid instances left alone
+
+    def reasons(self, most: int = 3) -> str:
+        """The commonest reasons instances were not rewritten, with their counts."""
+        return "; ".join(f"{count}x {why}" for why, count in self.not_rewritten.most_common(most))
 
 
 def verify_rule(
@@ -53,10 +60,12 @@ def verify_rule(
     searching = [True]  # until the first counterexample; hypothesis then shrinks it
 
     def is_counterexample(instance: Instance) -> bool:
-        verdict, _ = check_instance(instance, rule, primitives)
+        verdict, rewritten = check_instance(instance, rule, primitives)
         if searching[0] and verdict != INVALID:
             result.instances += 1
             result.applied += verdict != NOT_APPLIED
+            if verdict == NOT_APPLIED:
+                result.not_rewritten[_why_not(instance, rule, primitives)] += 1
         failed = verdict not in (None, NOT_APPLIED, INVALID)
         searching[0] = searching[0] and not failed
         return failed
@@ -68,12 +77,22 @@ def verify_rule(
         if result.applied == 0:
             result.untested = (
                 f"none of {result.instances} valid random instances was rewritten: the rule's "
-                "conditions or its primitive refused them all"
+                f"conditions or its primitive refused them all ({result.reasons()})"
             )
         return result
     result.failure, rewritten = check_instance(found, rule, primitives)
     result.saved = _save_counterexample(found, rewritten, rule, out_dir)
     return result
+
+
+def _why_not(instance: Instance, rule: Rule, primitives: dict[str, Primitive]) -> str:
+    """What --explain says at the instance's root node, its node and tensor names left out
+    (so that the same reason counts once over instances)."""
+    outcome = rewrite_model(instance.model, [rule], primitives, strategy="exact", explain=frozenset({rule.name}))
+    verdicts = list(outcome.explained.get(rule.name, {}).values())
+    if not verdicts:
+        return "no node of the root's op"
+    return re.sub(r"\b[A-Za-z_]+_\d+\b|\([^()]*\)", "…", verdicts[-1])
 
 
 CRASHED = "crashed: "  # a failure that is the primitive's exception, not a wrong result
