@@ -299,12 +299,20 @@ class _InstanceBuilder:
         outputs = [name for name in produced if not self.readers.get(name)]
         outputs += [name for name in produced if self.readers.get(name) and self.draws.integer(0, 7) == 7]
         value_info = lambda name: helper.make_value_info(name, self.types[name])  # noqa: E731
+        # some constants as Constant nodes, as the TorchScript exporter writes them: a primitive
+        # must read both (convexport.primitive.constant_value does)
+        as_nodes = {name for name in self.initializers if self.draws.integer(0, 3) == 3}
+        constant_nodes = [
+            helper.make_node("Constant", [], [name], name=self._fresh("constant"), value=numpy_helper.from_array(v))
+            for name, v in self.initializers.items()
+            if name in as_nodes
+        ]
         graph = helper.make_graph(
-            self.nodes,
+            constant_nodes + self.nodes,
             f"instance of {self.rule.name}",
             [value_info(n) for n in self.feeds],
             [value_info(n) for n in outputs],
-            [numpy_helper.from_array(v, n) for n, v in self.initializers.items()],
+            [numpy_helper.from_array(v, n) for n, v in self.initializers.items() if n not in as_nodes],
         )
         model = helper.make_model(
             graph,
