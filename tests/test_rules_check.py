@@ -120,3 +120,35 @@ def test_rules_test_says_why_instances_were_not_rewritten(tmp_path):
     line = result.stdout.splitlines()[0]
     assert line.startswith("ok       drop-identity") and "; not in " in line
     assert "refused: would rename graph output" in line
+
+
+def test_a_user_primitive_needs_only_the_primitive_module(tmp_path):
+    """A plugin written against convexport.primitive alone folds x * k with k a Constant node."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    import convexport
+    from helpers import make_model, op_counts, tensor
+
+    (tmp_path / "mine.py").write_text(
+        "import numpy as np\n"
+        "from convexport.primitive import Constant, Node, Refusal, Rewrite, Variable, constant_value, reach\n\n"
+        "@reach(0)\n"
+        "def double_mul(match, context):\n"
+        "    a, b = constant_value(match.values['a']), constant_value(match.values['b'])\n"
+        "    if a is None or b is None:\n"
+        "        return Refusal('not constants')\n"
+        "    out = match.root.outputs[0]\n"
+        "    new = Variable(context.fresh('prod'), out.dtype, out.shape)\n"
+        "    node = Node('Mul', context.fresh('mul'), {}, [match.values['x'], Constant(context.fresh('k'), np.asarray(a * b))], [new])\n"
+        "    return Rewrite([node], [(out, new)], 'two Muls by constants as one')\n")
+    (tmp_path / "mine.yaml").write_text("rules:\n  - name: mul-mul\n    doc: d\n    match:\n      - h = Mul(x, a:const)\n"
+                                        "      - y = Mul(h, b:const)\n    require: {private: [h]}\n"
+                                        "    apply: mine.py:double_mul\n")
+    nodes = [helper.make_node("Constant", [], ["a"], value=numpy_helper.from_array(np.float32(2.0))),
+             helper.make_node("Mul", ["x", "a"], ["h"]), helper.make_node("Mul", ["h", "b"], ["y"])]
+    model = make_model(nodes, [tensor("x", [3])], [tensor("y", [3])], {"b": np.float32(3.0)})
+    result = convexport.optimize(model, rules=str(tmp_path / "mine.yaml"), write=False, profile=False,
+                                 strategy="exact")
+    assert op_counts(result.model) == {"Mul": 1} and result.report["validation"]["passed"]

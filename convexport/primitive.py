@@ -1,0 +1,57 @@
+"""What a rule's own primitive needs, in one module (docs/rules.md, "Your own primitive").
+
+    from convexport.primitive import Rewrite, Refusal, constant_value, reach
+
+A primitive is `f(match, context) -> Rewrite | Refusal`:
+
+- `match` (Match): `match.values[name]` the tensor a pattern name bound (a list for `name[]`;
+  None for an absent optional input), `match.nodes[name]` the node whose first output is
+  `name`, `match.root` the root node.
+- `context` (RewriteContext): `context.fresh(base)` new names, `context.params` the rule's
+  `with:`, `context.opset` the model's opset, `context.graph` the scope matched in.
+- Return `Rewrite(nodes, replace, note)` (new nodes; (old tensor, new tensor) pairs; a note for
+  the report), or `Refusal(reason)` (`reported=False` where the match is simply not a case).
+
+Read constants with `constant_value` (an initializer and a Constant node's output alike; None
+for a run-time tensor), attributes with `attribute_or(node, name, opset, default)` (the ONNX
+schema's default when the node does not set it), an omitted optional input with `is_absent`.
+Build with the graph classes: `Node(op, name, attrs, inputs, outputs)`, `Variable(name, dtype,
+shape)`, `Constant(name, np.asarray(value))` (a NumPy array: a product of 0-d arrays is a
+scalar, which the class refuses). Declare `@reach(n)` when the primitive reads no further than
+n nodes beyond its match.
+"""
+
+from .algebra import Refusal
+from .ir import (
+    NOT_IN_SCHEMA,
+    Constant,
+    Node,
+    Variable,
+    attribute,
+    attribute_or,
+    constant_value,
+    is_absent,
+    is_constant,
+    tensor_dtype,
+)
+from .rewrite.engine import RewriteContext
+from .rewrite.matcher import Match
+from .rewrite.primitives import Rewrite, reach
+
+__all__ = [
+    "Constant",
+    "Match",
+    "NOT_IN_SCHEMA",
+    "Node",
+    "Refusal",
+    "Rewrite",
+    "RewriteContext",
+    "Variable",
+    "attribute",
+    "attribute_or",
+    "constant_value",
+    "is_absent",
+    "is_constant",
+    "reach",
+    "tensor_dtype",
+]
