@@ -17,7 +17,7 @@ from .. import ir
 from ..algebra import Refusal
 from ..algebra.batching import grouped_from_branches, pack_linear_heads, stack_conv_heads
 from ..ir import attribute_or, constant_value, is_absent
-from ..rewrite.primitives import Rewrite
+from ..rewrite.primitives import Rewrite, accepts
 from .branch_groups import BranchGroup, Layout, Step, drop_units, find_branch_group, largest_compatible, view_of
 from .conv_chain import output_dtype
 
@@ -83,6 +83,7 @@ def _conv_key(conv):
     return sorted((k, str(v)) for k, v in conv.attrs.items()), constant_value(conv.inputs[1]).shape
 
 
+@accepts("form")
 def batch_gathered_linears(match, context) -> Rewrite | Refusal:
     """heads[] = Gemm(Gather[axis=1](x, i[]), w[], b[]?) -> Gather(x, [i...]) and one batched
     contraction "bni,nio->bno" (W [N, I, O] packed) + b [N, O]; x [B, K, I]. `with: {form:

@@ -12,7 +12,7 @@ import numpy as np
 from .. import ir
 from ..algebra import DEFAULT_BORDER_LIMIT_BYTES, Refusal, apply_conv
 from ..ir import constant_value
-from ..rewrite.primitives import Rewrite, reach
+from ..rewrite.primitives import Rewrite, accepts, reach
 from .conv_chain import output_dtype
 from .linear_nodes import linear_spec
 
@@ -30,6 +30,7 @@ def _full_map(value: np.ndarray, shape) -> np.ndarray | Refusal:
 
 
 @reach(0)
+@accepts("map_limit_bytes")
 def linear_of_constant_map(match, context) -> Rewrite | Refusal:
     """L(t + m) -> L(t) + L0(m), L0 = L without its bias: a linear node moved before the Add.
 

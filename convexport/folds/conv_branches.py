@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..algebra import Refusal, combine_parallel, concat_parallel, identity_conv
-from ..rewrite.primitives import Rewrite, reach
+from ..rewrite.primitives import Rewrite, accepts, reach
 from .conv_chain import output_dtype
 from .convnodes import make_conv, node_flops, spatial_shape
 from .linear_nodes import linear_spec
@@ -31,6 +31,7 @@ def _flops(tensors, x) -> float | None:
 
 
 @reach(0)
+@accepts("signs")
 def sum_branches(match, context) -> Rewrite | Refusal:
     """sum_i sign_i * branch_i(x) -> Conv'(x); `with: {signs: [...]}` (default all +1)."""
     root, x = match.root, match.values["x"]

@@ -10,7 +10,7 @@ from .. import ir
 from ..algebra import Refusal
 from ..algebra.fft_conv import direct_flops, fft_flops, plan_fft_conv
 from ..ir import constant_value
-from ..rewrite.primitives import Rewrite, reach
+from ..rewrite.primitives import Rewrite, accepts, reach
 from .convnodes import conv_spec, spatial_shape
 
 MIN_KERNEL_AREA = 121  # 11x11: below this cuDNN/MLAS direct convs win everywhere
@@ -18,6 +18,7 @@ MIN_ADVANTAGE = 2.0  # the FFT estimate must be this many times cheaper
 
 
 @reach(0)
+@accepts("min_advantage", "min_kernel_area")
 def conv_as_fft(match, context) -> Rewrite | Refusal:
     """Conv(x) -> per image (a Scan): Pad, DFT; per output channel (a Scan inside it): complex
     product with the kernel's spectrum, inverse DFT, Slice.

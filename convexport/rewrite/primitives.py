@@ -46,6 +46,16 @@ def reach(steps: int) -> Callable[[Primitive], Primitive]:
     return _declaring("reach", steps)
 
 
+def accepts(*names: str) -> Callable[[Primitive], Primitive]:
+    """Declare the `with:` parameters a primitive reads: a rule giving it any other is an error
+    in its rule file (a primitive without the declaration takes any)."""
+    return _declaring("accepts", frozenset(names))
+
+
+def accepted_params(primitive: Primitive) -> frozenset[str] | None:
+    return getattr(primitive, "accepts", None)
+
+
 def reach_of(primitive: Primitive) -> int | None:
     return getattr(primitive, "reach", None)
 

@@ -32,7 +32,7 @@ from .conditions import CONDITIONS
 from .pattern import PatternNode, PatternSyntaxError, parse_pattern_line
 from .plugins import is_plugin_name, load_plugin
 
-RULE_KEYS = {"name", "doc", "match", "where", "require", "apply", "with", "override"}
+RULE_KEYS = {"name", "doc", "match", "where", "require", "apply", "with", "override", "samplers", "examples"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,8 @@ class Rule:
     line: int = 0
     plugin: object = field(default=None, hash=False, compare=False)  # a user primitive (apply: module:function)
     override: bool = False  # replaces the earlier rule of its name (a built-in one, say)
+    samplers: dict = field(default_factory=dict, hash=False, compare=False)  # op -> the author's sampler
+    examples: tuple = ()  # (model path, whether the rule must rewrite it), for rules test
 
     @functools.cached_property  # (read for every match the engine records)
     def builtin(self) -> bool:
@@ -299,6 +301,18 @@ def _parse_rule(file: str, node, primitives: set[str]) -> Rule:
     params = _value(file, fields["with"][1]) if "with" in fields else {}
     if not isinstance(params, dict):
         raise RuleFileError(file, _line(fields["with"][1]), _column(fields["with"][1]), "'with' must be a mapping")
+    known = None if plugin is not None else _accepted_params(apply)
+    unknown = sorted(set(params) - known) if known is not None else []
+    if unknown:
+        raise RuleFileError(
+            file,
+            _line(fields["with"][1]),
+            _column(fields["with"][1]),
+            f"rule {name!r}: {apply} takes no parameter {', '.join(map(repr, unknown))} "
+            f"(it takes {', '.join(sorted(known)) or 'none'})",
+        )
+    samplers = _parse_samplers(file, name, fields["samplers"][1]) if "samplers" in fields else {}
+    examples = _parse_examples(file, name, fields["examples"][1]) if "examples" in fields else ()
     override = _value(file, fields["override"][1]) if "override" in fields else False
     if not isinstance(override, bool):
         raise RuleFileError(
@@ -316,7 +330,46 @@ def _parse_rule(file: str, node, primitives: set[str]) -> Rule:
         _line(node),
         plugin,
         override,
+        samplers,
+        examples,
     )
+
+
+def _parse_samplers(file: str, rule: str, node) -> dict:
+    """`samplers: {OpType: file.py:function}`: the author's samplers for `rules test` (the
+    signature of convexport/ruletest/samplers.py's), loaded as primitives are."""
+    value = _value(file, node)
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise RuleFileError(
+            file, _line(node), _column(node), f"rule {rule!r}: 'samplers' maps op types to file.py:function"
+        )
+    loaded = {}
+    for op, where in value.items():
+        if not onnx.defs.has(str(op)):
+            raise RuleFileError(file, _line(node), _column(node), f"rule {rule!r}: samplers: unknown ONNX op {op!r}")
+        try:
+            loaded[str(op)] = load_plugin(where, Path(file))
+        except ValueError as exc:
+            raise RuleFileError(file, _line(node), _column(node), f"rule {rule!r}: sampler {where!r}: {exc}") from None
+    return loaded
+
+
+def _parse_examples(file: str, rule: str, node) -> tuple:
+    """`examples: [{model: a.onnx, rewrites: true}, ...]`: small models (paths relative to the
+    rule file) that `rules test` checks the rule rewrites, exactly, or leaves alone."""
+    value = _value(file, node)
+    shape = "a list of {model: FILE.onnx, rewrites: true|false}"
+    if not isinstance(value, list):
+        raise RuleFileError(file, _line(node), _column(node), f"rule {rule!r}: 'examples' is {shape}")
+    examples = []
+    for item in value:
+        if not isinstance(item, dict) or set(item) != {"model", "rewrites"} or not isinstance(item["rewrites"], bool):
+            raise RuleFileError(file, _line(node), _column(node), f"rule {rule!r}: 'examples' is {shape}")
+        path = (Path(file).parent / str(item["model"])).resolve()
+        if not path.is_file():
+            raise RuleFileError(file, _line(node), _column(node), f"rule {rule!r}: example {path}: no such file")
+        examples.append((path, item["rewrites"]))
+    return tuple(examples)
 
 
 def _parse_match(file: str, rule: str, node) -> tuple[PatternNode, ...]:
@@ -362,6 +415,13 @@ _ATTRIBUTE_VALUES = {
         lambda v: isinstance(v, tuple) and all(isinstance(x, str) for x in v),
     ),
 }
+
+
+def _accepted_params(apply: str) -> frozenset[str]:
+    """The `with:` keys a built-in primitive reads (none where it declares none)."""
+    from .primitives import accepted_params, builtin_primitives
+
+    return accepted_params(builtin_primitives()[apply]) or frozenset()
 
 
 def _input_count_problem(line: PatternNode) -> str | None:

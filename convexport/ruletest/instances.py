@@ -38,8 +38,15 @@ class Instance:
     feeds: dict[str, np.ndarray]
 
 
+def samplers_of(rule: Rule) -> dict:
+    """The samplers for a rule's instances: the built-in ones and those its `samplers:` names
+    (which take precedence for their op)."""
+    return {**SAMPLERS, **rule.samplers}
+
+
 def unsupported_ops(rule: Rule) -> list[str]:
-    return sorted({line.op_type for line in rule.pattern if line.op_type not in SAMPLERS})
+    known = samplers_of(rule)
+    return sorted({line.op_type for line in rule.pattern if line.op_type not in known})
 
 
 def instances(rule: Rule) -> st.SearchStrategy:
@@ -58,6 +65,7 @@ def instances(rule: Rule) -> st.SearchStrategy:
 class _InstanceBuilder:
     def __init__(self, draws: Draws, rule: Rule):
         self.draws, self.rule = draws, rule
+        self.samplers = samplers_of(rule)
         self.opset = draws.choice(OPSETS)
         self.constants = _constant_names(rule)
         self.minimums = _count_minimums(rule)
@@ -94,7 +102,7 @@ class _InstanceBuilder:
             draft = self._reshuffled(template[0])
         else:
             outputs = None if line.outputs[0].variadic else len(line.outputs)
-            draft = SAMPLERS[line.op_type](self.draws, slots, fixed, outputs)
+            draft = self.samplers[line.op_type](self.draws, slots, fixed, outputs)
         inputs = []
         for position, (ref, name) in enumerate(zip(refs, names)):
             if name is None:
@@ -163,7 +171,7 @@ class _InstanceBuilder:
     def _free_tensor(self, line: PatternNode, ref: ValueRef, parts: list) -> str:
         """One open part of a free variadic list, shaped by the line's sampler."""
         slots = [Slot(self._shape(p)) for p in parts] + [Slot(None)]
-        draft = SAMPLERS[line.op_type](self.draws, slots, dict(line.attributes), 1)
+        draft = self.samplers[line.op_type](self.draws, slots, dict(line.attributes), 1)
         return self._materialize(ref, draft.values[-1])
 
     def _nested_producer(self, line: PatternNode) -> str:
@@ -172,7 +180,7 @@ class _InstanceBuilder:
         variadic = next((ref for ref in line.inputs if ref.variadic), None)
         refs = [variadic] * self.draws.integer(1, 3) if variadic else list(line.inputs)
         slots = [Slot(None, not ref.optional or self.draws.flag()) for ref in refs]
-        draft = SAMPLERS[line.op_type](self.draws, slots, dict(line.attributes), 1)
+        draft = self.samplers[line.op_type](self.draws, slots, dict(line.attributes), 1)
         inputs = [
             self._materialize(ref, value) if slot.present else ABSENT
             for ref, slot, value in zip(refs, slots, draft.values)
@@ -199,7 +207,7 @@ class _InstanceBuilder:
             for position, tail in enumerate(tails):
                 slots = [Slot(self._shape(tail))] + [Slot(None) for _ in range({"Relu": 0, "Conv": 2}.get(op, 1))]
                 if template is None or not _same_layout(template[0], slots):
-                    draft = SAMPLERS[op](self.draws, slots, {}, 1)
+                    draft = self.samplers[op](self.draws, slots, {}, 1)
                     constants = [self._materialize(ValueRef("chain", constant=True), v) for v in draft.values[1:]]
                     template = (draft, constants)
                 elif self.sharing == "same-constants":  # one shared operand (a residual, a scale)

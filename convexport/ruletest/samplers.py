@@ -119,6 +119,35 @@ def conv(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
     return Draft(attrs, _values(slots, produced))
 
 
+def conv_transpose(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
+    """ConvTranspose(X [N, C, *S], W [C, M/group, *K], B [M]?) over 1-3 spatial dims: strides 1-3,
+    dilations 1-2, pads within the kernel's reach, output_padding below the stride."""
+    shape, produced = _data(draws, slots, (3, 4, 5))
+    channels, nd = shape[1], len(shape) - 2
+    if slots[1].shape is not None:
+        in_channels, per_group, *kernel = slots[1].shape
+        if len(kernel) != nd or in_channels != channels:
+            raise Reject
+        group = _pick(fixed, "group", lambda: 1)
+    else:
+        group = _pick(fixed, "group", lambda: draws.choice([g for g in (1, 2, channels) if channels % g == 0]))
+        if channels % group:
+            raise Reject
+        kernel = _pick(fixed, "kernel_shape", lambda: [draws.choice([1, 2, 3, 4]) for _ in range(nd)])
+        per_group = draws.integer(1, 3)
+        produced[1] = draws.normal((channels, per_group, *kernel), 1 / np.sqrt(channels * np.prod(kernel)))
+    strides = _pick(fixed, "strides", lambda: [draws.choice([1, 2, 3]) for _ in range(nd)])
+    dilations = _pick(fixed, "dilations", lambda: [draws.choice([1, 2]) for _ in range(nd)])
+    reach = [(k - 1) * d for k, d in zip(kernel, dilations)]
+    pads = _pick(fixed, "pads", lambda: [draws.integer(0, r) for r in reach] + [draws.integer(0, r) for r in reach])
+    attrs = {"group": group, "strides": strides, "dilations": dilations, "pads": pads}
+    if draws.flag():
+        attrs["output_padding"] = [draws.integer(0, max(s, d) - 1) for s, d in zip(strides, dilations)]
+    if _open(slots, 2):
+        produced[2] = draws.normal((per_group * group,))
+    return Draft(attrs, _values(slots, produced))
+
+
 def _low_rank_kernel(draws: Draws, shape) -> np.ndarray:
     """W [O, I, Kh, Kw] = sum over r < R of p_r[o] q_r[i] b_r[kh] c_r[kw], R = 1 or 2: rank R
     as a [(i, kh), (o, kw)] matrix."""
@@ -370,6 +399,7 @@ def _binary(denominator=None) -> Sampler:
 
 SAMPLERS: dict[str, Sampler] = {
     "Conv": conv,
+    "ConvTranspose": conv_transpose,
     "BatchNormalization": batch_normalization,
     "AveragePool": average_pool,
     "Pad": pad,

@@ -22,7 +22,9 @@ from hypothesis import HealthCheck, find, settings
 from hypothesis.errors import NoSuchExample
 
 from ..errors import ConvexportError, first_line
+from ..export import graph_input_specs
 from ..files import write_atomically
+from ..inputs import random_inputs
 from ..rewrite.engine import rewrite_model
 from ..rewrite.primitives import Primitive
 from ..rewrite.rulefile import Rule
@@ -53,6 +55,11 @@ def verify_rule(
     rule: Rule, primitives: dict[str, Primitive], examples: int, seed: int, out_dir: Path
 ) -> RuleTestResult:
     result = RuleTestResult(rule)
+    for path, must_rewrite in rule.examples:
+        problem = _check_example(path, must_rewrite, rule, primitives)
+        if problem:
+            result.failure, result.saved = f"example {path.name}: {problem}", [path]
+            return result
     missing = unsupported_ops(rule)
     if missing:
         result.untested = f"no random instances of {', '.join(missing)} (rules test knows {_known_ops()})"
@@ -83,6 +90,21 @@ def verify_rule(
     result.failure, rewritten = check_instance(found, rule, primitives)
     result.saved = _save_counterexample(found, rewritten, rule, out_dir)
     return result
+
+
+def _check_example(path: Path, must_rewrite: bool, rule: Rule, primitives: dict[str, Primitive]) -> str | None:
+    """What is wrong with one of the rule's `examples:` (None: as it should be): a model it must
+    rewrite, exactly, or leave alone."""
+    model = onnx.load(str(path))
+    instance = Instance(model, random_inputs(graph_input_specs(model), seed=0))
+    verdict, _ = check_instance(instance, rule, primitives)
+    if verdict == INVALID:
+        return "the model does not run to finite outputs on random inputs"
+    if verdict == NOT_APPLIED:
+        return f"not rewritten ({_why_not(instance, rule, primitives)})" if must_rewrite else None
+    if not must_rewrite:
+        return "rewritten, but the example says it must be left alone"
+    return verdict
 
 
 def _why_not(instance: Instance, rule: Rule, primitives: dict[str, Primitive]) -> str:
