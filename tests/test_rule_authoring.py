@@ -56,3 +56,22 @@ def test_an_authors_sampler_and_the_conv_transpose_sampler(tmp_path):
     lines = result.stdout.splitlines()
     assert any(line.startswith("FAIL     double-negation") for line in lines), result.stdout  # y = -(-x) is not h
     assert any(line.startswith("ok       identity-after-conv-transpose") for line in lines), result.stdout
+
+
+def test_rules_test_writes_some_constants_as_constant_nodes():
+    """A primitive must read constants from initializers and Constant nodes alike: instances have both."""
+    import random
+
+    from hypothesis import HealthCheck, find, settings
+
+    from convexport.rewrite.primitives import builtin_primitives
+    from convexport.rewrite.rulefile import builtin_rule_files, load_rules
+    from convexport.ruletest.instances import instances
+
+    rule = next(r for r in load_rules(builtin_rule_files(), set(builtin_primitives())) if r.name == "conv-batchnorm")
+    budget = settings(max_examples=200, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    has = lambda instance, kind: (  # noqa: E731
+        any(n.op_type == "Constant" for n in instance.model.graph.node) if kind == "node"
+        else bool(instance.model.graph.initializer))
+    assert has(find(instances(rule), lambda i: has(i, "node"), settings=budget, random=random.Random(0)), "node")
+    assert has(find(instances(rule), lambda i: has(i, "init"), settings=budget, random=random.Random(0)), "init")

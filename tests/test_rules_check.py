@@ -152,3 +152,13 @@ def test_a_user_primitive_needs_only_the_primitive_module(tmp_path):
     result = convexport.optimize(model, rules=str(tmp_path / "mine.yaml"), write=False, profile=False,
                                  strategy="exact")
     assert op_counts(result.model) == {"Mul": 1} and result.report["validation"]["passed"]
+
+
+def test_a_yaml_error_points_at_the_bracket_or_quote_left_open(tmp_path):
+    unclosed = "rules:\n  - name: a\n    doc: d\n    match: [y = Identity(x)\n    apply: forward_input\n"
+    quote = 'rules:\n  - name: a\n    doc: "d\n    match: [y = Identity(x)]\n    apply: forward_input\n'
+    tab = "rules:\n  - name: a\n    doc: d\n\tmatch: [y = Identity(x)]\n    apply: forward_input\n"
+    for text, where in ((unclosed, ":4:12: "), (quote, ":3:10: "), (tab, ":4:1: ")):
+        (tmp_path / "r.yaml").write_text(text)
+        result = CliRunner().invoke(app, ["rules", "check", str(tmp_path / "r.yaml")])
+        assert result.exit_code == 1 and f"r.yaml{where}not valid YAML" in result.stderr, result.stderr

@@ -241,15 +241,28 @@ def _parsed(file: str, text: str, primitives: set[str]) -> list[Rule]:
     return [_parse_rule(file, node, primitives) for node in _rule_nodes(file, text)]
 
 
+def _yaml_error(file: str, exc: yaml.YAMLError) -> RuleFileError:
+    """A YAML error at the construct it is about (an unclosed bracket or quote: where it opened),
+    saying where the parser noticed when that is elsewhere."""
+    problem, context = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
+    opened = str(getattr(exc, "context", "") or "")
+    if not ("flow" in opened or "quoted" in opened):  # only an unclosed construct is about where it opened
+        context = None
+    where = context or problem
+    line, column = (where.line + 1, where.column + 1) if where else (1, 1)
+    message = f"not valid YAML: {getattr(exc, 'problem', None) or exc}"
+    if context is not None and problem is not None and problem.line != context.line:
+        message += f" ({getattr(exc, 'context', 'this')} here; noticed on line {problem.line + 1})"
+    return RuleFileError(file, line, column, message)
+
+
 def _rule_nodes(file: str, text: str) -> list:
     """The YAML nodes of the file's rules (each parsed on its own)."""
     _check_nesting(file, text)
     try:
         document = yaml.compose(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        raise RuleFileError(file, line, column, f"not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        raise _yaml_error(file, exc) from None
     if not isinstance(document, yaml.MappingNode):
         raise RuleFileError(file, 1, 1, "a rule file is a mapping with a 'rules:' list")
     top = _mapping(document)
