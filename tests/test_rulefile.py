@@ -67,7 +67,8 @@ def test_valid_user_rule(tmp_path):
     ("rules:\n  - name: a\n    doc: d\n    match:\n      - h = Relu(x)\n      - y = Identity(x)\n    apply: forward_input\n", 5, "not read by any later line"),
     ("rules:\n  - name: a\n    match: [y = Identity(x)]\n    apply: forward_input\n", 2, "lacks 'doc'"),
     ("rules:\n  - name: a\n    doc: d\n    colour: red\n    match: [y = Identity(x)]\n    apply: forward_input\n", 4, "unknown key 'colour'"),
-    ("rules:\n  - name: a\n    doc: d\n    match: [y = Identity(x)\n    apply: forward_input\n", 5, "not valid YAML"),
+    # the bracket left open on line 4 (the parser notices on line 5, and says so)
+    ("rules:\n  - name: a\n    doc: d\n    match: [y = Identity(x)\n    apply: forward_input\n", 4, "not valid YAML"),
     ("rules:\n  - name: a\n    doc: d\n    match: [y = Identity(x)]\n    apply: forward_input\n"
      "    with: {k: !!python/object:os.system {}}\n", 6, "not valid YAML"),
     ("rules:\n  - name: a\n    doc: d\n    match: [y = Identity(x)]\n    require: {constant: !!binary x}\n"
