@@ -32,7 +32,7 @@ def check_paths(inputs: Sequence[str | Path], outputs: Sequence[tuple[str, str |
     """Refuse, before any work: an output that is a folder, whose folder does not exist, whose
     name the system cannot take, that is one of `inputs`, or that another output names.
     `outputs` are (option, path) pairs; None (not asked for) and "-" (stdout) are passed over."""
-    read = {_identity(path): str(path) for path in inputs if path is not None and _exists(path)}
+    read = _by_identity(inputs)
     seen: dict[tuple, str] = {}
     for option, path in outputs:
         if path is None or str(path) == "-":
@@ -41,8 +41,7 @@ def check_paths(inputs: Sequence[str | Path], outputs: Sequence[tuple[str, str |
         if is_stream(destination):
             continue
         key = _identity(destination)
-        if key in read:
-            raise ConvexportError(f"{option} {path}: is the input {read[key]}; the input is never modified")
+        _refuse_an_input(option, path, key, read)
         if key in seen:
             raise ConvexportError(f"{option} {path}: is also {seen[key]}; give each output its own file")
         seen[key] = f"{option} {path}"
@@ -51,10 +50,17 @@ def check_paths(inputs: Sequence[str | Path], outputs: Sequence[tuple[str, str |
 def check_not_an_input(option: str, path: str | Path, inputs: Sequence[str | Path]) -> None:
     """Refuse `path` (a file a run may write) when it is one of `inputs`; unlike check_paths,
     nothing else about it is checked (it may never be written)."""
-    key = _identity(path)
-    for given in inputs:
-        if given is not None and _exists(given) and _identity(given) == key:
-            raise ConvexportError(f"{option} {path}: is the input {given}; the input is never modified")
+    _refuse_an_input(option, path, _identity(path), _by_identity(inputs))
+
+
+def _by_identity(inputs: Sequence[str | Path]) -> dict[tuple, str]:
+    """The existing files among `inputs`, by _identity."""
+    return {_identity(path): str(path) for path in inputs if path is not None and _exists(path)}
+
+
+def _refuse_an_input(option: str, path, key: tuple, read: dict[tuple, str]) -> None:
+    if key in read:
+        raise ConvexportError(f"{option} {path}: is the input {read[key]}; the input is never modified")
 
 
 def writable_place(destination: str | Path) -> Path:

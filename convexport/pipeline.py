@@ -130,7 +130,7 @@ def _optimize(
     disable_rules,
     explain,
 ) -> OptimizeResult:
-    inputs, rules = _as_list(inputs), _as_list(rules)
+    inputs, rules, disable_rules, explain = map(_as_list, (inputs, rules, disable_rules, explain))
     stages = Stages(progress)
     say = stages.start
     tolerances = Tolerances.parse(rtol, atol)
@@ -140,7 +140,7 @@ def _optimize(
     specs = input_specs(inputs)
     say("loading")
     loaded = _load(model, trust_pickle)
-    rule_list = _rules(rules, builtin_rules, _as_list(disable_rules), _as_list(explain))
+    rule_list = _rules(rules, builtin_rules, disable_rules, explain)
     destination = _destination(loaded, output, other_outputs) if write else None
     if not write:
         check_paths(loaded.files, list(other_outputs))
@@ -159,11 +159,11 @@ def _optimize(
         loaded.source,
         device=device,
         decided=decided,
-        explain=frozenset(_as_list(explain)),
+        explain=frozenset(explain),
     )
     report = _report(loaded, destination, exported, outcome, device)
     if explain:
-        report["explain"] = {name: outcome.explained.get(name, {}) for name in _as_list(explain)}
+        report["explain"] = {name: outcome.explained.get(name, {}) for name in explain}
     report["constant_folding"] = {"nodes_before": len(exported.model.graph.node), "nodes_after": len(folded.graph.node)}
     if outcome.model is not exported.model:
         _check_well_formed(exported.model, outcome.model, loaded.source, report)
@@ -265,14 +265,14 @@ def _environment(device: str) -> dict:
     """What the numbers were measured with: versions, the provider, threads, the processor."""
     import platform
 
-    from .runtime import ort
+    from .runtime import CPU, CUDA, ort
 
     return {
         "onnxruntime": ort.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
         "device": device,
-        "provider": "CUDAExecutionProvider" if device == "cuda" else "CPUExecutionProvider",
+        "provider": CUDA if device == "cuda" else CPU,
         "cpu": _cpu_name(),
         "cpu_threads": os.cpu_count(),
         "gpu": _gpu_name() if device == "cuda" else None,

@@ -15,6 +15,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -67,12 +68,12 @@ def verify_rule(
     searching = [True]  # until the first counterexample; hypothesis then shrinks it
 
     def is_counterexample(instance: Instance) -> bool:
-        verdict, rewritten = check_instance(instance, rule, primitives)
+        verdict, _, why_not = check_instance(instance, rule, primitives)
         if searching[0] and verdict != INVALID:
             result.instances += 1
             result.applied += verdict != NOT_APPLIED
             if verdict == NOT_APPLIED:
-                result.not_rewritten[_why_not(instance, rule, primitives)] += 1
+                result.not_rewritten[why_not] += 1
         failed = verdict not in (None, NOT_APPLIED, INVALID)
         searching[0] = searching[0] and not failed
         return failed
@@ -87,7 +88,7 @@ def verify_rule(
                 f"conditions or its primitive refused them all ({result.reasons()})"
             )
         return result
-    result.failure, rewritten = check_instance(found, rule, primitives)
+    result.failure, rewritten, _ = check_instance(found, rule, primitives)
     result.saved = _save_counterexample(found, rewritten, rule, out_dir)
     return result
 
@@ -97,53 +98,55 @@ def _check_example(path: Path, must_rewrite: bool, rule: Rule, primitives: dict[
     rewrite, exactly, or leave alone."""
     model = onnx.load(str(path))
     instance = Instance(model, random_inputs(graph_input_specs(model), seed=0))
-    verdict, _ = check_instance(instance, rule, primitives)
+    verdict, _, why_not = check_instance(instance, rule, primitives)
     if verdict == INVALID:
         return "the model does not run to finite outputs on random inputs"
     if verdict == NOT_APPLIED:
-        return f"not rewritten ({_why_not(instance, rule, primitives)})" if must_rewrite else None
+        return f"not rewritten ({why_not})" if must_rewrite else None
     if not must_rewrite:
         return "rewritten, but the example says it must be left alone"
     return verdict
 
 
-def _why_not(instance: Instance, rule: Rule, primitives: dict[str, Primitive]) -> str:
-    """What --explain says at the instance's root node, its node and tensor names left out
-    (so that the same reason counts once over instances)."""
-    outcome = rewrite_model(instance.model, [rule], primitives, strategy="exact", explain=frozenset({rule.name}))
-    verdicts = list(outcome.explained.get(rule.name, {}).values())
-    if not verdicts:
+def _why_not(explained: dict[str, str]) -> str:
+    """What --explain said at the instance's root node (the last node the rule looked at), its
+    node and tensor names left out (so that the same reason counts once over instances)."""
+    if not explained:
         return "no node of the root's op"
-    return re.sub(r"\b[A-Za-z_]+_\d+\b|\([^()]*\)", "…", verdicts[-1])
+    return re.sub(r"\b[A-Za-z_]+_\d+\b|\([^()]*\)", "…", list(explained.values())[-1])
 
 
 CRASHED = "crashed: "  # a failure that is the primitive's exception, not a wrong result
 
 
-def check_instance(
-    instance: Instance, rule: Rule, primitives: dict[str, Primitive]
-) -> tuple[str | None, onnx.ModelProto | None]:
-    """(None when the rule applied and the result is exact; NOT_APPLIED, INVALID (the
-    original does not run to finite outputs), or what is wrong), and the rewritten model
-    when the rewrite produced one."""
+class Checked(NamedTuple):
+    verdict: str | None  # None: applied and exact; NOT_APPLIED, INVALID, or what is wrong
+    rewritten: onnx.ModelProto | None  # when the rewrite produced one
+    why_not: str = ""  # for NOT_APPLIED: why (the engine's --explain verdict)
+
+
+def check_instance(instance: Instance, rule: Rule, primitives: dict[str, Primitive]) -> Checked:
+    """The rule's verdict on one instance (INVALID: the original does not run to finite outputs)."""
     try:
         expected = _run(instance.model, instance.feeds)
     except Exception:
-        return INVALID, None
+        return Checked(INVALID, None)
     if not all(np.all(np.isfinite(value)) for value in expected.values() if value.dtype.kind == "f"):
-        return INVALID, None
+        return Checked(INVALID, None)
     before = instance.model.SerializeToString()
     try:
-        outcome = rewrite_model(instance.model, [rule], primitives, strategy="exact", source="rule instance")
+        outcome = rewrite_model(
+            instance.model, [rule], primitives, strategy="exact", source="rule instance", explain=frozenset({rule.name})
+        )
     except ConvexportError as exc:
-        return f"{CRASHED}the rewrite failed: {exc}", None
+        return Checked(f"{CRASHED}the rewrite failed: {exc}", None)
     except Exception as exc:
-        return f"{CRASHED}the rewrite raised {type(exc).__name__}: {first_line(exc)}", None
+        return Checked(f"{CRASHED}the rewrite raised {type(exc).__name__}: {first_line(exc)}", None)
     if instance.model.SerializeToString() != before:
-        return "the rewrite modified its input model in place", outcome.model
+        return Checked("the rewrite modified its input model in place", outcome.model)
     if not outcome.applied:
-        return NOT_APPLIED, outcome.model
-    return _compare(expected, outcome.model, instance.feeds), outcome.model
+        return Checked(NOT_APPLIED, outcome.model, _why_not(outcome.explained.get(rule.name, {})))
+    return Checked(_compare(expected, outcome.model, instance.feeds), outcome.model)
 
 
 def _compare(expected: dict[str, np.ndarray], rewritten: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> str | None:
