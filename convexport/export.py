@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import io
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,7 +22,7 @@ import onnx
 from . import ir
 from .errors import ConvexportError, first_line
 from .inputs import DTYPES, InputSpec
-from .loading import LoadedModel
+from .loading import LoadedModel, ProgramInput
 from .quiet import quiet_libraries
 
 MIN_OPSET = 13
@@ -76,13 +77,12 @@ def export_model(
         if input_specs or dynamic_batch:  # the shapes the model declares were those of the old inputs
             _forget_inferred_shapes(model)
         return ExportResult(ir.infer_shapes(model, loaded.source), graph_input_specs(model), "onnx")
-    if loaded.kind == "exported_program" and (dynamic_batch or any(spec.is_dynamic for spec in input_specs)):
-        raise ConvexportError(
-            f"{loaded.source}: a torch.export program's dims are fixed when it is exported; --dynamic-batch and "
-            "dynamic --input dims cannot change them (export it with dynamic_shapes, or give the module's factory)"
-        )
-    args, names = _example_arguments(loaded, input_specs)
-    dynamic = dynamic_batch or any(spec.is_dynamic for spec in input_specs)
+    if loaded.kind == "exported_program":
+        args, names, input_specs = _program_arguments(loaded, input_specs, dynamic_batch)
+        dynamic = False  # the program's dims are its own: torch.onnx.export takes no dynamic_shapes for it
+    else:
+        args, names = _example_arguments(loaded, input_specs)
+        dynamic = dynamic_batch or any(spec.is_dynamic for spec in input_specs)
     if dynamic:
         args = tuple(_at_least_two_in_batch(t) for t in args)
     opset = opset or ir.DEFAULT_OPSET
@@ -93,6 +93,8 @@ def export_model(
             f"{loaded.source}: the {exporter} exporter wrote opset {written}, not the {opset} asked for; "
             f"give --opset {written} (or another it writes as asked)"
         )
+    if loaded.kind == "exported_program":
+        _name_torch_symbols(model, input_specs)
     return ExportResult(ir.infer_shapes(model, loaded.source), graph_input_specs(model), exporter, tracer_warnings)
 
 
@@ -166,6 +168,156 @@ def _apply_input_specs(model: onnx.ModelProto, specs: list[InputSpec], dynamic_b
             dims = value.type.tensor_type.shape.dim
             if dims:
                 dims[0].dim_param = _BATCH_DIM
+
+
+def _program_arguments(
+    loaded: LoadedModel, specs: list[InputSpec], dynamic_batch: bool
+) -> tuple[tuple, list[str], list[InputSpec]]:
+    """An exported program's example tensors, its inputs' names (--input's where given) and
+    --input's specs in the order of its inputs, checked against them. torch.onnx.export does not
+    trace a program again: the examples only have to exist, and --input or --dynamic-batch can
+    only describe the dims the program has, or name those it leaves dynamic."""
+    if loaded.example_inputs is None:  # inputs without the fake tensors that give their shapes
+        args, names = _example_arguments(loaded, specs)
+        return args, names, specs
+    paired = _paired_with_program(loaded, specs)
+    _check_program_dynamic_batch(loaded, dynamic_batch)
+    return loaded.example_inputs, [spec.name for spec in paired] or list(loaded.input_names), paired
+
+
+def _paired_with_program(loaded: LoadedModel, specs: list[InputSpec]) -> list[InputSpec]:
+    """--input's specs, one per program input in its order, each checked against that input:
+    by name where every spec names one (an input left out stands as its name with no dims),
+    else by position, where the spec's name renames the ONNX input as it does for a module.
+    [] when no --input was given."""
+    if not specs:
+        return []
+    declared = loaded.program_inputs
+    if all(spec.name in {value.name for value in declared} for spec in specs):
+        given = {spec.name: spec for spec in specs}
+        paired = [given.get(value.name) for value in declared]
+    elif len(specs) == len(declared):
+        paired = list(specs)
+    else:
+        raise ConvexportError(
+            f"--input: {loaded.source} takes {len(declared)} tensor input(s) "
+            f"({', '.join(value.name for value in declared) or 'none'}), not {len(specs)}"
+        )
+    for spec, value in zip(paired, declared):
+        if spec is not None:
+            _check_against_program(loaded.source, spec, value)
+    return [spec or InputSpec(value.name, ()) for spec, value in zip(paired, declared)]
+
+
+def _check_against_program(source: str, spec: InputSpec, value: ProgramInput) -> None:
+    """A ConvexportError unless `spec` fits the program input `value`: its dtype, its rank, its
+    static dims as they are, a concrete size for a dynamic dim within the dim's range."""
+    if spec.dtype_given and spec.dtype != value.dtype:
+        raise ConvexportError(
+            f"--input {spec}: {source} input {value.name!r} is {value.dtype}; a torch.export program's input "
+            "types are fixed when it is exported (leave the type out, or give that one)"
+        )
+    if len(spec.dims) != len(value.dims):
+        raise ConvexportError(
+            f"--input {spec}: {source} input {value.name!r} has rank {len(value.dims)}, not {len(spec.dims)}"
+        )
+    for axis, (given, declared) in enumerate(zip(spec.dims, value.dims)):
+        if isinstance(declared, int) and given != declared:
+            raise ConvexportError(
+                f"--input {spec}: {source} input {value.name!r} has dim {axis} of {declared}; a torch.export "
+                "program's dims are fixed when it is exported (export it with dynamic_shapes, or give the "
+                "module's factory)"
+            )
+        if isinstance(given, int) and not isinstance(declared, int) and not declared.admits(given):
+            raise ConvexportError(
+                f"--input {spec}: {source} input {value.name!r} allows dim {axis} only in "
+                f"[{declared.lower}, {'inf' if declared.upper is None else declared.upper}]"
+            )
+
+
+def _check_program_dynamic_batch(loaded: LoadedModel, dynamic_batch: bool) -> None:
+    """--dynamic-batch on an exported program is met where every input's first dim is already
+    dynamic, and refused where one is static: the program cannot be changed."""
+    if not dynamic_batch:
+        return
+    for value in loaded.program_inputs:
+        if value.dims and isinstance(value.dims[0], int):
+            raise ConvexportError(
+                f"{loaded.source}: input {value.name!r} has a static batch of {value.dims[0]}; a torch.export "
+                "program's dims are fixed when it is exported, so --dynamic-batch cannot change them (export it "
+                "with dynamic_shapes={...: {0: torch.export.Dim('batch')}}, or give the module's factory)"
+            )
+
+
+# torch's names for the sizes an exported program leaves dynamic (s0, s77): an artefact of the
+# trace, different from one torch version or model to the next.
+_TORCH_SYMBOL = re.compile(r"^s\d+$")
+_DIM_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _name_torch_symbols(model: onnx.ModelProto, specs: list[InputSpec]) -> None:
+    """Give the dynamic dims torch named by symbol stable, readable names, the same one
+    wherever a symbol appears (inputs, outputs, value_info, in expressions such as 2*s77)."""
+    names = _symbol_names(model, specs)
+    if not names:
+        return
+    for graph in ir.proto_scopes(model.graph):
+        for value in [*graph.input, *graph.output, *graph.value_info]:
+            _rename_dims(value.type, names)
+
+
+def _symbol_names(model: onnx.ModelProto, specs: list[InputSpec]) -> dict[str, str]:
+    """{torch symbol: name} for the symbols that are whole dims of the graph's inputs: the
+    name --input gave that dim, else "batch" for a first dim, else INPUT_dimAXIS; a name
+    already used (by another symbol, or a dim that is no symbol) gets the INPUT_dimAXIS form,
+    then a number: two symbols are two sizes torch found independent."""
+    given = {spec.name: spec.dims for spec in specs}
+    initializers = {init.name for init in model.graph.initializer}
+    inputs = [value for value in model.graph.input if value.name not in initializers]
+    taken = {
+        dim.dim_param
+        for graph in ir.proto_scopes(model.graph)
+        for value in [*graph.input, *graph.output, *graph.value_info]
+        for dim in value.type.tensor_type.shape.dim
+        if dim.dim_param and not _TORCH_SYMBOL.match(dim.dim_param)
+    }
+    names: dict[str, str] = {}
+    for value in inputs:
+        dims_given = given.get(value.name, ())
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            symbol = dim.dim_param
+            if not _TORCH_SYMBOL.match(symbol) or symbol in names:
+                continue
+            named = dims_given[axis] if axis < len(dims_given) and isinstance(dims_given[axis], str) else None
+            fallback = f"{value.name}_dim{axis}"
+            names[symbol] = _unused_name([named or (_BATCH_DIM if axis == 0 else fallback), fallback], taken)
+            taken.add(names[symbol])
+    return names
+
+
+def _unused_name(wanted: list[str], taken: set[str]) -> str:
+    """The first of `wanted` not taken, else the last with the first free number after it."""
+    for name in wanted:
+        if name not in taken:
+            return name
+    number = 2
+    while f"{wanted[-1]}_{number}" in taken:
+        number += 1
+    return f"{wanted[-1]}_{number}"
+
+
+def _rename_dims(value_type: onnx.TypeProto, names: dict[str, str]) -> None:
+    """Rename the symbols in every dim_param of a type (a tensor's, or the element type of a
+    sequence, an optional or a map's values), inside expressions too."""
+    kind = value_type.WhichOneof("value")
+    if kind == "tensor_type":
+        for dim in value_type.tensor_type.shape.dim:
+            if dim.dim_param:
+                dim.dim_param = _DIM_TOKEN.sub(lambda token: names.get(token[0], token[0]), dim.dim_param)
+    elif kind in ("sequence_type", "optional_type"):
+        _rename_dims(getattr(value_type, kind).elem_type, names)
+    elif kind == "map_type":
+        _rename_dims(value_type.map_type.value_type, names)
 
 
 def _example_arguments(loaded: LoadedModel, specs: list[InputSpec]) -> tuple[tuple, list[str]]:

@@ -26,6 +26,30 @@ from .quiet import quiet_libraries
 DEFAULT_FACTORY = "build"
 
 
+@dataclass(frozen=True)
+class ProgramDim:
+    """A dim a torch.export program left dynamic: torch's name for it (a symbol such as s77,
+    or an expression over symbols such as 2*s77), the sizes the program allows (upper None:
+    unbounded) and the size its example inputs give it."""
+
+    symbol: str
+    lower: int
+    upper: int | None
+    example: int
+
+    def admits(self, size: int) -> bool:
+        return self.lower <= size and (self.upper is None or size <= self.upper)
+
+
+@dataclass(frozen=True)
+class ProgramInput:
+    """A tensor input of a torch.export program, as the program declares it."""
+
+    name: str
+    dims: tuple[int | ProgramDim, ...]
+    dtype: str  # torch's name without "torch.": float32, int64, ...
+
+
 @dataclass
 class LoadedModel:
     """What a MODEL argument names, ready for export."""
@@ -38,6 +62,7 @@ class LoadedModel:
     example_inputs: tuple | None = None
     input_names: list[str] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)  # what it was read from: never to be written
+    program_inputs: list[ProgramInput] = field(default_factory=list)  # an exported program's, in order
 
 
 def load_model(source: str, trust_pickle: bool = False) -> LoadedModel:
@@ -118,25 +143,81 @@ def _load_exported_program(path: Path, default_output: Path) -> LoadedModel:
             f"{path}: not a torch.export archive ({first_line(exc)}); save one with "
             "torch.export.save(torch.export.export(model, inputs), 'model.pt2')"
         ) from exc
-    names, inputs = _exported_program_inputs(program)
+    declared = _program_inputs(program)
     return LoadedModel(
-        str(path), "exported_program", default_output, program=program, example_inputs=inputs, input_names=names
+        str(path),
+        "exported_program",
+        default_output,
+        program=program,
+        example_inputs=None if declared is None else _example_tensors(declared),
+        input_names=[] if declared is None else [value.name for value in declared],
+        program_inputs=declared or [],
     )
 
 
-def _exported_program_inputs(program) -> tuple[list[str], tuple | None]:
-    """User input names and zero tensors of the traced shapes (None if any dim is symbolic)."""
+def _program_inputs(program) -> list[ProgramInput] | None:
+    """The program's tensor user inputs with their dims and dtypes, from the fake tensors its
+    placeholders carry (meta["val"]), or None where one carries none. Parameters and buffers
+    are placeholders too but not user inputs; a constant argument (an int, None) is listed in
+    user_inputs by its value and torch.export baked it into the graph: neither is an input of
+    the ONNX graph."""
     import torch
 
-    user_inputs = list(program.graph_signature.user_inputs)
-    tensors = []
-    for node in program.graph.nodes:
-        if node.op == "placeholder" and node.name in user_inputs:
-            value = node.meta.get("val")
-            if value is None or not all(isinstance(d, int) for d in value.shape):
-                return user_inputs, None
-            tensors.append(torch.zeros(tuple(value.shape), dtype=value.dtype))
-    return user_inputs, tuple(tensors)
+    placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
+    ranges = {str(symbol): bounds for symbol, bounds in program.range_constraints.items()}
+    declared = []
+    for name in program.graph_signature.user_inputs:
+        if not isinstance(name, str) or name not in placeholders:
+            continue
+        value = placeholders[name].meta.get("val")
+        if not isinstance(value, torch.Tensor):  # a SymInt input, or an archive without fake tensors
+            return None
+        try:
+            dims = tuple(_program_dim(size, ranges) for size in value.shape)
+        except (TypeError, ValueError):  # an expression that does not come out a whole number
+            return None
+        declared.append(ProgramInput(name, dims, str(value.dtype).removeprefix("torch.")))
+    return declared
+
+
+def _program_dim(size, ranges: dict) -> int | ProgramDim:
+    """A static dim as its int; a symbolic one (a torch.SymInt) as a ProgramDim whose example
+    gives each of its symbols the size _example_size picks in that symbol's range."""
+    if isinstance(size, int):
+        return size
+    expression = size.node.expr
+    values = {symbol: _example_size(*_bounds(ranges.get(str(symbol)))) for symbol in expression.free_symbols}
+    lower, upper = _bounds(ranges.get(str(expression)))
+    return ProgramDim(str(expression), lower, upper, int(expression.subs(values)))
+
+
+def _bounds(value_range) -> tuple[int, int | None]:
+    """A torch ValueRanges as (lower, upper or None when unbounded, torch's int_oo); a symbol
+    without one is any size."""
+    if value_range is None:
+        return 0, None
+    lower = int(value_range.lower) if value_range.lower.is_Integer else 0
+    upper = int(value_range.upper) if value_range.upper.is_Integer else None
+    return lower, upper
+
+
+def _example_size(lower: int, upper: int | None) -> int:
+    """The smallest size of at least 2 in [lower, upper]: torch specialises a dim of size 0 or
+    1 to a constant, so an example of 2 keeps the dim what the program says it is."""
+    size = max(lower, 2)
+    return size if upper is None or size <= upper else upper
+
+
+def _example_tensors(declared: list[ProgramInput]) -> tuple:
+    """Zero tensors of the declared dtypes and shapes (symbolic dims at their example sizes)."""
+    import torch
+
+    return tuple(
+        torch.zeros(
+            tuple(dim if isinstance(dim, int) else dim.example for dim in value.dims), dtype=getattr(torch, value.dtype)
+        )
+        for value in declared
+    )
 
 
 def _load_torch_archive(path: Path, default_output: Path, trust_pickle: bool) -> LoadedModel:

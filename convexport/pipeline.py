@@ -164,7 +164,11 @@ def _optimize(
     report = _report(loaded, destination, exported, outcome, device)
     if explain:
         report["explain"] = {name: outcome.explained.get(name, {}) for name in explain}
-    report["constant_folding"] = {"nodes_before": len(exported.model.graph.node), "nodes_after": len(folded.graph.node)}
+    report["constant_folding"] = {
+        "nodes_before": len(exported.model.graph.node),
+        "nodes_after": len(folded.graph.node),
+        "between_rules": outcome.folded,
+    }
     if outcome.model is not exported.model:
         _check_well_formed(exported.model, outcome.model, loaded.source, report)
 

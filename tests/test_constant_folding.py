@@ -126,3 +126,23 @@ def test_a_dynamic_batch_asked_of_a_pt2_program_is_refused(tmp_path):
     torch.export.save(torch.export.export(module, (torch.randn(1, 3, 4, 4),)), tmp_path / "m.pt2")
     with pytest.raises(convexport.ConvexportError, match="dims are fixed when it is exported"):
         convexport.optimize(str(tmp_path / "m.pt2"), dynamic_batch=True, write=False)
+
+
+def test_a_node_a_pass_leaves_reading_only_constants_is_folded_before_the_next_pass():
+    """Conv -> Mul(h, Div(k1, Identity(k2))): drop-identity's pass leaves Div reading two
+    constants; folded between the passes, conv-mul folds the Mul into the Conv in the next."""
+    from graphs import rewrite
+
+    x, w = tensor("x", [1, 2, 5, 5]), np.random.default_rng(0).standard_normal([3, 2, 3, 3]).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1]),
+             helper.make_node("Identity", ["k2"], ["k2_copy"]),
+             helper.make_node("Div", ["k1", "k2_copy"], ["k"]),
+             helper.make_node("Mul", ["h", "k"], ["y"])]
+    k1, k2 = np.full([3, 1, 1], 3.0, np.float32), np.full([3, 1, 1], 2.0, np.float32)
+    model = make_model(nodes, [x], [tensor("y", None)], {"w": w, "k1": k1, "k2": k2})
+    outcome = rewrite(model, "exact")
+    assert op_counts(outcome.model) == {"Conv": 1} and outcome.folded == 1
+    feeds = {"x": np.random.default_rng(1).standard_normal([1, 2, 5, 5]).astype(np.float32)}
+    from helpers import run
+
+    np.testing.assert_allclose(run(outcome.model, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-6)

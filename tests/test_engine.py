@@ -274,7 +274,7 @@ def test_a_rule_whose_pattern_names_an_op_the_scope_lacks_is_not_tried(monkeypat
     monkeypatch.setattr(engine, "PatternMatcher", lambda rule, *args: tried.append(rule.name) or real(rule, *args))
     rewrite(conv_bn_model(extra_consumer=True))     # (a shared Conv output: the BN is the engine's, not the proto form's)
     assert "conv-batchnorm" in tried
-    assert not {"gathered-linear-branches", "pad-conv", "add-conv-conv", "conv-mul"} & set(tried)
+    assert not {"gathered-linear-branches", "pad-conv", "add-linear-branches", "conv-mul"} & set(tried)
 
 
 @pytest.mark.parametrize("seed", range(0, 40, 3))
@@ -286,7 +286,7 @@ def test_skipping_rules_by_op_changes_no_outcome(seed, monkeypatch):
     builder, y = random_graph(seed)
     model = builder.model([y])
     skipping = rewrite(model)
-    monkeypatch.setattr(Rule, "ops", property(lambda rule: frozenset()))
+    monkeypatch.setattr(Rule, "may_match", lambda rule, ops: True)
     trying_all = rewrite(model)
     assert skipping.applied == trying_all.applied and skipping.skipped == trying_all.skipped
     assert skipping.model.SerializeToString() == trying_all.model.SerializeToString()

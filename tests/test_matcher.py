@@ -58,7 +58,7 @@ def test_random_graphs_match_alike_with_and_without_the_cheap_test(seed):
 
 
 def test_residual_blocks_are_turned_away_by_the_cheap_test_and_matched_alike():
-    """x + Conv(Relu(BN(Conv(x)))): an Add with one Conv input is no add-conv-conv, and one
+    """x + Conv(Relu(BN(Conv(x)))): an Add with one linear input is no add-linear-branches, and one
     without a constant input no conv-add, before any pattern line is tried."""
     builder = GraphBuilder([1, 4, 6, 6])
     x = "x"
@@ -68,7 +68,7 @@ def test_residual_blocks_are_turned_away_by_the_cheap_test_and_matched_alike():
     assert _assert_same_verdicts(builder.model([x])) > 0
     graph = import_graph(builder.model([x]))
     add = next(node for node in graph.nodes if node.op == "Add")
-    for name in ("add-conv-conv", "conv-add", "add-add-constants"):
+    for name in ("add-linear-branches", "conv-add", "add-add-constants"):
         quick, _ = _matchers(next(rule for rule in RULES if rule.name == name), graph)
         assert not _passes_cheap_test(quick, add), name
 
@@ -89,12 +89,12 @@ def test_a_name_written_twice_at_the_root_is_not_counted(tmp_path):
 
 
 def test_an_input_read_twice_counts_for_two_feeders():
-    """Add(a, a) with a = Conv: two inputs made by a Conv, as add-conv-conv's cheap test asks."""
+    """Add(a, a) with a = Conv: two inputs made by a linear node, as add-linear-branches' cheap test asks."""
     builder = GraphBuilder([1, 2, 5, 5])
     a = builder.conv("x", 2, 3, pads=1)
     y = builder.node("Add", [a, a])
     graph = import_graph(builder.model([y]))
     add = next(node for node in graph.nodes if node.op == "Add")
-    quick, _ = _matchers(next(rule for rule in RULES if rule.name == "add-conv-conv"), graph)
+    quick, _ = _matchers(next(rule for rule in RULES if rule.name == "add-linear-branches"), graph)
     assert _passes_cheap_test(quick, add)
     _assert_same_verdicts(builder.model([y]))

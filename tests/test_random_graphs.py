@@ -1,5 +1,7 @@
-"""Random graphs of conv chains and branch sums: no rewrite may change any output, and the
-engine's shortcut in later passes misses none of them."""
+"""Random graphs of conv chains, branch sums and linear regions (Conv / BatchNormalization /
+per-channel Mul and Add / AveragePool branches summed, subtracted, concatenated, scaled and
+added back): no rewrite may change any output, and the engine's shortcut in later passes
+misses none of them."""
 
 from __future__ import annotations
 
@@ -38,6 +40,39 @@ def random_conv(builder: GraphBuilder, x, rng, stride=None, same=False):
                         bias=bool(rng.random() < 0.6))
 
 
+def random_linear_branch(builder: GraphBuilder, x, rng):
+    """A linear node of x keeping its shape: a Conv, a BatchNormalization, a per-channel Mul or
+    Add, or a 3-wide AveragePool (padded, counting the padding or not)."""
+    nd = len(builder.shapes[x]) - 2
+    channels = [builder.shapes[x][1]] + [1] * nd
+    choice = int(rng.integers(0, 5))
+    if choice == 0:
+        return random_conv(builder, x, rng, same=True)
+    if choice == 1:
+        return builder.batchnorm(x)
+    if choice == 2:
+        return builder.node("Mul", [x, builder.const(builder.rng.uniform(-2, 2, channels))])
+    if choice == 3:
+        return builder.node("Add", [builder.const(builder.rng.standard_normal(channels)), x])
+    return builder.node("AveragePool", [x], kernel_shape=[3] * nd, pads=[1] * (2 * nd),
+                        count_include_pad=int(rng.integers(0, 2)))
+
+
+def random_region(builder: GraphBuilder, x, rng):
+    """A linear region on x: branches summed, subtracted or concatenated, maybe scaled and
+    added back (FastViT's x + gamma * (mixer(x) - norm(x))), maybe normalised after a Concat."""
+    a, b = random_linear_branch(builder, x, rng), random_linear_branch(builder, x, rng)
+    if rng.random() < 0.3:
+        y = builder.node("Concat", [a, b], axis=1)
+        return builder.batchnorm(y) if rng.random() < 0.5 else y
+    y = builder.node(str(rng.choice(["Add", "Sub"])), [a, b])
+    if rng.random() < 0.5:
+        nd = len(builder.shapes[x]) - 2
+        gamma = builder.const(builder.rng.uniform(0.1, 1, [builder.shapes[x][1]] + [1] * nd))
+        y = builder.node("Add", [x, builder.node("Mul", [gamma, y])])
+    return y
+
+
 def random_graph(seed: int):
     rng = np.random.default_rng(seed)
     nd = int(rng.integers(1, 4))
@@ -46,7 +81,11 @@ def random_graph(seed: int):
     x = "x"
     for _ in range(int(rng.integers(2, 5))):
         choice = rng.random()
-        if choice < 0.35:
+        if choice < 0.15:
+            x = random_region(builder, x, rng)
+        elif choice < 0.2:
+            x = builder.node("Relu", [x])
+        elif choice < 0.35:
             x = random_conv(builder, x, rng)
         elif choice < 0.6:
             a, b = random_conv(builder, x, rng, same=True), random_conv(builder, x, rng, same=True)

@@ -170,21 +170,41 @@ def test_a_low_rank_below_the_paying_rank_still_splits_and_one_above_does_not(mo
     assert isinstance(split_separable(spec_of(weight), max_rank=4), Refusal)
     assert sizes == [(5, 5)]                 # a 5 x 5 minor of a rank-5 matrix: no SVD
     sizes.clear()
-    small = low_rank(8, 6, 7, 5, 5)          # [42, 40]: whole-matrix screen, then the SVD finds rank 5
+    small = low_rank(8, 6, 7, 5, 5)          # [42, 40]: whole-matrix screen, then a 5-wide sketch's SVD finds rank 5
     assert isinstance(split_separable(spec_of(small), max_rank=4), Refusal)
-    assert sizes == [(42, 40), ("svd", 42, 40)]
+    assert sizes == [(42, 40), ("svd", 5, 40)]
 
 
-def test_a_submatrix_that_misses_the_proof_leaves_it_to_the_whole_matrix(monkeypatch):
+def test_a_submatrix_that_misses_the_proof_leaves_it_to_a_factoring_bounded_by_the_rank(monkeypatch):
     """A kernel whose matrix is diagonal (full rank 96) has singular 6 x 6 submatrices almost
-    everywhere: the screen falls back to the whole matrix, and still needs no SVD."""
+    everywhere: the whole matrix is not screened (that costs what factoring it whole does); the
+    SVD runs on a 6-wide sketch of its columns, which shows rank 6 or more."""
     weight = np.zeros([32, 32, 3, 3])
     for channel in range(32):
         for tap in range(3):
             weight[channel, channel, tap, tap] = 1.0 + channel + tap
     sizes = screened_sizes(monkeypatch)
     result = split_separable(spec_of(weight), max_rank=5)
-    assert isinstance(result, Refusal) and sizes == [(6, 6), (96, 96)]
+    assert isinstance(result, Refusal) and not result.reported and sizes == [(6, 6), ("svd", 6, 96)]
+
+
+def test_a_low_rank_kernel_splits_exactly_from_a_sketch_of_its_columns():
+    weight = low_rank(96, 80, 3, 3, 7)       # [240, 288] of rank 7; a split pays below rank 20
+    split = split_separable(spec_of(weight), max_rank=19)
+    rebuilt = np.einsum("rikz,orzl->oikl", split.tall.weight, split.wide.weight)
+    assert split.rank == 7 and np.max(np.abs(rebuilt - weight)) <= 1e-9 * np.max(np.abs(weight))
+
+
+def test_factoring_beyond_the_budget_is_not_tried(monkeypatch):
+    """A kernel the screen lets through is factored only within FACTOR_BUDGET_FLOPS: past it,
+    an unreported refusal and no SVD (--strategy exact on composed kernels took minutes)."""
+    from convexport.algebra import separable
+
+    monkeypatch.setattr(separable, "FACTOR_BUDGET_FLOPS", 1e3)
+    sizes = screened_sizes(monkeypatch)
+    result = split_separable(spec_of(low_rank(24, 24, 3, 3, 5)), max_rank=10)
+    assert isinstance(result, Refusal) and not result.reported and "budget" in result.reason
+    assert not [size for size in sizes if size[0] == "svd"]
 
 
 def test_a_full_rank_kernel_is_screened_on_its_raw_weight_before_any_conv_spec(monkeypatch):

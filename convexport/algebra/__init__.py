@@ -15,6 +15,7 @@ exact result or a Refusal saying why not; callers cast weights back to the model
     evaluate.py       a ConvSpec applied to a constant array (maps pushed through a conv)
     fft_conv.py       large-kernel convs through the FFT: the plan and its cost
     batching.py       weight packing for batched branches
+    transposed.py     a ConvTranspose and a per-channel or pointwise map after it, as one
 """
 
 from .compose import DEFAULT_BORDER_LIMIT_BYTES, Composition, compose
@@ -32,6 +33,7 @@ from .linear_ops import (
 from .onnx_conv import conv_from_onnx, conv_to_onnx
 from .parallel import combine_parallel, concat_parallel
 from .spec import AxisGeometry, ConvSpec, Refusal
+from .transposed import pointwise_after_transposed, scale_shift_transposed
 
 __all__ = [
     "AxisGeometry",
@@ -50,7 +52,9 @@ __all__ = [
     "identity_conv",
     "largest_group_count",
     "merge_zero_pad",
+    "pointwise_after_transposed",
     "scale_shift_after",
     "scale_shift_before",
     "scale_shift_onnx_weight",
+    "scale_shift_transposed",
 ]

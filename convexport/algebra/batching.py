@@ -13,16 +13,17 @@ import numpy as np
 def stack_conv_heads(
     weights: Sequence[np.ndarray], biases: Sequence[np.ndarray | None]
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """N convs reading the same x: W_i [O, I/g, *k] -> W [N*O, I/g, *k], b_i [O] -> b [N*O].
+    """N convs reading the same x: W_i [O_i, I/g, *k] -> W [sum O_i, I/g, *k], b_i [O_i] -> b [sum O_i].
 
-    Output channels n*O + o of the stacked conv are channel o of branch n (same group count).
-    The bias is None only when no branch has one (a missing bias is zeros).
+    Output channels O_1 + ... + O_(n-1) + o of the stacked conv are channel o of branch n (same
+    group count). The bias is None only when no branch has one (a missing bias is zeros).
     """
     weight = np.concatenate([np.asarray(w, np.float64) for w in weights], axis=0)
     if all(b is None for b in biases):
         return weight, None
-    out = weights[0].shape[0]
-    bias = np.concatenate([np.zeros(out) if b is None else np.asarray(b, np.float64).reshape(out) for b in biases])
+    bias = np.concatenate(
+        [np.zeros(len(w)) if b is None else np.asarray(b, np.float64).reshape(len(w)) for w, b in zip(weights, biases)]
+    )
     return weight, bias
 
 

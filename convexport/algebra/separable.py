@@ -15,7 +15,8 @@ and the split is refused unless the product reproduces W to fp32 rounding. A ran
 diagonal of a QR, read from a Cholesky factor) finds most full-rank kernels (trained weights
 nearly always are) before the SVD; given the highest rank at which the split still pays, it
 only has to show that the rank exceeds that, which a nonsingular square submatrix of that size
-proves at a fraction of the cost.
+proves at a fraction of the cost. A kernel the screen lets through is factored only up to that
+rank (a sketch of its column space, _low_rank_svd) and only within FACTOR_BUDGET_FLOPS.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ RECONSTRUCTION_TOLERANCE = 1e-6
 SCREEN_TOLERANCE = 1e-4  # R's diagonal entries above this fraction of the largest: full rank
 SUBMATRIX_SEED = 0  # the screen's draw of rows and columns: the same decision every run
 SUBMATRIX_FROM = 64  # below this many columns, screening the whole matrix costs less than the draw
+# The most work a kernel's factoring may cost (bench/RESULTS.md, "Measurements behind the
+# code"): beyond it a split, however low the rank, is not looked for.
+FACTOR_BUDGET_FLOPS = 2e10
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,10 @@ def split_separable(spec: ConvSpec, max_rank: int | None = None) -> SeparableCon
     )
     if _plainly_of_rank(spec.weight, too_high):
         return _no_split(f"the kernel has rank {too_high} or more {described}")
-    u, singular, vt = np.linalg.svd(_matricise(spec.weight), full_matrices=False)
+    matrix_shape = (in_channels * rows, out_channels * cols)
+    if _factoring_flops(matrix_shape, too_high) > FACTOR_BUDGET_FLOPS:
+        return _no_split(f"factoring the kernel {described} would take more than the split's budget")
+    u, singular, vt = _low_rank_svd(_matricise(spec.weight), too_high)
     if not singular.size or singular[0] == 0:
         return _no_split("the kernel is zero")
     rank = int(np.count_nonzero(singular > RANK_TOLERANCE * singular[0]))
@@ -86,6 +93,30 @@ def split_separable(spec: ConvSpec, max_rank: int | None = None) -> SeparableCon
         ConvSpec(wide, spec.bias, spec.has_bias, (1, stride_w), (1, dilation_w), (0, left), (0, right)),
         rank,
     )
+
+
+def _factoring_flops(shape: tuple[int, int], width: int) -> float:
+    """About what _low_rank_svd costs on an [m, n] matrix: two [m, n] x [n, k] products and
+    a QR and an SVD of k-wide matrices, k = width (the whole SVD's m*n*min(m, n) at full width)."""
+    m, n = shape
+    k = min(width, m, n)
+    return 4.0 * m * n * k + 2.0 * (m + n) * k * k
+
+
+def _low_rank_svd(matrix: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """U, S, V^T of `matrix` [m, n] when its rank is below `width`: its column space is that of
+    matrix @ G for a [n, width] Gaussian G (with probability one), so with Q an orthonormal
+    basis of it, matrix = Q (Q^T matrix) and the SVD of the small [width, n] Q^T matrix gives
+    the whole one's nonzero part, at O(m n width) instead of O(m n min(m, n)). A rank of width
+    or more shows as width singular values above the tolerance, which the caller refuses; the
+    caller's reconstruction check catches the rest. At full width, the plain SVD."""
+    m, n = matrix.shape
+    if width >= min(m, n):
+        return np.linalg.svd(matrix, full_matrices=False)
+    sketch = matrix @ np.random.default_rng(SUBMATRIX_SEED).standard_normal((n, width))
+    basis, _ = np.linalg.qr(sketch)
+    u_small, singular, vt = np.linalg.svd(basis.T @ matrix, full_matrices=False)
+    return basis @ u_small, singular, vt
 
 
 def rank_at_least(weight: np.ndarray, rank: int) -> bool:
@@ -110,8 +141,9 @@ def _plainly_of_rank(weight: np.ndarray, rank: int) -> bool:
     seed) is proof: its columns are independent, so are the matrix's columns they come from.
     For 512 -> 512 3x3, where a split pays only below rank 768, that is a 768 x 768 screen
     instead of the 1536 x 1536 matrix. A submatrix that misses the proof (a structured kernel)
-    leaves it to the whole matrix, as does a small matrix (up to SUBMATRIX_FROM columns, where
-    the draw costs as much as the screen).
+    leaves it to split_separable's factoring, which is bounded by the rank of interest; a small
+    matrix (up to SUBMATRIX_FROM columns, where the draw costs as much as the screen) is
+    screened whole.
 
     At full rank, R of the whole (tall) matrix's QR: if its columns are dependent, the first column
     in the span of those before it has a zero diagonal entry in R, to rounding: an exactly low
@@ -125,9 +157,9 @@ def _plainly_of_rank(weight: np.ndarray, rank: int) -> bool:
     if rank < full and full > SUBMATRIX_FROM:
         draw = np.random.default_rng(SUBMATRIX_SEED)
         rows, cols = (np.sort(draw.permutation(size)[:rank]) for size in shape)
-        if _independent_columns(_submatrix(weight, rows, cols)):
-            return True
-        return _plainly_of_rank(weight, full)
+        # a draw that misses the proof leaves it to the factoring, which is bounded by the
+        # rank of interest: screening the whole matrix would cost as much as factoring it whole
+        return _independent_columns(_submatrix(weight, rows, cols))
     matrix = _matricise(weight)
     return _independent_columns(matrix if matrix.shape[0] >= matrix.shape[1] else matrix.T)
 

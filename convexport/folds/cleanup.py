@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from ..algebra import Refusal
+from ..ir import constant_value, is_absent
 from ..rewrite.primitives import Rewrite, reach
 
 
@@ -12,3 +16,24 @@ def forward_input(match, context) -> Rewrite:
     return Rewrite(
         nodes=[], replace=[(root.outputs[0], root.inputs[0])], note=f"{root.op} forwards its input unchanged"
     )
+
+
+@reach(0)
+def drop_whole_slice(match, context) -> Rewrite | Refusal:
+    """A Slice that keeps every element of its input (starts 0, ends at or past the end, steps
+    1, on every axis it names; the TorchScript exporter writes `t[:, :c]` on a tensor of c
+    channels so) forwards its input."""
+    root = match.root
+    shape = root.inputs[0].shape
+    values = [None if len(root.inputs) <= i or is_absent(root.inputs[i]) else constant_value(root.inputs[i])
+              for i in range(1, 5)]  # fmt: skip
+    starts, ends, axes, steps = values
+    if shape is None or starts is None or ends is None:
+        return Refusal("its input's shape or its bounds are unknown", reported=False)
+    axes = range(len(starts)) if axes is None else [int(a) % len(shape) for a in np.asarray(axes).reshape(-1)]
+    steps = np.ones(len(starts), np.int64) if steps is None else np.asarray(steps).reshape(-1)
+    for axis, start, end, step in zip(axes, np.asarray(starts).reshape(-1), np.asarray(ends).reshape(-1), steps):
+        size = shape[axis]
+        if not isinstance(size, int) or step != 1 or start not in (0, -size if size else 0) or end < size:
+            return Refusal("it keeps part of its input", reported=False)
+    return Rewrite(nodes=[], replace=[(root.outputs[0], root.inputs[0])], note="Slice keeps its whole input")

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from .. import ir
 from ..algebra import Refusal, combine_parallel, concat_parallel, identity_conv
 from ..rewrite.primitives import Rewrite, accepts, reach
 from .conv_chain import output_dtype
-from .convnodes import make_conv, node_flops, spatial_shape
+from .convnodes import flops_per_sample, make_conv, node_flops, spatial_shape
 from .linear_nodes import linear_spec
 
 
 def _branch_spec(tensor, x, context, channels: int | None):
     """x itself (identity) or a linear node reading x."""
     if tensor is x:
+        if x.shape is not None and len(x.shape) < 3:
+            return Refusal(f"{x.name}: rank {len(x.shape)}, not [N, C, *spatial]", reported=False)
         if channels is None:
             return Refusal(f"{x.name}: the channel count of the identity branch is unknown")
         return identity_conv(channels, len(x.shape) - 2)
@@ -19,7 +22,8 @@ def _branch_spec(tensor, x, context, channels: int | None):
 
 
 def _branches(tensors, x, context):
-    channels = x.shape[1] if getattr(x, "shape", None) is not None and isinstance(x.shape[1], int) else None
+    shape = getattr(x, "shape", None)
+    channels = shape[1] if shape is not None and len(shape) >= 3 and isinstance(shape[1], int) else None
     specs = [_branch_spec(tensor, x, context, channels) for tensor in tensors]
     refusal = next((spec for spec in specs if isinstance(spec, Refusal)), None)
     return refusal, specs
@@ -50,21 +54,40 @@ def sum_branches(match, context) -> Rewrite | Refusal:
 
 @reach(0)
 def concat_branches(match, context) -> Rewrite | Refusal:
-    """Concat(branch_1(x), ..., branch_n(x), axis=1) -> Conv'(x) with the kernels stacked."""
+    """Concat(branch_1(x), ..., branch_n(x), axis=1) -> Conv'(x) with the kernels stacked.
+
+    Where the pattern binds `a` (parts[] = Act(a[]), a[] = Linear(x)), each part is one
+    elementwise activation of a branch, the same op and attributes for all:
+    Concat(act(a_1), ..., act(a_n)) = act(Concat(a_1, ..., a_n)) -> act(Conv'(x)) (SqueezeNet's
+    Fire: the 1x1 placed at the centre of the 3x3 window; the cost model weighs the wider kernel)."""
     x = match.values["x"]
-    tensors = list(match.values["parts"])
+    activated = "a" in match.values
+    tensors = list(match.values["a"] if activated else match.values["parts"])
+    activations = [part.inputs[0] for part in match.values["parts"]] if activated else []
+    if activations and len({(node.op, repr(sorted(node.attrs.items()))) for node in activations}) > 1:
+        return Refusal("the parts' activations differ in their attributes", reported=False)
     refusal, specs = _branches(tensors, x, context)
     if refusal:
         return refusal
     merged = concat_parallel(specs, spatial_shape(x))
     if isinstance(merged, Refusal):
         return merged
-    return _replace_root(
-        match, context, merged, tensors, specs, f"Concat of {len(specs)} branches merged into one Conv"
-    )
+    note = f"Concat of {len(specs)} branches merged into one Conv"
+    return _replace_root(match, context, merged, tensors, specs, note, activations[0] if activations else None)
 
 
-def _replace_root(match, context, merged, tensors, specs, note) -> Rewrite:
-    output = match.root.outputs[0]
-    node, folded = make_conv(context, match.values["x"], merged, output_dtype(match.root), output.name, output.shape)
-    return Rewrite([node], [(output, folded)], note, _flops(tensors, match.values["x"]), node_flops(node, output.shape))
+def _replace_root(match, context, merged, tensors, specs, note, activation=None) -> Rewrite:
+    """The root's output from the merged Conv (and, for activated branches, the activation
+    once after it); FLOPs of the branches (and their activations) against the new nodes'."""
+    output, x = match.root.outputs[0], match.values["x"]
+    node, folded = make_conv(context, x, merged, output_dtype(match.root), output.name, output.shape)
+    before, after = _flops(tensors, x), node_flops(node, output.shape)
+    nodes = [node]
+    if activation is not None:
+        activated = ir.Variable(context.fresh(output.name), output_dtype(match.root), output.shape)
+        name = context.fresh(output.name + "_act")
+        nodes.append(ir.Node(activation.op, name, dict(activation.attrs), [folded], [activated]))
+        folded, note = activated, note + f" and one {activation.op}"
+        elements = flops_per_sample(output.shape)
+        before, after = (None, None) if None in (before, after, elements) else (before + elements, after + elements)
+    return Rewrite(nodes, [(output, folded)], note, before, after)

@@ -76,6 +76,8 @@ def channel_affine(node: ir.Node, opset: int) -> tuple[np.ndarray, np.ndarray] |
 def _affine_of(node: ir.Node, channels: int, nd: int, opset: int) -> tuple[np.ndarray, np.ndarray] | Refusal:
     """channel_affine's (scale, shift) for a BatchNormalization or an elementwise op, in float64."""
     if node.op == "BatchNormalization":
+        if attribute_or(node, "training_mode", opset, 0):
+            return Refusal(f"{node.name}: a BatchNormalization in training mode normalises by batch statistics")
         gamma, beta, mean, var = (constant_value(t) for t in node.inputs[1:5])
         return batchnorm_scale_shift(
             *(np.asarray(v, np.float64) for v in (gamma, beta, mean, var)),
@@ -84,8 +86,8 @@ def _affine_of(node: ir.Node, channels: int, nd: int, opset: int) -> tuple[np.nd
     data_first = constant_value(node.inputs[0]) is None
     constant = constant_value(node.inputs[1] if data_first else node.inputs[0])
     k = _per_channel(np.asarray(constant, np.float64), channels, nd)
-    if isinstance(k, Refusal):
-        return Refusal(f"{node.name}: {k.reason}")
+    if isinstance(k, Refusal):  # a constant of another shape makes it no channel map at all: not a case
+        return Refusal(f"{node.name}: {k.reason}", reported=False)
     zero, one = np.zeros(channels), np.ones(channels)
     if node.op == "Mul":
         return k, zero
@@ -101,7 +103,9 @@ def _affine_of(node: ir.Node, channels: int, nd: int, opset: int) -> tuple[np.nd
 def _channels_and_rank(node: ir.Node) -> tuple[int, int] | Refusal:
     """The channel count and spatial rank of the node's data input [N, C, *spatial]."""
     shape = getattr(data_input(node), "shape", None)
-    if shape is None or len(shape) < 3 or not isinstance(shape[1], int):
+    if shape is not None and len(shape) < 3:  # no [N, C, *spatial] tensor: not a case for a conv fold
+        return Refusal(f"{node.name}: its input has rank {len(shape)}, not [N, C, *spatial]", reported=False)
+    if shape is None or not isinstance(shape[1], int):
         return Refusal(f"{node.name}: the rank and channel count of its input are unknown")
     return shape[1], len(shape) - 2
 

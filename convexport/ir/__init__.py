@@ -12,13 +12,13 @@ outputs' producers as it is made.
     scopes.py    subgraphs, topological order, clean-up
     shapes.py    shape inference, and whether a model needs it
     large.py     models of 1 GiB of weights or more: external data, the weightless skeleton
-    folding.py   constant folding before the rules (onnxscript's)
+    folding.py   constant folding before the rules (onnxscript's) and between them (one node at a time)
 """
 
 from onnx_graphsurgeon import Constant, Graph, Node, Tensor, Variable
 
 from .convert import IR_VERSION, export_graph, import_graph, nodes_as_model, overridable_initializers
-from .folding import fold_constants
+from .folding import constant_node_values, fold_constants
 from .large import external_data_files, needs_external_data, save_with_external_data
 from .naming import NameGenerator
 from .query import (
@@ -50,6 +50,7 @@ __all__ = [
     "overridable_initializers",
     "external_data_files",
     "fold_constants",
+    "constant_node_values",
     "needs_external_data",
     "save_with_external_data",
     "NameGenerator",

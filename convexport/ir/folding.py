@@ -1,4 +1,4 @@
-"""Constant folding before the rules: every node whose value does not depend on the values of
+"""Constant folding before and between the rules: every node whose value does not depend on the values of
 the model's inputs (their shapes and types may be read) is computed once and becomes a
 constant. Exporters leave such subgraphs behind: torch's dynamo exporter without its optimizer
 writes each Conv bias as Expand(CastLike(0, x), Shape(W)[0:1]), the TorchScript exporter
@@ -9,13 +9,20 @@ The folding is onnxscript's (the optimizer torch's dynamo exporter runs), not co
 it evaluates the nodes with the ONNX reference implementation, leaves an initializer that is
 also a graph input alone (a default the caller may override), and folds no tensor over
 FOLD_LIMIT_ELEMENTS, so that a fold never trades a few nodes for a large new weight.
+
+Between the rules' passes (a rule may leave a node reading only constants: a user's rule that
+forwards a constant, a rewrite whose replacement is a constant) the rewrite engine computes
+such nodes one at a time on its graph with the ONNX reference evaluator (constant_node_values),
+under the same limit.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx.reference
 import onnxscript.optimizer
+from onnx_ir.passes.common import LiftConstantsToInitializersPass
 from onnxscript import ir as onnx_ir  # onnx-ir, as onnxscript installs and uses it
 
 FOLD_LIMIT_ELEMENTS = 1 << 22  # 16 MiB of float32, as inputs or outputs of one folded node
@@ -34,8 +41,10 @@ def _small_constant_of_shape(node) -> bool | None:
 
 
 def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with its input-independent subgraphs folded and what they leave unused
-    removed: a new model, or `model` itself when there is nothing to fold."""
+    """The model with its input-independent subgraphs folded, what they leave unused removed
+    and its Constant nodes made initializers (the TorchScript exporter writes every constant
+    as a node; as an initializer it is the same value, and no node to count or to run): a new
+    model, or `model` itself when there is nothing to do."""
     graph = onnx_ir.serde.deserialize_model(model)
     result = onnxscript.optimizer.fold_constants(
         graph,
@@ -44,7 +53,31 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
         output_size_limit=FOLD_LIMIT_ELEMENTS,
         should_fold=_small_constant_of_shape,
     )
-    if not result.modified:
+    lifted = LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(graph)
+    if not (result.modified or lifted.modified):
         return model
     onnxscript.optimizer.remove_unused_nodes(graph)
     return onnx_ir.serde.serialize_model(graph)
+
+
+def constant_node_values(node, opset: int) -> list[np.ndarray] | None:
+    """The outputs of a graph node (onnx-graphsurgeon) whose inputs are all constants, computed
+    by the ONNX reference evaluator; None where it holds a subgraph, draws random numbers, is
+    of another domain, or reads or would write a tensor over FOLD_LIMIT_ELEMENTS (or the
+    evaluator cannot run it)."""
+    from .convert import nodes_as_model  # (convert imports this package's siblings)
+    from .scopes import node_subgraphs
+
+    if (node.domain or "") not in ("", "ai.onnx") or node.op.startswith("Random") or any(node_subgraphs(node)):
+        return None
+    constants = [t for t in node.inputs if t.name]
+    if any(t.values.size > FOLD_LIMIT_ELEMENTS for t in constants):
+        return None
+    outputs = [onnx.ValueInfoProto(name=t.name) for t in node.outputs]
+    model = nodes_as_model([node], [], outputs, constants, opset, "constant_node")
+    try:
+        values = onnx.reference.ReferenceEvaluator(model).run(None, {})
+    except Exception:  # an op or an input the evaluator does not take: the node stays as it is
+        return None
+    values = [np.asarray(v) for v in values]
+    return None if any(v.size > FOLD_LIMIT_ELEMENTS for v in values) else values

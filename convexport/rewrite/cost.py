@@ -7,7 +7,9 @@ the target device, estimated from the nodes it removes and the nodes it adds.
 FLOPs are the primitive's own count where it gives one (a Conv's 2*O*prod(out)*(I/g)*prod(k),
 an FFT's transform and product counts), else each node's: Conv, Gemm and MatMul from shapes,
 one per output element for anything else. Bytes moved are every input and output a node
-touches (weights included), each tensor once (twice where one node reads it twice). A new
+touches (weights included), each tensor once (twice where one node reads it twice). An
+activation that ONNX Runtime fuses into the Conv before it (FUSED_ACTIVATIONS) costs nothing;
+an op that only moves data (COPY_OPS) moves it at the device's copy rate where it has one. A new
 tensor whose shape is not known yet is taken as large as the old tensor it replaces, or as
 its node's largest input. Ops that the device runs elsewhere (DFT has no CUDA kernel in ONNX
 Runtime: it runs on the CPU) cost the CPU's time plus a round trip over PCIe, and so does a
@@ -34,12 +36,13 @@ class Device:
     seconds_per_node: float
     host_ops: frozenset = frozenset()  # ops this device leaves to the CPU
     host_link_bytes_per_s: float = 0.0
+    copy_bytes_per_s: float | None = None  # ops that only move data (COPY_OPS), where faster
 
 
 # CPU: fitted to ONNX Runtime 1.31 on 2 cores (AVX2) timing a depthwise 3x3 + pointwise 1x1 pair
-# against the dense 3x3 it folds to (--strategy measure's numbers; bench/RESULTS.md,
-# "Measurements behind the code").
-CPU = Device("cpu", flops_per_s=80e9, bytes_per_s=4e9, seconds_per_node=5e-6)
+# against the dense 3x3 it folds to, and nested Concats against one (--strategy measure's
+# numbers; bench/RESULTS.md, "Measurements behind the code").
+CPU = Device("cpu", flops_per_s=80e9, bytes_per_s=4e9, seconds_per_node=5e-6, copy_bytes_per_s=20e9)
 # CUDA: round figures for an H100 under ONNX Runtime (cuDNN fp32 convs, HBM3), not measured here.
 CUDA = Device(
     "cuda",
@@ -65,6 +68,7 @@ class NodeWork(NamedTuple):
     flops: float
     bytes: float  # the tensors it is the first of the nodes to touch
     on_host: bool  # the device leaves it to the CPU
+    copy: bool  # an op that only moves data (COPY_OPS)
 
 
 def estimate(
@@ -79,22 +83,44 @@ def estimate(
     for node in nodes:
         fresh = [t for t in (*node.inputs, *node.outputs) if id(t) not in seen]
         seen.update(map(id, fresh))
+        if fused_into_conv(node):
+            continue
         work.append(
             NodeWork(
                 _node_flops(node, replaced),
                 sum([_bytes(t, node, replaced) for t in fresh]),
                 bool(device.host_ops) and _runs_on_host(node, device),
+                node.op in COPY_OPS,
             )
         )
     counted = sum([w.flops for w in work])
     factor = flops / counted if flops is not None and counted > 0 else 1.0
     seconds = flops / device.flops_per_s if flops is not None and counted == 0 else 0.0
-    for node_flops, node_bytes, on_host in work:
+    for node_flops, node_bytes, on_host, copy in work:
         if on_host:
-            seconds += _seconds(CPU, node_flops * factor, node_bytes) + 2 * node_bytes / device.host_link_bytes_per_s
+            seconds += _seconds(CPU, node_flops * factor, node_bytes, copy)
+            seconds += 2 * node_bytes / device.host_link_bytes_per_s
         else:
-            seconds += _seconds(device, node_flops * factor, node_bytes)
+            seconds += _seconds(device, node_flops * factor, node_bytes, copy)
     return Estimate(seconds, counted if flops is None else flops, sum([w.bytes for w in work]), len(work))
+
+
+# Activations ONNX Runtime fuses into the Conv before them (its ConvActivationFusion, on the
+# CPU and CUDA providers): computed as the Conv writes its output, they cost no pass of their own.
+FUSED_ACTIVATIONS = frozenset({"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid"})
+
+
+def fused_into_conv(node: ir.Node) -> bool:
+    """An activation that is the only reader of a Conv's output: no node of its own at run time."""
+    if node.op not in FUSED_ACTIVATIONS or not node.inputs:
+        return False
+    source = node.inputs[0]
+    return (
+        isinstance(source, ir.Variable)
+        and len(source.inputs) == 1
+        and source.inputs[0].op == "Conv"
+        and len(source.outputs) == 1
+    )
 
 
 def _runs_on_host(node: ir.Node, device: Device) -> bool:
@@ -104,8 +130,14 @@ def _runs_on_host(node: ir.Node, device: Device) -> bool:
     return any(_runs_on_host(inner, device) for sub in node_subgraphs(node) for inner in sub.nodes)
 
 
-def _seconds(device: Device, flops: float, moved: float) -> float:
-    return flops / device.flops_per_s + moved / device.bytes_per_s + device.seconds_per_node
+def _seconds(device: Device, flops: float, moved: float, copy: bool = False) -> float:
+    rate = device.copy_bytes_per_s if copy and device.copy_bytes_per_s else device.bytes_per_s
+    return flops / device.flops_per_s + moved / rate + device.seconds_per_node
+
+
+# Ops that only move data: their traffic runs at memcpy speed, not at the rate the compute
+# ops' traffic is fitted at.
+COPY_OPS = frozenset({"Concat", "Split", "Slice", "Transpose", "Tile", "Expand", "Gather", "Pad"})
 
 
 def _shape(tensor, node: ir.Node, replaced: dict[int, ir.Tensor]) -> tuple[int, ...] | None:

@@ -57,6 +57,7 @@ class RewriteOutcome:
     skipped: list[dict] = field(default_factory=list)
     passes: int = 0
     explained: dict[str, dict[str, str]] = field(default_factory=dict)  # --explain: rule -> node -> why
+    folded: int = 0  # nodes of constants computed between passes
 
 
 @dataclass
@@ -71,6 +72,7 @@ class _Run:
     created: list[ir.Node] = field(default_factory=list)  # nodes the current pass inserted
     explain: frozenset[str] = frozenset()  # rules whose every verdict is kept (--explain)
     explained: dict[str, dict[str, str]] = field(default_factory=dict)  # rule -> anchor -> its last verdict
+    folded: int = 0  # nodes of constants computed between passes (_fold_constant_nodes)
 
     def explaining(self, rule: Rule, anchor, verdict: str) -> None:
         if rule.name in self.explain:
@@ -132,6 +134,8 @@ def _rewrite(model, rules, primitives, strategy, source, limit, device, decided,
             changed |= _run_scope(scope, rules, replace(base, graph=scope), state)
         if not changed:
             break
+        for scope in ir.all_graphs(graph):
+            state.folded += _fold_constant_nodes(scope, opset, base.fresh, state.changes)
         changed_at_all = True
         # a tensor that now has a shape may now match where it did not: a change like any other
         alive = [node for node in state.created if not state.changes.is_dead(node)]
@@ -148,7 +152,31 @@ def _rewrite(model, rules, primitives, strategy, source, limit, device, decided,
         if still_there:
             final_nodes = {node.name for scope in ir.proto_scopes(current.graph) for node in scope.node}
             still_there = [entry for entry in still_there if set(entry["nodes"]) <= final_nodes]
-    return RewriteOutcome(current, state.applied, still_there, passes, state.explained)
+    return RewriteOutcome(current, state.applied, still_there, passes, state.explained, state.folded)
+
+
+def _fold_constant_nodes(scope: ir.Graph, opset: int, fresh: ir.NameGenerator, changes: ChangeLog) -> int:
+    """The nodes a pass left reading only constants (a rule replaced their run-time input with
+    a constant), computed now as the folding before the rules would have (ir.constant_node_values):
+    their outputs become constants, and their readers are looked at again. How many."""
+    folded = 0
+    for node in list(scope.nodes):
+        constant_inputs = [t for t in node.inputs if not ir.is_absent(t)]
+        if (
+            changes.is_dead(node)
+            or not constant_inputs
+            or not all(isinstance(t, ir.Constant) for t in constant_inputs)
+            or any(_is_graph_output(out, scope) for out in node.outputs)
+        ):
+            continue
+        values = ir.constant_node_values(node, opset)
+        if values is None:
+            continue
+        replacements = [(out, ir.Constant(fresh(out.name), value)) for out, value in zip(node.outputs, values)]
+        members = set(map(id, scope.nodes))
+        _apply(scope, Rewrite([], replacements, f"{node.op} of constants folded"), fresh, changes, members)
+        folded += 1
+    return folded
 
 
 def _run_scope(graph: ir.Graph, rules: list[Rule], base: RewriteContext, state: _Run) -> bool:
@@ -164,11 +192,14 @@ def _run_scope(graph: ir.Graph, rules: list[Rule], base: RewriteContext, state: 
     for rule in rules:
         if state.full():
             break
-        if not rule.ops <= by_op.keys():
+        if not rule.may_match(by_op.keys()):
             continue  # an op of its pattern is nowhere in this scope
         primitive = rule.plugin or state.primitives[rule.apply]
         group = rule.is_group
-        candidates = [node for node in (graph.nodes if group else by_op.get(rule.root.op_type, ())) if not dead(node)]
+        if group or rule.root.is_class:  # (an op class: its ops' nodes, still in graph order)
+            candidates = [node for node in graph.nodes if (group or node.op in rule.root.op_types) and not dead(node)]
+        else:
+            candidates = [node for node in by_op.get(rule.root.op_type, ()) if not dead(node)]
         region = state.changes.region(graph, rule, candidates, reach_of(primitive))
         state.changes.start_looking(graph, rule)
         if region is not None and not region:

@@ -67,7 +67,7 @@ class PatternMatcher:
             if not (ref.variadic or ref.optional or ref.wildcard) and names.count(ref.name) == 1
         ]
         self.root_feeders = tuple(
-            Counter(self.producers[ref.name].op_type for ref in required if ref.name in self.producers).items()
+            Counter(self.producers[ref.name].op_types for ref in required if ref.name in self.producers).items()
         )
         self.root_constants = sum(ref.constant for ref in required)
         # without per-element names the bindings need no regrouping into lists
@@ -76,9 +76,10 @@ class PatternMatcher:
     def match(self, root: ir.Node) -> Match | None:
         if self.root_feeders:
             made_by = [t.inputs[0].op for t in root.inputs if isinstance(t, ir.Variable) and len(t.inputs) == 1]
-            for op, count in self.root_feeders:
-                if made_by.count(op) < count:
-                    return self._no(f"{self.rule.root.text}: no input of it is made by a {op} node")
+            for ops, count in self.root_feeders:
+                if sum(op in ops for op in made_by) < count:
+                    makers = " or ".join(sorted(ops))
+                    return self._no(f"{self.rule.root.text}: no input of it is made by a {makers} node")
         if self.root_constants and sum(map(is_constant, root.inputs)) < self.root_constants:
             return self._no(f"{self.rule.root.text}: fewer of its inputs are constants than the pattern's :const names")
         state = _State()
@@ -113,7 +114,7 @@ class PatternMatcher:
         return None
 
     def _node(self, line: PatternNode, node: ir.Node, state: _State, element: int | None) -> bool:
-        if node.op != line.op_type or (node.domain or "") not in ("", "ai.onnx") or id(node) not in self.members:
+        if node.op not in line.op_types or (node.domain or "") not in ("", "ai.onnx") or id(node) not in self.members:
             return bool(self._no(f"{line.text}: {node.name} is a {node.op}"))
         first = line.outputs[0]
         key = _key(first, element)
@@ -135,6 +136,11 @@ class PatternMatcher:
             if out_key in state.values and state.values[out_key] is not tensor:
                 return bool(self._no(f"{line.text}: {ref.name} is bound to another tensor"))
             state.values[out_key] = tensor
+        if line.is_class:
+            data = run_time_input(node)
+            if data is None:
+                return bool(self._no(f"{line.text}: {node.name} has more than one run-time input"))
+            return self._value(line.inputs[0], data, state, element)
         return self._inputs(line, list(node.inputs), state, element)
 
     def _inputs(self, line: PatternNode, tensors: list, state: _State, element: int | None) -> bool:
@@ -200,6 +206,15 @@ class PatternMatcher:
 
     def _used(self, tensor) -> bool:
         return bool(tensor.outputs) or id(tensor) in self.graph_outputs
+
+
+def run_time_input(node: ir.Node):
+    """The one input of `node` that is not a constant (nor an omitted optional one), None where
+    there are several or none; for Div, only the dividend may be it (k / x is not linear)."""
+    computed = [i for i, t in enumerate(node.inputs) if not is_absent(t) and not is_constant(t)]
+    if len(computed) != 1 or (node.op == "Div" and computed[0] != 0):
+        return None
+    return node.inputs[computed[0]]
 
 
 def _downstream(tensor, depth: int) -> list[ir.Node]:

@@ -9,6 +9,8 @@
                                                in [] are per element, plain names are shared
     y = Add(a, b)                              Add, Mul and Sum also match with inputs swapped
     _                                          an input that may be anything, left unbound
+    a = Linear(x)                              an op class: any node that is linear in x with
+                                               constant parameters (Affine, Linear, Dense: OP_CLASSES)
 
 A trailing `?` marks an optional input (a bias): it matches a present or an absent input.
 `name:const` only matches a constant (an initializer or a Constant's output): the rule is
@@ -33,6 +35,21 @@ _LINE = re.compile(
 _INPUT = re.compile(rf"^(?P<star>\*)?(?P<name>{_NAME})(?P<elem>\[\])?(?P<const>:const)?(?P<optional>\?)?$")
 
 COMMUTATIVE = frozenset({"Add", "Mul", "Sum", "Max", "Min"})
+
+# Op classes: a pattern line `OUT = Class(x)` matches a node of any of these ops whose one
+# run-time input is x, every other input a constant (or absent), so that one line names every
+# linear node a primitive can fold:
+#   Affine(x)   BatchNormalization, Mul / Div / Add / Sub by a constant (Div only as x / k)
+#   Linear(x)   an Affine, or a Conv, AveragePool or Pad of x
+#   Dense(x)    a Gemm or MatMul of x by a constant weight
+# Whether the constants fit (a per-channel or per-feature scale, zero padding) is the
+# primitive's to check, and to say.
+_AFFINE = frozenset({"BatchNormalization", "Mul", "Div", "Add", "Sub"})
+OP_CLASSES = {
+    "Affine": _AFFINE,
+    "Linear": _AFFINE | {"Conv", "AveragePool", "Pad"},
+    "Dense": frozenset({"Gemm", "MatMul"}),
+}
 
 
 class PatternSyntaxError(ValueError):
@@ -71,9 +88,13 @@ class PatternNode:
     variadic_input: ValueRef | None = field(init=False, repr=False, compare=False)
     fixed_inputs: tuple[ValueRef, ...] = field(init=False, repr=False, compare=False)  # the others, in order
     output_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    op_types: frozenset[str] = field(init=False, repr=False, compare=False)  # the ops it matches
+    is_class: bool = field(init=False, repr=False, compare=False)  # an op class (OP_CLASSES)
 
     def __post_init__(self):
         derived = {
+            "op_types": OP_CLASSES.get(self.op_type, frozenset({self.op_type})),
+            "is_class": self.op_type in OP_CLASSES,
             "is_element": self.outputs[0].per_element,
             "variadic_input": next((ref for ref in self.inputs if ref.variadic), None),
             "fixed_inputs": tuple(ref for ref in self.inputs if not ref.variadic),

@@ -66,10 +66,10 @@ class Rule:
     def root(self) -> PatternNode:
         return self.pattern[-1]
 
-    @property
-    def ops(self) -> frozenset[str]:
-        """The op types its pattern names: a scope without one of them has no match."""
-        return frozenset(line.op_type for line in self.pattern)
+    def may_match(self, ops_present) -> bool:
+        """Whether a scope holding these op types may hold a match: one of each line's ops
+        (a line of an op class has several) is there."""
+        return all(not line.op_types.isdisjoint(ops_present) for line in self.pattern)
 
     @property
     def is_group(self) -> bool:
@@ -395,6 +395,12 @@ def _parse_match(file: str, rule: str, node) -> tuple[PatternNode, ...]:
             parsed = parse_pattern_line(text, _line(item))
         except PatternSyntaxError as exc:
             raise RuleFileError(file, _line(item), _column(item) + exc.column - 1, f"rule {rule!r}: {exc}") from None
+        if parsed.is_class:
+            problem = _op_class_problem(parsed)
+            if problem:
+                raise RuleFileError(file, _line(item), _column(item), f"rule {rule!r}: {problem}")
+            lines.append(parsed)
+            continue
         if not onnx.defs.has(parsed.op_type):
             raise RuleFileError(file, _line(item), _column(item), f"rule {rule!r}: unknown ONNX op {parsed.op_type!r}")
         for name, value in parsed.attributes:
@@ -435,6 +441,14 @@ def _accepted_params(apply: str) -> frozenset[str]:
     from .primitives import accepted_params, builtin_primitives
 
     return accepted_params(builtin_primitives()[apply]) or frozenset()
+
+
+def _op_class_problem(line: PatternNode) -> str | None:
+    """Why a line of an op class (`a = Linear(x)`) is malformed: it names its one run-time
+    input and nothing else (the class's constants are the primitive's to read)."""
+    if line.attributes or len(line.inputs) != 1 or line.inputs[0].variadic or line.inputs[0].constant:
+        return f"{line.op_type}(x) takes exactly one run-time input and no attribute conditions"
+    return None
 
 
 def _input_count_problem(line: PatternNode) -> str | None:
@@ -523,7 +537,8 @@ def _check_connected(file: str, rule: str, lines: list[PatternNode], node) -> No
         name = line.outputs[0].name
         if name not in used:
             raise RuleFileError(file, line.line, 1, f"rule {rule!r}: {name!r} is not read by any later line")
-        if line.is_element and name not in variadic and not lines[-1].is_element:
+        element_read = any(ref.name == name and ref.per_element for other in lines for ref in other.inputs)
+        if line.is_element and name not in variadic and not element_read and not lines[-1].is_element:
             raise RuleFileError(file, line.line, 1, f"rule {rule!r}: {name}[] has no variadic *{name} input")
 
 

@@ -46,7 +46,8 @@ def samplers_of(rule: Rule) -> dict:
 
 def unsupported_ops(rule: Rule) -> list[str]:
     known = samplers_of(rule)
-    return sorted({line.op_type for line in rule.pattern if line.op_type not in known})
+    ops = {op for line in rule.pattern for op in (CLASS_MEMBER_INPUTS.get(line.op_type) or [line.op_type])}
+    return sorted(ops - known.keys())
 
 
 def instances(rule: Rule) -> st.SearchStrategy:
@@ -60,6 +61,22 @@ def instances(rule: Rule) -> st.SearchStrategy:
             return None
 
     return build().filter(lambda instance: instance is not None)
+
+
+# The constant inputs each member of an op class is drawn with (`?`: optional), after its
+# run-time input.
+_AFFINE_INPUTS = {
+    "BatchNormalization": ("scale", "shift", "mean", "var"),
+    "Mul": ("k",),
+    "Div": ("k",),
+    "Add": ("k",),
+    "Sub": ("k",),
+}
+CLASS_MEMBER_INPUTS = {
+    "Affine": _AFFINE_INPUTS,
+    "Linear": {**_AFFINE_INPUTS, "Conv": ("w", "b?"), "AveragePool": (), "Pad": ("pads",)},
+    "Dense": {"Gemm": ("w", "b?"), "MatMul": ("w",)},
+}
 
 
 class _InstanceBuilder:
@@ -80,6 +97,7 @@ class _InstanceBuilder:
         self.env: dict[tuple, str] = {}  # (pattern name, element or None) -> tensor name
         self.lists: dict[str, list[str]] = {}  # variadic name -> its tensors
         self.templates: dict[int, tuple[Draft, list[str]]] = {}
+        self.class_members: dict[int, str] = {}  # line index -> the member op drawn for an op class
         self.numbers = itertools.count()
 
     def build(self) -> Instance:
@@ -93,6 +111,8 @@ class _InstanceBuilder:
 
     # --- one pattern line -------------------------------------------------------------
     def _add_line(self, index: int, line: PatternNode, element: int | None) -> None:
+        if line.is_class:
+            line = self._class_member(index, line, element)
         refs, names = self._input_names(line, element)
         fixed = dict(line.attributes)
         template = self.templates.get(index)
@@ -127,6 +147,21 @@ class _InstanceBuilder:
                 self.env[self._key(ref, element)] = name
                 if ref.per_element:
                     self.lists.setdefault(ref.name, []).append(name)
+
+    def _class_member(self, index: int, line: PatternNode, element: int | None) -> PatternNode:
+        """A line of an op class (`a = Linear(x)`) as a line of one member op: x its run-time
+        input, constants for the rest. The member is drawn once per line, and again per
+        element when the instance draws its elements independently."""
+        op = self.class_members.get(index) if self.sharing != "independent" or not element else None
+        if op is None:
+            op = self.draws.choice(sorted(CLASS_MEMBER_INPUTS[line.op_type]))
+            self.class_members[index] = op
+        base = line.outputs[0].name
+        constants = tuple(
+            ValueRef(f"{base}_{name.rstrip('?')}", line.is_element, name.endswith("?"), constant=True)
+            for name in CLASS_MEMBER_INPUTS[line.op_type][op]
+        )
+        return PatternNode(op, line.outputs, (line.inputs[0], *constants), (), line.line, line.text)
 
     def _input_names(self, line: PatternNode, element: int | None) -> tuple[list, list]:
         """Per input slot: its pattern ref and its tensor (None: open, ABSENT: left out)."""

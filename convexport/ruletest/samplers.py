@@ -393,6 +393,37 @@ def flatten(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
     return Draft({"axis": _pick(fixed, "axis", lambda: draws.integer(0, len(shape)))}, _values(slots, produced))
 
 
+def slice_(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
+    """Slice(X, starts, ends, axes?, steps?): on some axes, the whole axis (ends at its size,
+    past it, or INT64_MAX; starts 0 or -size) half the time, a part of it otherwise (a start
+    within it, a step of 2 or -1)."""
+    shape, produced = _data(draws, slots, (1, 2, 3, 4, 5))
+    axes = sorted({draws.choice(range(len(shape))) for _ in range(draws.integer(1, len(shape)))})
+    whole = draws.flag()
+    starts, ends, steps = [], [], []
+    for axis in axes:
+        size = shape[axis]
+        if whole:
+            starts.append(draws.choice([0, -size]))
+            ends.append(draws.choice([size, size + 3, np.iinfo(np.int64).max]))
+            steps.append(1)
+        else:
+            step = draws.choice([1, 2, -1])
+            starts.append(draws.integer(0, size - 1) if step > 0 else size - 1)
+            ends.append(size if step > 0 else -size - 1)
+            steps.append(step)
+    for index, value in ((1, starts), (2, ends), (4, steps)):
+        if _open(slots, index):
+            produced[index] = np.array(value, np.int64)
+    if _open(slots, 3):
+        produced[3] = np.array([axis - len(shape) if draws.flag() else axis for axis in axes], np.int64)
+    elif (len(slots) <= 3 or not slots[3].present) and axes != list(range(len(axes))):
+        raise Reject  # without axes, starts and ends name the first axes in order
+    if (len(slots) <= 4 or not slots[4].present) and any(step != 1 for step in steps):
+        raise Reject  # without steps, every step is 1
+    return Draft({}, _values(slots, produced))
+
+
 def _binary(denominator=None) -> Sampler:
     return lambda draws, slots, fixed, outputs: elementwise(draws, slots, fixed, outputs, denominator)
 
@@ -413,6 +444,7 @@ SAMPLERS: dict[str, Sampler] = {
     "Concat": concat,
     "Split": split,
     "Gather": gather,
+    "Slice": slice_,
     "Gemm": gemm,
     "MatMul": matmul,
     "Dropout": dropout,

@@ -1,0 +1,184 @@
+"""Dense linear maps on the last axis (Gemm, MatMul, per-feature affine maps): composed and summed.
+
+A dense map is y = x W + b on the last axis of x [..., C]: W [C, D], b [D] or no bias. A
+per-feature affine map is y = x * s + t with s, t [C] (BatchNormalization on [N, C], Mul /
+Div / Add / Sub by a constant that broadcasts along the last axis only). All in float64:
+
+    after:   (x W + b) * s + t          = x (W diag(s)) + (b s + t);   s, t [D]
+    before:  (x * s + t) W + b          = x (diag(s) W) + (t W + b);   s, t [C]
+    chain:   (x W1 + b1) W2 + b2        = x (W1 W2) + (b1 W2 + b2);    W1 [C, r], W2 [r, D]
+    sum:     sum_i sign_i (x W_i + b_i) = x (sum_i sign_i W_i) + sum_i sign_i b_i
+    maps:    (x * s1 + t1) * s2 + t2    = x * (s1 s2) + (t1 s2 + t2)
+
+A chain through a narrow r (a low-rank factorisation) costs r (C + D) multiply-adds per row
+kept and C D composed: it is composed only where C D <= r (C + D).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .spec import Refusal
+
+
+@dataclass(frozen=True)
+class Dense:
+    """y = x W + b: weight [C, D], bias [D] or None (the node had none), float64."""
+
+    weight: np.ndarray
+    bias: np.ndarray | None
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[1]
+
+
+@dataclass(frozen=True)
+class FeatureAffine:
+    """y = x * scale + shift per feature of the last axis: scale, shift [C] float64."""
+
+    scale: np.ndarray
+    shift: np.ndarray
+
+
+LinearMap = Dense | FeatureAffine
+
+
+def gemm_dense(b, c, trans_b: bool, alpha: float, beta: float) -> Dense | Refusal:
+    """Gemm(x, B, C) = alpha * x op(B) + beta * C as a Dense: W = alpha op(B) [C, D], op(B) = B^T
+    for transB (B [D, C]) else B ([C, D]); bias = beta C as [D]. C must be one row for every row
+    of x: [], [1], [D], [1, 1] or [1, D] ([M, D] and [M, 1] differ between rows)."""
+    weight = np.asarray(b, np.float64)
+    weight = alpha * (weight.T if trans_b else weight)
+    if c is None:
+        return Dense(weight, None)
+    c = np.asarray(c, np.float64)
+    out_features = weight.shape[1]
+    if c.ndim > 2 or (c.ndim == 2 and c.shape[0] != 1) or (c.ndim >= 1 and c.shape[-1] not in (1, out_features)):
+        return Refusal(f"the Gemm's C of shape {c.shape} is not one row of {out_features} outputs")
+    return Dense(weight, beta * np.broadcast_to(c.reshape(-1), (out_features,)))
+
+
+def last_axis_vector(value, features: int, rank: int) -> np.ndarray | Refusal:
+    """A constant broadcast against a tensor [..., features] of `rank` dims, as [features]: a
+    scalar, [features] or [1, .., 1, features] (or a last dim of 1). Refused (not reported:
+    no per-feature map) where it varies along another axis or would change the tensor's shape."""
+    value = np.asarray(value, np.float64)
+    if value.ndim > rank or any(d != 1 for d in value.shape[:-1]):
+        return Refusal(
+            f"the constant of shape {value.shape} does not broadcast along the last axis only", reported=False
+        )
+    if value.ndim and value.shape[-1] not in (1, features):
+        return Refusal(
+            f"the constant of shape {value.shape} is not one value per feature of {features}", reported=False
+        )
+    return np.broadcast_to(value.reshape(-1), (features,)).astype(np.float64)
+
+
+def elementwise_affine(op: str, k: np.ndarray, data_first: bool) -> FeatureAffine | Refusal:
+    """x*k, k*x, x/k, x+k, k+x, x-k, k-x for k [C] as y = x * s + t; k / x is not linear."""
+    zero, one = np.zeros_like(k), np.ones_like(k)
+    if op == "Mul":
+        return FeatureAffine(k, zero)
+    if op == "Div":
+        if not data_first:
+            return Refusal("k / x is not linear in x", reported=False)
+        with np.errstate(divide="ignore"):  # x / 0: an inf scale, refused by the caller
+            return FeatureAffine(1.0 / k, zero)
+    if op == "Add":
+        return FeatureAffine(one, k)
+    if op == "Sub":
+        return FeatureAffine(one, -k) if data_first else FeatureAffine(-one, k)
+    raise ValueError(f"{op} is not an elementwise affine op")
+
+
+def rescale_outputs(dense: Dense, affine: FeatureAffine) -> Dense:
+    """(x W + b) * s + t = x (W diag(s)) + (b s + t): W [C, D] * s[None, :], s, t [D]; no
+    bias where there was none and t = 0."""
+    weight = dense.weight * affine.scale[None, :]
+    if dense.bias is None and not np.any(affine.shift):
+        return Dense(weight, None)
+    bias = np.zeros(dense.out_features) if dense.bias is None else dense.bias
+    return Dense(weight, bias * affine.scale + affine.shift)
+
+
+def rescale_inputs(affine: FeatureAffine, dense: Dense) -> Dense:
+    """(x * s + t) W + b = x (diag(s) W) + (t W + b): s[:, None] * W [C, D], s, t [C]; no bias
+    where there was none and t = 0."""
+    weight = affine.scale[:, None] * dense.weight
+    if dense.bias is None and not np.any(affine.shift):
+        return Dense(weight, None)
+    bias = np.zeros(dense.out_features) if dense.bias is None else dense.bias
+    return Dense(weight, affine.shift @ dense.weight + bias)
+
+
+def compose_dense(first: Dense, second: Dense) -> Dense:
+    """(x W1 + b1) W2 + b2 = x (W1 W2) + (b1 W2 + b2); W1 [C, r], W2 [r, D] -> [C, D]."""
+    weight = first.weight @ second.weight
+    if first.bias is None and second.bias is None:
+        return Dense(weight, None)
+    bias = np.zeros(second.out_features) if second.bias is None else second.bias
+    return Dense(weight, bias if first.bias is None else first.bias @ second.weight + bias)
+
+
+def low_rank_refusal(first: Dense, second: Dense) -> Refusal | None:
+    """Why x [., C] -> r -> D is cheaper kept: C D multiply-adds per row composed against
+    r (C + D) kept (the numbers also as the refusal's decision, for the report); None where
+    composing costs no more."""
+    c, r, d = first.in_features, first.out_features, second.out_features
+    composed, kept = c * d, r * (c + d)
+    if composed <= kept:
+        return None
+    numbers = f"C*D = {composed} multiply-adds per row instead of r*(C+D) = {kept}"
+    return Refusal(
+        f"a low-rank factorisation {c} -> {r} -> {d} is cheaper kept: composed it costs {numbers}",
+        {
+            "method": "rank",
+            "in_features": c,
+            "rank": r,
+            "out_features": d,
+            "composed_macs_per_row": composed,
+            "kept_macs_per_row": kept,
+            "note": numbers,
+        },
+    )
+
+
+def fold_chain(maps: Sequence[LinearMap], keep_low_rank: bool = True) -> Dense | Refusal:
+    """maps[-1](...maps[0](x)) as one Dense; with keep_low_rank, a chain of two dense maps
+    through a narrow r is refused (low_rank_refusal). Needs a Dense among the maps."""
+    result = maps[0]
+    for step in maps[1:]:
+        if isinstance(result, Dense) and isinstance(step, Dense):
+            refusal = low_rank_refusal(result, step) if keep_low_rank else None
+            if refusal is not None:
+                return refusal
+            result = compose_dense(result, step)
+        elif isinstance(result, Dense):
+            result = rescale_outputs(result, step)
+        elif isinstance(step, Dense):
+            result = rescale_inputs(result, step)
+        else:  # (x s1 + t1) s2 + t2 = x (s1 s2) + (t1 s2 + t2)
+            result = FeatureAffine(result.scale * step.scale, result.shift * step.scale + step.shift)
+    if not isinstance(result, Dense):
+        return Refusal("a per-feature map alone is no dense map", reported=False)
+    return result
+
+
+def sum_dense(terms: Sequence[Dense], signs: Sequence[float]) -> Dense | Refusal:
+    """sum_i sign_i (x W_i + b_i) = x (sum_i sign_i W_i) + sum_i sign_i b_i, all W_i [C, D];
+    refused where the shapes differ (the sum would broadcast)."""
+    shapes = {term.weight.shape for term in terms}
+    if len(shapes) != 1:
+        return Refusal(f"the terms' weights differ in shape ({sorted(shapes)}): their sum broadcasts", reported=False)
+    weight = sum(sign * term.weight for sign, term in zip(signs, terms))
+    biases = [(sign, term.bias) for sign, term in zip(signs, terms) if term.bias is not None]
+    bias = sum(sign * b for sign, b in biases) if biases else None
+    return Dense(weight, bias)

@@ -1,0 +1,88 @@
+"""A ConvTranspose and the per-channel affine map or pointwise Conv after it -> one ConvTranspose
+(the algebra: convexport/algebra/transposed.py)."""
+
+from __future__ import annotations
+
+import math
+
+from .. import ir
+from ..algebra import Refusal, pointwise_after_transposed, scale_shift_transposed
+from ..ir import attribute_or, tensor_dtype
+from ..rewrite.primitives import Rewrite, reach
+from .convnodes import all_finite, conv_attributes, conv_weights
+from .linear_nodes import channel_affine, composed_note
+
+
+@reach(0)
+def compose_conv_transpose(match, context) -> Rewrite | Refusal:
+    """second(ConvTranspose(x)) -> ConvTranspose'(x) for second a per-channel affine map
+    (BatchNormalization, Mul / Div / Add / Sub by a per-channel constant) or a Conv with a
+    1x1 kernel, one group, stride 1 and no pads."""
+    first, second = match.nodes["h"], match.root
+    weights = conv_weights(first)  # the same inputs as a Conv's: (x, W [Cin, Cout/G, *k], b?)
+    if isinstance(weights, Refusal):
+        return weights
+    weight, bias = weights
+    groups = int(attribute_or(first, "group", context.opset, 1))
+    if second.op == "Conv":
+        folded = _with_pointwise(second, weight, bias, groups, context.opset)
+    else:
+        affine = channel_affine(second, context.opset)
+        if affine is None or isinstance(affine, Refusal):
+            return affine or Refusal(f"{second.name}: {second.op} is no per-channel map", reported=False)
+        folded = (*scale_shift_transposed(weight, bias, groups, *affine), groups)
+    if isinstance(folded, Refusal):
+        return folded
+    return _rewrite(first, second, *folded, context)
+
+
+def _with_pointwise(conv: ir.Node, weight, bias, groups: int, opset: int) -> tuple | Refusal:
+    """(W', b', 1) for a pointwise Conv after the ConvTranspose, or why it is not one."""
+    pointwise = conv_weights(conv)
+    if isinstance(pointwise, Refusal):
+        return pointwise
+    kernel, pointwise_bias = pointwise
+    nd = kernel.ndim - 2
+    geometry_is_pointwise = (
+        all(k == 1 for k in kernel.shape[2:])
+        and int(attribute_or(conv, "group", opset, 1)) == 1
+        and all(s == 1 for s in attribute_or(conv, "strides", opset, (1,) * nd))
+        and not any(attribute_or(conv, "pads", opset, (0,) * 2 * nd))
+    )
+    if not geometry_is_pointwise:
+        return Refusal(f"{conv.name}: not a pointwise Conv (1x1 kernel, one group, stride 1, no pads)", reported=False)
+    return (*pointwise_after_transposed(weight, bias, groups, kernel.reshape(kernel.shape[:2]), pointwise_bias), 1)
+
+
+def _rewrite(first: ir.Node, second: ir.Node, weight, bias, groups: int, context) -> Rewrite | Refusal:
+    output = second.outputs[0]
+    dtype = tensor_dtype(output)
+    if not all_finite(weight, bias):
+        return Refusal(f"{second.name}: the folded weights overflow to inf or NaN")
+    inputs = [first.inputs[0], ir.Constant(context.fresh(output.name + "_weight"), weight.astype(dtype))]
+    if bias is not None:
+        inputs.append(ir.Constant(context.fresh(output.name + "_bias"), bias.astype(dtype)))
+    folded = ir.Variable(context.fresh(output.name), dtype, output.shape)
+    attrs = {**conv_attributes(first), "group": groups}
+    node = ir.Node("ConvTranspose", context.fresh(output.name + "_convtranspose"), attrs, inputs, [folded])
+    before = _flops(first, first.inputs[1].shape, second)
+    after = _flops(node, weight.shape)
+    note = composed_note(first.op, second.op).replace("one Conv", "one ConvTranspose")
+    return Rewrite([node], [(output, folded)], note, before, after)
+
+
+def _flops(node: ir.Node, weight_shape, after: ir.Node | None = None) -> float | None:
+    """Per sample: a ConvTranspose does 2 * Cin * (Cout/G) * prod(k) products per input
+    position; a pointwise Conv after it 2 * D * Cout per output position, an affine map 2 per
+    output element. None where a shape is unknown."""
+    spatial = getattr(node.inputs[0], "shape", None)
+    if spatial is None or weight_shape is None or not all(isinstance(d, int) for d in spatial[2:]):
+        return None
+    flops = 2.0 * math.prod(weight_shape) * math.prod(spatial[2:])
+    if after is None:
+        return flops
+    out = after.outputs[0].shape
+    if out is None or not all(isinstance(d, int) for d in out[1:]):
+        return None
+    per_element = 2.0 * after.inputs[1].shape[1] if after.op == "Conv" else 2.0
+    return flops + per_element * math.prod(out[1:])

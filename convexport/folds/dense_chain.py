@@ -1,0 +1,268 @@
+"""Chains and sums of dense nodes on the last axis -> one Gemm, or one MatMul (+ Add of the bias).
+
+A dense node is a Gemm, or a MatMul whose weight is one constant [C, D] matrix; a per-feature
+node is a BatchNormalization on [N, C] or a Mul / Div / Add / Sub by a constant that broadcasts
+along the last axis only (algebra/dense.py holds the algebra, in float64); a Reshape that keeps
+the last axis is the identity between them, where the chain ends in the dense output's shape. The result is one
+Gemm where x is 2-D and the chain held a Gemm or leaves a bias, else a MatMul (weights act on
+the last axis, batch dims broadcast) and an Add of the bias; a rewrite that would not leave
+fewer nodes is not made (that also keeps the rules from undoing each other).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import ir
+from ..algebra import Refusal, batchnorm_scale_shift
+from ..algebra.dense import (
+    Dense,
+    FeatureAffine,
+    LinearMap,
+    elementwise_affine,
+    fold_chain,
+    gemm_dense,
+    last_axis_vector,
+    sum_dense,
+)
+from ..ir import attribute_or, constant_value, is_absent
+from ..rewrite.primitives import Rewrite, accepts, reach
+from .convnodes import all_finite
+from .linear_nodes import ELEMENTWISE, data_input
+
+DENSE_OPS = ("Gemm", "MatMul")
+
+
+@reach(0)
+def fold_dense_chain(match, context) -> Rewrite | Refusal:
+    """root(...first(x)): a chain of dense and per-feature nodes from x -> one dense node of x.
+    Two dense nodes through a narrow r stay where composing costs more (C*D > r*(C+D))."""
+    x, root = match.values["x"], match.root
+    chain = _chain(root.outputs[0], x, match.node_list())
+    if isinstance(chain, Refusal):
+        return chain
+    layout = _layout(x, [chain], len(chain), context.opset)
+    if isinstance(layout, Refusal):
+        return layout
+    dense = _branch_map(chain, context.opset, keep_low_rank=True)
+    if isinstance(dense, Refusal):
+        return dense
+    if any(node.op == "Reshape" for node in chain) and not _shape_kept(x, root, dense):
+        return Refusal(f"{root.name}: the Reshapes do not give back the shape of the dense output")
+    note = " -> ".join(node.op for node in chain) + " folded into one"
+    return _emitted(context, x, dense, layout, root, note)
+
+
+def _shape_kept(x, root: ir.Node, dense: Dense) -> bool:
+    """Whether root's output has the shape of the dense output of x: x's leading dims and D."""
+    x_shape, out_shape = getattr(x, "shape", None), root.outputs[0].shape
+    if x_shape is None or out_shape is None or not all(isinstance(d, int) for d in (*x_shape, *out_shape)):
+        return False
+    return list(out_shape) == [*x_shape[:-1], dense.weight.shape[1]]
+
+
+@reach(0)
+@accepts("signs")
+def sum_dense_branches(match, context) -> Rewrite | Refusal:
+    """sum_i sign_i branch_i(x), each branch a chain of dense and per-feature nodes from x (a
+    Gemm, a MatMul, LoRA's MatMul(MatMul(x, A), B)) -> one dense node of x with the summed
+    weight; `with: {signs: [...]}` (default all +1). Always pays: one [C, D] product instead
+    of at least one per branch."""
+    x, root = match.values["x"], match.root
+    signs = [float(s) for s in context.params.get("signs", [1.0] * len(root.inputs))]
+    nodes = match.node_list()
+    chains = [_chain(tensor, x, nodes) for tensor in root.inputs]
+    refused = next((chain for chain in chains if isinstance(chain, Refusal)), None)
+    if refused is not None:
+        return refused
+    layout = _layout(x, chains, len(nodes), context.opset)
+    if isinstance(layout, Refusal):
+        return layout
+    # the sum replaces every branch: composing one through a narrow r never costs more
+    terms = [_branch_map(chain, context.opset, keep_low_rank=False) for chain in chains]
+    refused = next((term for term in terms if isinstance(term, Refusal)), None)
+    if refused is not None:
+        return refused
+    dense = sum_dense(terms, signs)
+    if isinstance(dense, Refusal):
+        return dense
+    return _emitted(context, x, dense, layout, root, f"{root.op} of {len(chains)} dense branches merged into one")
+
+
+def _chain(tensor, x, nodes: list[ir.Node]) -> list[ir.Node] | Refusal:
+    """The matched nodes from x to `tensor`, each reading the last one's output as its data."""
+    chain = []
+    while tensor is not x:
+        producer = tensor.inputs[0] if tensor.inputs else None
+        if producer is None or all(producer is not node for node in nodes):
+            return Refusal(f"{tensor.name} is not computed from x by the matched nodes", reported=False)
+        chain.append(producer)
+        tensor = data_input(producer)
+    return chain[::-1]
+
+
+def _branch_map(chain: list[ir.Node], opset: int, keep_low_rank: bool) -> Dense | Refusal:
+    maps = []
+    for index, node in enumerate(chain):
+        node_map = _node_map(node, opset, reads_x=index == 0)
+        if isinstance(node_map, Refusal):
+            return node_map
+        maps.append(node_map)
+    return fold_chain(maps, keep_low_rank)
+
+
+def _node_map(node: ir.Node, opset: int, reads_x: bool) -> LinearMap | Refusal:
+    """The node as a Dense or a FeatureAffine of its data input (float64, all finite)."""
+    if node.op in DENSE_OPS:
+        found = _dense_of(node, opset, reads_x)
+    elif node.op == "Reshape":
+        found = _reshape_map(node)
+    else:
+        found = _affine_of(node, opset)
+    if isinstance(found, Refusal):
+        return found
+    arrays = (found.weight, found.bias) if isinstance(found, Dense) else (found.scale, found.shift)
+    constants = [constant_value(tensor) for tensor in node.inputs if not is_absent(tensor)]
+    if not all_finite(*arrays, *constants):
+        return Refusal(f"{node.name}: its constants hold inf or NaN (or divide by 0), which a fold would not reproduce")
+    return found
+
+
+def _dense_of(node: ir.Node, opset: int, reads_x: bool) -> Dense | Refusal:
+    """A Gemm's alpha op(B) and beta C, or a MatMul's [C, D] weight. Only the node that reads x
+    may be a Gemm with transA=1 (it stays one): inside the chain it would contract the data's
+    first axis, not its last."""
+    weight = constant_value(node.inputs[1])
+    bias_input = node.inputs[2] if len(node.inputs) > 2 and not is_absent(node.inputs[2]) else None
+    bias = None if bias_input is None else constant_value(bias_input)
+    if weight is None or (bias_input is not None and bias is None):
+        return Refusal(f"{node.name}: its weight or bias is computed at run time")
+    if node.op == "MatMul":
+        if weight.ndim != 2:
+            return Refusal(f"{node.name}: its weight of shape {weight.shape} is not one [C, D] matrix")
+        return Dense(np.asarray(weight, np.float64), None)
+    if attribute_or(node, "transA", opset, 0) and not reads_x:
+        return Refusal(f"{node.name}: a Gemm with transA=1 inside the chain contracts its data's first axis")
+    return gemm_dense(
+        weight,
+        bias,
+        bool(attribute_or(node, "transB", opset, 0)),
+        float(attribute_or(node, "alpha", opset, 1.0)),
+        float(attribute_or(node, "beta", opset, 1.0)),
+    )
+
+
+def _reshape_map(node: ir.Node) -> FeatureAffine | Refusal:
+    """A Reshape that keeps the last axis (LeViT flattens [B, N, D] to [B*N, D] for a
+    BatchNorm1d, then reshapes back): every per-feature map commutes with it, so within the
+    chain it is the identity; the chain's end must then have the dense output's shape
+    (fold_dense_chain checks)."""
+    before, after = getattr(node.inputs[0], "shape", None), node.outputs[0].shape
+    if before is None or after is None or not isinstance(before[-1], int) or before[-1] != after[-1]:
+        return Refusal(f"{node.name}: a Reshape that does not keep the last axis", reported=False)
+    return FeatureAffine(np.ones(before[-1]), np.zeros(before[-1]))
+
+
+def _affine_of(node: ir.Node, opset: int) -> FeatureAffine | Refusal:
+    """BatchNormalization on [N, C], or an elementwise op by a constant along the last axis."""
+    shape = getattr(data_input(node), "shape", None)
+    if shape is None or len(shape) < 2 or not isinstance(shape[-1], int):
+        return Refusal(f"{node.name}: the rank or the last dimension of its input is unknown ({shape})")
+    if node.op == "BatchNormalization":
+        if attribute_or(node, "training_mode", opset, 0):
+            return Refusal(f"{node.name}: a BatchNormalization in training mode normalises by batch statistics")
+        if len(shape) != 2:
+            return Refusal(
+                f"{node.name}: on a rank-{len(shape)} tensor it normalizes axis 1, not the last", reported=False
+            )
+        gamma, beta, mean, var = (constant_value(t) for t in node.inputs[1:5])
+        return FeatureAffine(*batchnorm_scale_shift(gamma, beta, mean, var, attribute_or(node, "epsilon", opset, 1e-5)))
+    if node.op not in ELEMENTWISE:
+        return Refusal(f"{node.name}: {node.op} is no dense or per-feature map", reported=False)
+    data_first = constant_value(node.inputs[0]) is None
+    k = last_axis_vector(constant_value(node.inputs[1 if data_first else 0]), shape[-1], len(shape))
+    if isinstance(k, Refusal):
+        return Refusal(f"{node.name}: {k.reason}", reported=k.reported)
+    return elementwise_affine(node.op, k, data_first)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How the folded map is written: a Gemm (transA of the node reading x, the Gemms' transB
+    layout) or a MatMul; the weights' dtype."""
+
+    as_gemm: bool
+    trans_a: bool
+    trans_b: bool
+    dtype: np.dtype
+
+
+def _layout(x, chains: list[list[ir.Node]], old_count: int, opset: int) -> _Layout | Refusal:
+    """The form of the result, decided before any weight is read: a Gemm where x is 2-D and a
+    Gemm is folded or a bias may be left, else a MatMul (+ Add where a bias may be left);
+    refused (not reported) where that is no fewer nodes than the `old_count` matched."""
+    shape = getattr(x, "shape", None)
+    if shape is None or len(shape) < 2:
+        rank = "of unknown rank" if shape is None else "a vector"
+        return Refusal(f"{x.name} is {rank}: a MatMul of it is not folded")
+    nodes = [node for chain in chains for node in chain]
+    gemms = [node for node in nodes if node.op == "Gemm"]
+    transposed = {chain[0].op == "Gemm" and bool(attribute_or(chain[0], "transA", opset, 0)) for chain in chains}
+    if len(transposed) > 1:
+        return Refusal("the branches read x one transposed (transA=1) and one not", reported=False)
+    may_have_bias = any(_may_add_bias(node) for node in nodes)
+    as_gemm = len(shape) == 2 and (bool(gemms) or may_have_bias)
+    if (2 if may_have_bias and not as_gemm else 1) >= old_count:
+        return Refusal("the fold would leave no fewer nodes", reported=False)
+    dense = [node for node in nodes if node.op in DENSE_OPS]
+    if not dense:
+        return Refusal("no Gemm or MatMul among the matched nodes", reported=False)
+    weight = constant_value(dense[0].inputs[1])
+    if weight is None:
+        return Refusal(f"{dense[0].name}: its weight is computed at run time")
+    if weight.dtype.kind != "f":
+        return Refusal(f"{weight.dtype} weights: a fold is exact only in floating point")
+    trans_b = any(attribute_or(node, "transB", opset, 0) for node in gemms)
+    return _Layout(as_gemm, transposed.pop(), trans_b, weight.dtype)
+
+
+def _may_add_bias(node: ir.Node) -> bool:
+    """Whether the node may leave the folded map a bias (a Gemm's C, a shift)."""
+    if node.op == "Gemm":
+        return len(node.inputs) > 2 and not is_absent(node.inputs[2])
+    return node.op in ("BatchNormalization", "Add", "Sub")
+
+
+def _emitted(context, x, dense: Dense, layout: _Layout, root: ir.Node, note: str) -> Rewrite:
+    """The dense node(s) computing root's output from x: a Gemm, or a MatMul and an Add of the bias."""
+    output, dtype = root.outputs[0], layout.dtype
+    if layout.as_gemm:
+        attrs = {key: 1 for key, on in (("transA", layout.trans_a), ("transB", layout.trans_b)) if on}
+        inputs = [
+            x,
+            _constant(context, output.name + "_weight", dense.weight.T if layout.trans_b else dense.weight, dtype),
+        ]
+        if dense.bias is not None:
+            inputs.append(_constant(context, output.name + "_bias", dense.bias, dtype))
+        nodes = [_node(context, "Gemm", inputs, attrs, dtype, output)]
+    else:
+        weight = _constant(context, output.name + "_weight", dense.weight, dtype)
+        nodes = [_node(context, "MatMul", [x, weight], {}, dtype, output)]
+        if dense.bias is not None:
+            bias = _constant(context, output.name + "_bias", dense.bias, dtype)
+            nodes.append(_node(context, "Add", [nodes[0].outputs[0], bias], {}, dtype, output))
+    written = " + ".join(node.op for node in nodes)
+    return Rewrite(nodes, [(output, nodes[-1].outputs[0])], f"{note} {written}")
+
+
+def _constant(context, base: str, value: np.ndarray, dtype: np.dtype) -> ir.Constant:
+    """A folded float64 weight, cast back to the model's dtype."""
+    return ir.Constant(context.fresh(base), np.ascontiguousarray(value).astype(dtype))
+
+
+def _node(context, op: str, inputs: list, attrs: dict, dtype: np.dtype, output) -> ir.Node:
+    """A node whose output has the replaced tensor's shape (no constant here broadcasts it)."""
+    result = ir.Variable(context.fresh(output.name + "_" + op.lower()), dtype, output.shape)
+    return ir.Node(op, context.fresh(output.name + "_" + op.lower() + "_node"), attrs, inputs, [result])

@@ -1,0 +1,248 @@
+"""Linear regions as real families write them (issue 22): the `Linear(x)` op class in branch
+sums, differences and concats; a per-channel map after a Concat of Convs; ConvTranspose with
+the map or pointwise Conv after it; SqueezeNet's Fire; sibling Convs of different widths.
+Positive cases over parameter grids are checked against ONNX Runtime; the cases where a fold
+would be wrong (or does not pay) are left alone, with the reason in the report."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper
+
+from convexport.rewrite.primitives import builtin_primitives
+from convexport.rewrite.rulefile import RuleFileError, load_rules
+from convexport.ir import fold_constants
+from graphs import RULES, GraphBuilder, assert_same_outputs, fold, rewrite
+from helpers import op_counts
+
+torch.manual_seed(0)
+
+
+def only(*names):
+    return [rule for rule in RULES if rule.name in names]
+
+
+# --- the Linear(x) op class ---------------------------------------------------------------
+
+
+def linear_node(builder, x, kind, nd):
+    channels = [builder.shapes[x][1]] + [1] * nd
+    if kind == "conv":
+        return builder.conv(x, builder.shapes[x][1], 3, pads=1, group=2)
+    if kind == "bn":
+        return builder.batchnorm(x)
+    if kind == "mul":
+        return builder.node("Mul", [builder.const(builder.rng.uniform(-2, 2, channels)), x])
+    if kind == "div":
+        return builder.node("Div", [x, builder.const(builder.rng.uniform(0.5, 2, channels))])
+    if kind == "sub":
+        return builder.node("Sub", [x, builder.const(builder.rng.standard_normal(channels))])
+    return builder.node("AveragePool", [x], kernel_shape=[3] * nd, pads=[1] * (2 * nd), count_include_pad=1)
+
+
+KINDS = ["conv", "bn", "mul", "div", "sub", "avgpool"]
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+@pytest.mark.parametrize("op", ["Add", "Sub"])
+@pytest.mark.parametrize("first,second", list(itertools.combinations(KINDS, 2)))
+def test_two_linear_branches_of_one_tensor_are_one_conv(first, second, op, nd):
+    builder = GraphBuilder([1, 4, *[6] * nd])
+    y = builder.node(op, [linear_node(builder, "x", first, nd), linear_node(builder, "x", second, nd)])
+    outcome, counts = fold(builder, [builder.node("Relu", [y])])
+    assert counts == {"Conv": 1, "Relu": 1}, (counts, outcome.skipped)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("op,order", [("Add", "branch-first"), ("Sub", "branch-first"), ("Sub", "x-first")])
+def test_a_linear_branch_and_its_input_are_one_conv(kind, op, order):
+    builder = GraphBuilder([1, 4, 7, 7])
+    a = linear_node(builder, "x", kind, 2)
+    y = builder.node(op, [a, "x"] if order == "branch-first" else ["x", a])
+    _, counts = fold(builder, [builder.node("Relu", [y])])
+    assert counts == {"Conv": 1, "Relu": 1}
+
+
+def test_fastvit_repmixer_is_one_depthwise_conv():
+    """x + gamma * (mixer(x) - norm(x)): mixer a depthwise conv (its BN folded), norm a BN."""
+    builder = GraphBuilder([1, 8, 9, 9])
+    mixer = builder.batchnorm(builder.conv("x", 8, 3, pads=1, group=8, bias=False))
+    gamma = builder.const(builder.rng.uniform(0.1, 1, [8, 1, 1]))
+    y = builder.node("Add", ["x", builder.node("Mul", [gamma, builder.node("Sub", [mixer, builder.batchnorm("x")])])])
+    _, counts = fold(builder, [builder.node("Relu", [y])], strategy="cost")
+    assert counts == {"Conv": 1, "Relu": 1}
+
+
+def test_linear_branches_left_alone_where_folding_would_be_wrong():
+    """A Mul by a constant that is not per channel, a shared branch, branches of different
+    strides, a BatchNormalization in training mode: no fold, and the output is unchanged."""
+    builder = GraphBuilder([1, 4, 6, 6])
+    full = builder.node("Mul", ["x", builder.const(builder.rng.standard_normal([1, 4, 6, 6]))])
+    y1 = builder.node("Add", [full, builder.batchnorm("x")])
+    shared = builder.batchnorm("x")
+    y2 = builder.node("Sub", [shared, builder.conv("x", 4, 3, pads=1)])
+    y3 = builder.node("Add", [builder.conv("x", 4, 1, stride=2), builder.conv("x", 4, 4, stride=1)])
+    outcome, counts = fold(builder, [y1, y2, y3, builder.node("Neg", [shared])])
+    assert counts.get("Add") == 2 and counts.get("Sub") == 1 and counts.get("Mul") == 1
+    reasons = " ".join(entry["reason"] for entry in outcome.skipped)
+    assert "also read by" in reasons and "strides" in reasons
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("- a = Linear(x, k)\n      - y = Add(a, x)", "exactly one run-time input"),
+    ("- a = Linear[axis=1](x)\n      - y = Add(a, x)", "exactly one run-time input"),
+])
+def test_an_op_class_line_is_checked_when_the_rule_file_loads(tmp_path, text, problem):
+    path = tmp_path / "class.yaml"
+    path.write_text(f"rules:\n  - name: r\n    doc: d\n    match:\n      {text}\n    apply: sum_branches\n")
+    with pytest.raises(RuleFileError, match=problem):
+        load_rules([path], set(builtin_primitives()))
+
+
+# --- a per-channel map after a Concat of Convs --------------------------------------------
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+@pytest.mark.parametrize("after", ["bn", "mul", "add"])
+@pytest.mark.parametrize("parts", [2, 3])
+def test_a_map_after_a_concat_of_convs_folds_into_each_conv(nd, after, parts):
+    builder = GraphBuilder([1, 4, *[7] * nd])
+    sources = ["x", builder.node("Relu", ["x"]), builder.node("Sigmoid", ["x"])]
+    convs = [builder.conv(sources[i], [2, 4, 3][i], 1 + 2 * i, pads=i, group=[1, 2, 1][i]) for i in range(parts)]
+    c = builder.node("Concat", convs, axis=1)
+    width = [builder.shapes[c][1]] + [1] * nd
+    if after == "bn":
+        y = builder.batchnorm(c)
+    elif after == "mul":
+        y = builder.node("Mul", [c, builder.const(builder.rng.uniform(-2, 2, width))])
+    else:
+        y = builder.node("Add", [c, builder.const(builder.rng.standard_normal(width))])
+    _, counts = fold(builder, [builder.node("Relu", [y])], rules=only("concat-affine"))
+    assert counts == {"Conv": parts, "Concat": 1, "Relu": 2, **({"Sigmoid": 1} if parts > 2 else {})}
+
+
+def test_a_map_after_a_concat_stays_where_a_part_is_read_elsewhere():
+    """GhostNet's Concat(a, cheap(a)): a also feeds the cheap conv, so its slice of the map
+    cannot fold into a's Conv."""
+    builder = GraphBuilder([1, 4, 6, 6])
+    a = builder.conv("x", 4, 1)
+    y = builder.batchnorm(builder.node("Concat", [a, builder.conv(a, 4, 3, pads=1, group=4)], axis=1))
+    outcome, counts = fold(builder, [y], rules=only("concat-affine"))
+    assert counts["BatchNormalization"] == 1
+    assert any("also read by" in entry["reason"] for entry in outcome.skipped)
+
+
+# --- ConvTranspose and the map or pointwise Conv after it ---------------------------------
+
+
+def conv_transpose(builder, x, out, kernel, stride, group, dilation, output_padding, bias):
+    nd = len(builder.shapes[x]) - 2
+    weight = builder.rng.standard_normal([builder.shapes[x][1], out // group, *[kernel] * nd])
+    inputs = [x, builder.const(weight, "wt")] + ([builder.const(builder.rng.standard_normal(out))] if bias else [])
+    return builder.node("ConvTranspose", inputs, strides=[stride] * nd, group=group, dilations=[dilation] * nd,
+                        output_padding=[output_padding] * nd, pads=[1] * nd + [0] * nd)
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+@pytest.mark.parametrize("stride,group,dilation,output_padding", [(1, 1, 1, 0), (2, 1, 1, 1), (2, 2, 1, 0),
+                                                                  (3, 4, 2, 2), (2, 2, 2, 1)])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("after", ["bn", "mul", "add", "pointwise"])
+def test_conv_transpose_and_the_map_after_it_are_one_conv_transpose(nd, stride, group, dilation, output_padding,
+                                                                    bias, after):
+    builder = GraphBuilder([1, 4, *[4] * nd])
+    h = conv_transpose(builder, "x", 8, 3, stride, group, dilation, output_padding, bias)
+    width = [8] + [1] * nd
+    if after == "bn":
+        y = builder.batchnorm(h)
+    elif after == "mul":
+        y = builder.node("Mul", [h, builder.const(builder.rng.uniform(-2, 2, width))])
+    elif after == "add":
+        y = builder.node("Add", [builder.const(builder.rng.standard_normal(width)), h])
+    else:
+        y = builder.conv(h, 3, 1, bias=bias)
+    _, counts = fold(builder, [builder.node("Relu", [y])])
+    assert counts == {"ConvTranspose": 1, "Relu": 1}
+
+
+@pytest.mark.parametrize("second", ["strided", "padded", "grouped", "3x3", "shared"])
+def test_conv_transpose_keeps_a_conv_that_is_not_pointwise(second):
+    builder = GraphBuilder([1, 4, 5, 5])
+    h = conv_transpose(builder, "x", 4, 3, 2, 1, 1, 1, True)
+    y = {"strided": lambda: builder.conv(h, 4, 1, stride=2), "padded": lambda: builder.conv(h, 4, 1, pads=1),
+         "grouped": lambda: builder.conv(h, 4, 1, group=2), "3x3": lambda: builder.conv(h, 4, 3, pads=1),
+         "shared": lambda: builder.conv(h, 4, 1)}[second]()
+    outputs = [y, builder.node("Neg", [h])] if second == "shared" else [y]
+    _, counts = fold(builder, outputs, rules=only("convtranspose-linear"))
+    assert counts["ConvTranspose"] == 1 and counts["Conv"] == 1
+
+
+# --- parallel branches of different widths and kernels ------------------------------------
+
+
+class Fire(torch.nn.Module):
+    def __init__(self, channels, squeeze, expand):
+        super().__init__()
+        self.squeeze = torch.nn.Conv2d(channels, squeeze, 1)
+        self.expand1 = torch.nn.Conv2d(squeeze, expand, 1)
+        self.expand3 = torch.nn.Conv2d(squeeze, expand, 3, padding=1)
+
+    def forward(self, x):
+        s = torch.relu(self.squeeze(x))
+        return torch.cat([torch.relu(self.expand1(s)), torch.relu(self.expand3(s))], 1)
+
+
+def export(module, shape, path, route):
+    module.eval()
+    x = torch.randn(*shape)
+    if route == "torchscript":
+        torch.onnx.export(module, (x,), str(path), dynamo=False, do_constant_folding=False, input_names=["x"])
+    else:
+        torch.onnx.export(module, (x,), str(path), dynamo=True, optimize=route == "dynamo")
+    return onnx.load(str(path))
+
+
+@pytest.mark.parametrize("route", ["dynamo", "dynamo-unoptimized", "torchscript"])
+def test_squeezenet_fire_is_one_conv_and_one_relu_under_exact_and_kept_by_the_cpu_cost_model(tmp_path, route):
+    model = fold_constants(export(Fire(16, 8, 32), (1, 16, 12, 12), tmp_path / "fire.onnx", route))
+    exact = rewrite(model, "exact")
+    assert_same_outputs(model, exact.model, [1, 16, 12, 12])
+    assert op_counts(exact.model) == {"Conv": 2, "Relu": 2}
+    cost = rewrite(model, "cost")
+    assert op_counts(cost.model).get("Concat") == 1
+    refused = [entry for entry in cost.skipped if entry["rule"] == "concat-relu-linear-branches"]
+    assert refused and "estimated" in refused[0]["reason"]
+
+
+@pytest.mark.parametrize("widths,kernel", [((64, 96, 16), 1), ((3, 5), 3), ((4, 4, 2), 1)])
+@pytest.mark.parametrize("bias", ["all", "some", "none"])
+def test_sibling_convs_of_different_widths_are_one_conv_and_a_split(widths, kernel, bias):
+    builder = GraphBuilder([1, 8, 7, 7])
+    heads = [builder.conv("x", w, kernel, pads=kernel // 2, bias=bias == "all" or (bias == "some" and i == 0))
+             for i, w in enumerate(widths)]
+    outputs = [builder.node("Relu", [h]) for h in heads]
+    _, counts = fold(builder, outputs, rules=only("sibling-convs"))
+    assert counts["Conv"] == 1 and counts["Split"] == 1
+
+
+def test_sibling_convs_of_other_geometries_or_summed_are_left_alone():
+    builder = GraphBuilder([1, 8, 7, 7])
+    a, b = builder.conv("x", 4, 1), builder.conv("x", 6, 3, pads=1)       # different kernels
+    c, d = builder.conv("x", 4, 1, stride=2), builder.conv("x", 2, 1, stride=1, pads=[0, 0, 1, 1])
+    summed = builder.node("Add", [builder.conv("x", 4, 1), builder.conv("x", 4, 1)])
+    _, counts = fold(builder, [a, b, c, d, summed], rules=only("sibling-convs"))
+    assert counts["Conv"] == 6 and "Split" not in counts
+
+
+def test_googlenet_reductions_are_kept_by_the_cpu_cost_model_with_the_reason():
+    builder = GraphBuilder([1, 32, 14, 14])
+    outputs = [builder.node("Relu", [builder.conv("x", w, 1)]) for w in (64, 96, 16)]
+    outcome = rewrite(builder.model(outputs), "cost", only("sibling-convs"))
+    assert "Split" not in op_counts(outcome.model)
+    assert [entry["rule"] for entry in outcome.skipped] == ["sibling-convs"]
+    assert "estimated" in outcome.skipped[0]["reason"]
