@@ -16,7 +16,7 @@ from onnx import helper
 
 from convexport.rewrite.primitives import builtin_primitives
 from convexport.rewrite.rulefile import RuleFileError, load_rules
-from convexport.ir import fold_constants
+from convexport.ir import fold_constants, infer_shapes
 from graphs import RULES, GraphBuilder, assert_same_outputs, fold, rewrite
 from helpers import op_counts
 
@@ -204,12 +204,17 @@ def export(module, shape, path, route):
         torch.onnx.export(module, (x,), str(path), dynamo=False, do_constant_folding=False, input_names=["x"])
     else:
         torch.onnx.export(module, (x,), str(path), dynamo=True, optimize=route == "dynamo")
-    return onnx.load(str(path))
+    return onnx.shape_inference.infer_shapes(onnx.load(str(path)))  # as the pipeline's export stage does
+
+
+def folded(model):
+    """Constants folded and the shapes they decide inferred, as the pipeline does before the rules."""
+    return infer_shapes(fold_constants(model), "model", forget_unknown_dims=True)
 
 
 @pytest.mark.parametrize("route", ["dynamo", "dynamo-unoptimized", "torchscript"])
 def test_squeezenet_fire_is_one_conv_and_one_relu_under_exact_and_kept_by_the_cpu_cost_model(tmp_path, route):
-    model = fold_constants(export(Fire(16, 8, 32), (1, 16, 12, 12), tmp_path / "fire.onnx", route))
+    model = folded(export(Fire(16, 8, 32), (1, 16, 12, 12), tmp_path / "fire.onnx", route))
     exact = rewrite(model, "exact")
     assert_same_outputs(model, exact.model, [1, 16, 12, 12])
     assert op_counts(exact.model) == {"Conv": 2, "Relu": 2}
@@ -246,3 +251,97 @@ def test_googlenet_reductions_are_kept_by_the_cpu_cost_model_with_the_reason():
     assert "Split" not in op_counts(outcome.model)
     assert [entry["rule"] for entry in outcome.skipped] == ["sibling-convs"]
     assert "estimated" in outcome.skipped[0]["reason"]
+
+
+# --- what exporters leave around linear regions ------------------------------------------
+
+
+class RepMixer(torch.nn.Module):
+    """FastViT's x + layer_scale * (mixer(x) - norm(x)), the branches summed from 0 as
+    MobileOne writes them: mixer a depthwise conv-BN plus an identity BN, norm a BN alone."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(channels, channels, 3, padding=1, groups=channels, bias=False)
+        self.conv_bn, self.skip, self.norm = (torch.nn.BatchNorm2d(channels) for _ in range(3))
+        for bn in (self.conv_bn, self.skip, self.norm):
+            bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2), bn.weight.data.uniform_(0.5, 1.5)
+        self.layer_scale = torch.nn.Parameter(torch.rand(channels, 1, 1))
+
+    def forward(self, x):
+        mixer = 0 + self.conv_bn(self.conv(x)) + self.skip(x)
+        norm = 0 + self.norm(x)
+        return torch.relu(x + self.layer_scale * (mixer - norm))
+
+
+@pytest.mark.parametrize("route", ["dynamo", "dynamo-unoptimized", "torchscript"])
+def test_a_repmixer_folds_to_one_conv_from_every_export_route(tmp_path, route):
+    model = folded(export(RepMixer(8), (1, 8, 10, 10), tmp_path / "mixer.onnx", route))
+    outcome = rewrite(model, "cost")
+    assert_same_outputs(model, outcome.model, [1, 8, 10, 10])
+    assert op_counts(outcome.model) == {"Conv": 1, "Relu": 1}
+
+
+class LinearBN(torch.nn.Module):
+    """LeViT's Linear_BN: BatchNorm1d over every token, on the output flattened to [B*N, D]."""
+
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.linear, self.bn = torch.nn.Linear(cin, cout, bias=False), torch.nn.BatchNorm1d(cout)
+        self.bn.running_mean.uniform_(-1, 1), self.bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        y = self.linear(x)
+        return torch.nn.functional.hardswish(self.bn(y.flatten(0, 1)).reshape_as(y))
+
+
+@pytest.mark.parametrize("route", ["dynamo", "dynamo-unoptimized", "torchscript"])
+def test_levit_linear_bn_through_its_reshapes_is_one_matmul_and_its_bias(tmp_path, route):
+    model = folded(export(LinearBN(12, 16), (2, 5, 12), tmp_path / "linear_bn.onnx", route))
+    outcome = rewrite(model, "cost")
+    assert_same_outputs(model, outcome.model, [2, 5, 12])
+    assert op_counts(outcome.model) == {"MatMul": 1, "Add": 1, "HardSwish": 1}
+
+
+def test_a_reshape_that_does_not_give_back_the_dense_shape_keeps_the_batchnorm():
+    builder = GraphBuilder([2, 3, 4])
+    h = builder.node("MatMul", ["x", builder.const(builder.rng.standard_normal([4, 6]))])
+    flat = builder.node("Reshape", [h, builder.const(np.array([6, 6]), dtype=np.int64)])
+    y = builder.node("Reshape", [builder.batchnorm(flat), builder.const(np.array([3, 2, 6]), dtype=np.int64)])
+    _, counts = fold(builder, [builder.node("Relu", [y])], rules=only("dense-reshaped-affine"))
+    assert counts["BatchNormalization"] == 1
+
+
+@pytest.mark.parametrize("op,constant,first,dropped", [
+    ("Add", 0.0, False, True), ("Add", 0.0, True, True), ("Sub", 0.0, False, True), ("Mul", 1.0, True, True),
+    ("Div", 1.0, False, True), ("Sub", 0.0, True, False), ("Div", 1.0, True, False), ("Add", 1e-30, False, False),
+    ("Mul", -1.0, False, False),
+])
+def test_a_neutral_constant_is_dropped_and_only_that(op, constant, first, dropped):
+    builder = GraphBuilder([1, 3, 4, 4])
+    k = builder.const(np.full([3, 1, 1], constant))
+    y = builder.node(op, [k, "x"] if first else ["x", k])
+    _, counts = fold(builder, [builder.node("Relu", [y])], rules=only("drop-neutral-constant"))
+    assert (op not in counts) is dropped
+
+
+def test_a_neutral_constant_that_broadcasts_the_input_stays():
+    builder = GraphBuilder([1, 3, 1, 4])
+    y = builder.node("Add", ["x", builder.const(np.zeros([1, 3, 5, 4]))])
+    _, counts = fold(builder, [builder.node("Relu", [y])], rules=only("drop-neutral-constant"))
+    assert counts["Add"] == 1
+
+
+@pytest.mark.parametrize("starts,ends,axes,steps,dropped", [
+    ([0], [4], [1], None, True), ([0, -6], [2**63 - 1, 6], [1, 3], None, True), ([0], [9], [-3], [1], True),
+    ([1], [4], [1], None, False), ([0], [3], [1], None, False), ([0], [6], [3], [2], False),
+    ([3], [-5], [1], [-1], False),
+])
+def test_a_slice_that_keeps_its_whole_input_is_dropped_and_only_that(starts, ends, axes, steps, dropped):
+    """GhostNet's Concat(...)[:, :c] on a tensor of c channels, as the TorchScript exporter writes it."""
+    builder = GraphBuilder([1, 4, 5, 6])
+    inputs = ["x", *(builder.const(np.array(v), dtype=np.int64) for v in (starts, ends, axes))]
+    if steps is not None:
+        inputs.append(builder.const(np.array(steps), dtype=np.int64))
+    _, counts = fold(builder, [builder.node("Relu", [builder.node("Slice", inputs)])], rules=only("drop-whole-slice"))
+    assert ("Slice" not in counts) is dropped

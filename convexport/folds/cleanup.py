@@ -37,3 +37,26 @@ def drop_whole_slice(match, context) -> Rewrite | Refusal:
         if not isinstance(size, int) or step != 1 or start not in (0, -size if size else 0) or end < size:
             return Refusal("it keeps part of its input", reported=False)
     return Rewrite(nodes=[], replace=[(root.outputs[0], root.inputs[0])], note="Slice keeps its whole input")
+
+
+# The constant that leaves x as it is, per op, and whether x must be the first input.
+_NEUTRAL = {"Add": (0.0, False), "Sub": (0.0, True), "Mul": (1.0, False), "Div": (1.0, True)}
+
+
+@reach(0)
+def drop_neutral_constant(match, context) -> Rewrite | Refusal:
+    """x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1 forward x, where the constant changes neither
+    the output's shape nor its type (exporters write a sum of branches as 0 + b1 + ... and
+    leave the 0 there)."""
+    root = match.root
+    data = match.values["x"]
+    neutral = _NEUTRAL.get(root.op)
+    constant = next((constant_value(t) for t in root.inputs if t is not data), None)
+    if neutral is None or constant is None or (neutral[1] and root.inputs[0] is not data):
+        return Refusal(f"{root.op} is no elementwise op with x first where it must be", reported=False)
+    same_shape = data.shape is not None and list(data.shape) == list(root.outputs[0].shape or [])
+    if not same_shape or np.ndim(constant) > len(data.shape) or np.any(np.asarray(constant) != neutral[0]):
+        return Refusal("the constant changes the values or the shape", reported=False)
+    if data.dtype is None or data.dtype != root.outputs[0].dtype:
+        return Refusal("the output's type is not the input's", reported=False)
+    return Rewrite(nodes=[], replace=[(root.outputs[0], data)], note=f"{root.op} by {neutral[0]:g} forwards its input")

@@ -2,11 +2,12 @@
 
 A dense node is a Gemm, or a MatMul whose weight is one constant [C, D] matrix; a per-feature
 node is a BatchNormalization on [N, C] or a Mul / Div / Add / Sub by a constant that broadcasts
-along the last axis only (algebra/dense.py holds the algebra, in float64); a Reshape that keeps
-the last axis is the identity between them, where the chain ends in the dense output's shape. The result is one
-Gemm where x is 2-D and the chain held a Gemm or leaves a bias, else a MatMul (weights act on
-the last axis, batch dims broadcast) and an Add of the bias; a rewrite that would not leave
-fewer nodes is not made (that also keeps the rules from undoing each other).
+along the last axis only (algebra/dense.py holds the algebra, in float64); a Reshape or Flatten
+that keeps the last axis is the identity between them, where the chain ends in the dense
+output's shape. The result is one Gemm where x is 2-D and the chain held a Gemm or leaves a
+bias, else a MatMul (weights act on the last axis, batch dims broadcast) and an Add of the
+bias; a rewrite that would not leave fewer nodes is not made (that also keeps the rules from
+undoing each other).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def fold_dense_chain(match, context) -> Rewrite | Refusal:
     dense = _branch_map(chain, context.opset, keep_low_rank=True)
     if isinstance(dense, Refusal):
         return dense
-    if any(node.op == "Reshape" for node in chain) and not _shape_kept(x, root, dense):
+    if any(node.op in ("Reshape", "Flatten") for node in chain) and not _shape_kept(x, root, dense):
         return Refusal(f"{root.name}: the Reshapes do not give back the shape of the dense output")
     note = " -> ".join(node.op for node in chain) + " folded into one"
     return _emitted(context, x, dense, layout, root, note)
@@ -117,7 +118,7 @@ def _node_map(node: ir.Node, opset: int, reads_x: bool) -> LinearMap | Refusal:
     """The node as a Dense or a FeatureAffine of its data input (float64, all finite)."""
     if node.op in DENSE_OPS:
         found = _dense_of(node, opset, reads_x)
-    elif node.op == "Reshape":
+    elif node.op in ("Reshape", "Flatten"):
         found = _reshape_map(node)
     else:
         found = _affine_of(node, opset)
@@ -155,13 +156,13 @@ def _dense_of(node: ir.Node, opset: int, reads_x: bool) -> Dense | Refusal:
 
 
 def _reshape_map(node: ir.Node) -> FeatureAffine | Refusal:
-    """A Reshape that keeps the last axis (LeViT flattens [B, N, D] to [B*N, D] for a
-    BatchNorm1d, then reshapes back): every per-feature map commutes with it, so within the
+    """A Reshape or Flatten that keeps the last axis (LeViT flattens [B, N, D] to [B*N, D] for
+    a BatchNorm1d, then reshapes back): every per-feature map commutes with it, so within the
     chain it is the identity; the chain's end must then have the dense output's shape
     (fold_dense_chain checks)."""
     before, after = getattr(node.inputs[0], "shape", None), node.outputs[0].shape
     if before is None or after is None or not isinstance(before[-1], int) or before[-1] != after[-1]:
-        return Refusal(f"{node.name}: a Reshape that does not keep the last axis", reported=False)
+        return Refusal(f"{node.name}: a {node.op} that does not keep the last axis", reported=False)
     return FeatureAffine(np.ones(before[-1]), np.zeros(before[-1]))
 
 

@@ -15,7 +15,7 @@ from .convnodes import conv_flops, conv_spec, make_conv, node_flops, spatial_sha
 @reach(0)
 def conv_as_separable(match, context) -> Rewrite | Refusal:
     """Conv(x) -> Conv_tall(x) [R, I, Kh, 1] -> Conv_wide [O, R, 1, Kw], when the kernel's rank
-    R is low enough that the pair costs fewer FLOPs (highest_paying_rank). An unreported
+    R is low enough that the pair costs a quarter fewer FLOPs or more (highest_paying_rank). An unreported
     Refusal for grouped and 1-D/3-D convs, single rows or columns, and kernels of full rank or
     of a rank too high to pay: most kernels are such, no news for the report."""
     conv = match.root
@@ -59,13 +59,20 @@ def conv_as_separable(match, context) -> Rewrite | Refusal:
     )
 
 
+# A split must save at least this fraction of the conv's FLOPs: one more node and an
+# intermediate tensor are not free, and a kernel whose rank only just pays (a 1x1 reduction
+# composed with a 3x3 under --strategy exact: rank 3M of a [3I, 3O] matrix) would be factored
+# for nothing (bench/RESULTS.md, "Measurements behind the code").
+SPLIT_SAVING = 0.25
+
+
 def highest_paying_rank(weight_shape, output_shape, input_spatial, before: float) -> int:
-    """The highest rank R at which the pair costs fewer FLOPs than the conv (`before`), for a
-    kernel [O, I, Kh, Kw]: per sample and per unit of R, the tall conv costs
-    2 * rows * W_in * I * Kh (its output keeps the input's width) and the wide one
-    2 * O * rows * W_out * Kw, so R * per_rank < before. Those are upper bounds (conv_to_onnx
-    may still trim a factor's taps or split it into groups), so a split at this rank or lower
-    always pays."""
+    """The highest rank R at which the pair costs at most (1 - SPLIT_SAVING) of the conv's
+    FLOPs (`before`), for a kernel [O, I, Kh, Kw]: per sample and per unit of R, the tall conv
+    costs 2 * rows * W_in * I * Kh (its output keeps the input's width) and the wide one
+    2 * O * rows * W_out * Kw, so R * per_rank < (1 - SPLIT_SAVING) * before. Those are upper
+    bounds (conv_to_onnx may still trim a factor's taps or split it into groups), so a split
+    at this rank or lower always saves that much."""
     (rows, out_width), (out_channels, in_channels, kernel_rows, kernel_cols) = output_shape[2:], weight_shape
     per_rank = 2.0 * rows * (input_spatial[1] * in_channels * kernel_rows + out_width * out_channels * kernel_cols)
-    return math.ceil(before / per_rank) - 1 if per_rank > 0 else 0
+    return math.ceil((1.0 - SPLIT_SAVING) * before / per_rank) - 1 if per_rank > 0 else 0

@@ -11,11 +11,21 @@ from .large import skeleton, with_weights_of
 from .scopes import proto_scopes, proto_subgraphs
 
 
-def infer_shapes(model: onnx.ModelProto, source: str) -> onnx.ModelProto:
+def infer_shapes(model: onnx.ModelProto, source: str, forget_unknown_dims: bool = False) -> onnx.ModelProto:
     """The model with every shape ONNX can infer in its value_info (a new model; subgraphs
     included). It runs on the model's skeleton (large.py), so weights of any size never go
-    through protobuf serialisation; ConvexportError naming `source` when inference fails."""
+    through protobuf serialisation; ConvexportError naming `source` when inference fails.
+
+    ONNX never replaces a dim it finds in value_info: `forget_unknown_dims` drops the entries
+    with a dim of no value first (the exporter's made-up symbols), for a model whose shapes
+    may now be known (after constant folding, a Reshape reads a constant where it read a
+    Shape(...) chain); the model's own inputs and outputs stay as they are."""
     light, stripped = skeleton(model)
+    if forget_unknown_dims:
+        for scope in proto_scopes(light.graph):
+            known = [value for value in scope.value_info if _typed_and_static(value.type)]
+            del scope.value_info[:]
+            scope.value_info.extend(known)
     try:
         inferred = _infer(light)
     except Exception as exc:

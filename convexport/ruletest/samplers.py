@@ -209,17 +209,24 @@ def _broadcast_shape(draws: Draws, like: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(1 if draws.flag() else dim for dim in like)
 
 
-def elementwise(draws: Draws, slots: list[Slot], fixed: dict, outputs, denominator: int | None = None) -> Draft:
+def elementwise(
+    draws: Draws, slots: list[Slot], fixed: dict, outputs, denominator: int | None = None, neutral: float | None = None
+) -> Draft:
     """Add/Sub/Mul/Div/Sum/Max/Min: the first open slot without a fixed partner is the data;
-    the others broadcast against it (a scalar, per channel, per last dim, ...)."""
+    the others broadcast against it (a scalar, per channel, per last dim, ...), and one time in
+    three hold the op's neutral value (0 to add, 1 to multiply), as exporters leave them."""
     known = next((slot.shape for slot in slots if slot.present and slot.shape is not None), None)
     produced = {}
     for index in range(len(slots)):
         if not _open(slots, index):
             continue
+        operand = known is not None
         shape = draws.data_shape() if known is None else _broadcast_shape(draws, known)
         known = known or shape
-        produced[index] = draws.away_from_zero(shape) if index == denominator else draws.normal(shape)
+        if operand and neutral is not None and draws.integer(0, 2) == 0:
+            produced[index] = np.full(shape, neutral, np.float32)
+        else:
+            produced[index] = draws.away_from_zero(shape) if index == denominator else draws.normal(shape)
     return Draft({}, _values(slots, produced))
 
 
@@ -424,8 +431,8 @@ def slice_(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
     return Draft({}, _values(slots, produced))
 
 
-def _binary(denominator=None) -> Sampler:
-    return lambda draws, slots, fixed, outputs: elementwise(draws, slots, fixed, outputs, denominator)
+def _binary(denominator=None, neutral=None) -> Sampler:
+    return lambda draws, slots, fixed, outputs: elementwise(draws, slots, fixed, outputs, denominator, neutral)
 
 
 SAMPLERS: dict[str, Sampler] = {
@@ -434,10 +441,10 @@ SAMPLERS: dict[str, Sampler] = {
     "BatchNormalization": batch_normalization,
     "AveragePool": average_pool,
     "Pad": pad,
-    "Add": _binary(),
-    "Sub": _binary(),
-    "Mul": _binary(),
-    "Div": _binary(denominator=1),
+    "Add": _binary(neutral=0.0),
+    "Sub": _binary(neutral=0.0),
+    "Mul": _binary(neutral=1.0),
+    "Div": _binary(denominator=1, neutral=1.0),
     "Sum": _binary(),
     "Max": _binary(),
     "Min": _binary(),
