@@ -345,3 +345,14 @@ def test_a_slice_that_keeps_its_whole_input_is_dropped_and_only_that(starts, end
         inputs.append(builder.const(np.array(steps), dtype=np.int64))
     _, counts = fold(builder, [builder.node("Relu", [builder.node("Slice", inputs)])], rules=only("drop-whole-slice"))
     assert ("Slice" not in counts) is dropped
+
+
+@pytest.mark.parametrize("pads,mode,dropped", [
+    ([0] * 8, "constant", True), ([0] * 8, "reflect", True), ([0, 0, 0, 1, 0, 0, 0, 0], "constant", False),
+    ([0, 0, -1, 0, 0, 0, 0, 0], "edge", False),
+])
+def test_a_pad_of_nothing_is_dropped_and_only_that(pads, mode, dropped):
+    builder = GraphBuilder([1, 3, 5, 5])
+    y = builder.node("Pad", ["x", builder.const(np.array(pads), dtype=np.int64)], mode=mode)
+    _, counts = fold(builder, [builder.node("Relu", [y])], rules=only("drop-empty-pad"))
+    assert ("Pad" not in counts) is dropped

@@ -3,6 +3,7 @@
     forward_input      the root's output is its first input
     drop_whole_slice   y = Slice(x, ...) that keeps all of x -> x
     drop_neutral_constant   y = x + 0, x - 0, x * 1, x / 1 -> x
+    drop_empty_pad     y = Pad(x, zeros) -> x
     compose_linear     h = first(x); y = second(h)  ->  one Conv of x (names: h, root)
     compose_conv_transpose   h = ConvTranspose(x); y = affine or pointwise Conv(h) -> one ConvTranspose
     affine_into_concat_parts y = affine(Concat(*parts)) -> Concat of the parts' Convs with it folded in
@@ -25,7 +26,7 @@ Mul/Div/Add/Sub, AveragePool, zero Pad): see linear_nodes.py.
 """
 
 from .batch_branches import batch_conv_heads, batch_gathered_linears, batch_split_branches
-from .cleanup import drop_neutral_constant, drop_whole_slice, forward_input
+from .cleanup import drop_empty_pad, drop_neutral_constant, drop_whole_slice, forward_input
 from .concat_affine import affine_into_concat_parts
 from .concat_ops import flatten_concats, repeat_as_tile
 from .constant_maps import linear_of_constant_map, merge_constant_adds
@@ -41,6 +42,7 @@ REGISTRY = {
     "forward_input": forward_input,
     "drop_whole_slice": drop_whole_slice,
     "drop_neutral_constant": drop_neutral_constant,
+    "drop_empty_pad": drop_empty_pad,
     "compose_linear": compose_linear,
     "compose_conv_transpose": compose_conv_transpose,
     "sum_branches": sum_branches,

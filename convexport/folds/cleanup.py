@@ -60,3 +60,14 @@ def drop_neutral_constant(match, context) -> Rewrite | Refusal:
     if data.dtype is None or data.dtype != root.outputs[0].dtype:
         return Refusal("the output's type is not the input's", reported=False)
     return Rewrite(nodes=[], replace=[(root.outputs[0], data)], note=f"{root.op} by {neutral[0]:g} forwards its input")
+
+
+@reach(0)
+def drop_empty_pad(match, context) -> Rewrite | Refusal:
+    """A Pad of zero on every side, in any mode, forwards its input (exporters leave one where
+    a padding size came out 0)."""
+    root = match.root
+    pads = constant_value(root.inputs[1])
+    if pads is None or np.any(np.asarray(pads) != 0):
+        return Refusal("it pads or crops", reported=False)
+    return Rewrite(nodes=[], replace=[(root.outputs[0], root.inputs[0])], note="Pad of zero forwards its input")

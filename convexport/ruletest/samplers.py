@@ -247,7 +247,7 @@ def average_pool(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft
 
 
 def pad(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
-    """Pad(X, pads, constant_value?, axes?): pads in [-1, 2] (negative crops)."""
+    """Pad(X, pads, constant_value?, axes?): pads in [-1, 2] (negative crops), or none at all."""
     shape, produced = _data(draws, slots, (1, 2, 3, 4, 5))
     mode = _pick(fixed, "mode", lambda: draws.choice(["constant", "reflect", "edge"]))
     axes = list(range(len(shape)))
@@ -261,6 +261,8 @@ def pad(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
             0 if spatial_only and axes[i % len(axes)] in (0, 1) else draws.integer(lowest, 2)
             for i in range(2 * len(axes))
         ]
+        if draws.integer(0, 3) == 0:  # no padding at all, as exporters leave where a size came out 0
+            widths = [0] * len(widths)
         if mode == "reflect" and any(w >= shape[axes[i % len(axes)]] for i, w in enumerate(widths)):
             raise Reject
         produced[1] = np.array(widths, np.int64)
