@@ -1,7 +1,7 @@
 """convexport on eight re-parameterisable model families as the exporters emit them, against each
 family's own hand re-parameterisation (issue 22, "Fold graphs as exporters really emit them").
 
-    .venv/bin/python bench/families.py [--only NAME] [--runs N] [--write bench/RESULTS.md]
+    .venv/bin/python bench/families.py [--only NAME] [--write bench/RESULTS.md]
 
 The networks are small re-implementations in their training form (bench/family_blocks.py:
 RepVGG, MobileOne, FastViT, RepGhost, GhostNet, RepViT, LeViT, EfficientViT). Each is exported
@@ -11,7 +11,10 @@ graph goes through convexport.optimize (validated against the original with ONNX
 not profiled). The hand form (the family's reparameterize(), in torch) is exported by the first
 route. Tables: nodes, Conv and Gemm+MatMul counts (original -> convexport, hand), convexport's
 wall time; ONNX Runtime CPU latency of the original, convexport and hand graphs of the first
-route, timed in one process taking turns in blocks of runs (convexport/profile.py); and the
+route, each pair (convexport beside the original, the hand graph beside convexport) in a fresh
+process taking turns in blocks of runs (bench/peers.py's timed_pair: three sessions in one
+2-core process gave one of them the second core in some runs and not in others, FastViT's
+hand/convexport ratio 1.01x in one run and 1.36x in the next); and the
 "exact" strategy against the default one on the largest exported graph.
 
 `--write FILE` replaces the section "## Real model families (own re-implementations)" of FILE,
@@ -41,7 +44,8 @@ import family_blocks  # noqa: E402
 
 import convexport  # noqa: E402
 from convexport.export import graph_input_specs  # noqa: E402
-from convexport.profile import TIME_BUDGET_S, profile_models  # noqa: E402
+from convexport.profile import TIME_BUDGET_S  # noqa: E402
+from peers import timed_pair  # noqa: E402
 from convexport.quiet import quiet_libraries  # noqa: E402
 
 ROUTES = ("dynamo", "dynamo unoptimized", "torchscript unfolded")
@@ -148,22 +152,19 @@ def fold_rows(family: dict) -> list[str]:
     return rows
 
 
-def latency_row(family: dict, runs: int | None) -> str:
-    """Original, convexport and hand graphs of TIMED_ROUTE timed side by side in this process."""
+def latency_row(family: dict) -> str:
+    """The TIMED_ROUTE graphs: convexport's beside the original, then the hand graph beside
+    convexport's, each pair in a fresh process; each ratio is within its pair."""
     original, folded = family["routes"][TIMED_ROUTE]
-    if original is None:
-        return f"| {family['name']} | export failed | | | | | {family['hand_error']:.1e} |"
-    models = {"original": original, "hand": family["hand"]}
-    if folded.model is not None:
-        models["convexport"] = folded.model
-    measured = profile_models(models, graph_input_specs(original), "cpu", runs, memory=False, per_op=False)
-    ms = {label: measured[label]["latency_ms"]["median"] for label in models}
-    if "convexport" not in ms:
-        return (f"| {family['name']} | {ms['original']:.3f} | failed | {ms['hand']:.3f} | | | "
-                f"{family['hand_error']:.1e} |")
-    return (f"| {family['name']} | {ms['original']:.3f} | {ms['convexport']:.3f} | {ms['hand']:.3f} | "
-            f"{ms['original'] / ms['convexport']:.2f}x | {ms['hand'] / ms['convexport']:.2f}x | "
-            f"{family['hand_error']:.1e} |")
+    if original is None or folded.model is None:
+        return f"| {family['name']} | {'export' if original is None else 'convexport'} failed | | | | | |"
+    inputs = graph_input_specs(original)
+    against_original = timed_pair(original, folded.model, inputs, "cpu")
+    against_hand = timed_pair(family["hand"], folded.model, inputs, "cpu")
+    convexport_ms, original_ms = against_original["variant"]["ms"], against_original["original"]["ms"]
+    hand_ms, beside_hand_ms = against_hand["original"]["ms"], against_hand["variant"]["ms"]
+    return (f"| {family['name']} | {original_ms:.3f} | {convexport_ms:.3f} ({beside_hand_ms:.3f}) | {hand_ms:.3f} | "
+            f"{original_ms / convexport_ms:.2f}x | {hand_ms / beside_hand_ms:.2f}x | {family['hand_error']:.1e} |")
 
 
 def strategy_runs(original: onnx.ModelProto) -> dict[str, list[Folded]]:
@@ -219,7 +220,7 @@ def warm_up() -> None:
 
 
 def section(families: list[dict], latency: list[str], largest: str, largest_nodes: int,
-            strategies: dict[str, list[Folded]], runs: int | None, seconds: float) -> str:
+            strategies: dict[str, list[Folded]], seconds: float) -> str:
     """The results as the Markdown section HEADING."""
     lines = [
         HEADING, "",
@@ -240,13 +241,13 @@ def section(families: list[dict], latency: list[str], largest: str, largest_node
         lines += fold_rows(family)
     lines += [
         "", f"### Latency, {TIMED_ROUTE} route", "",
-        "ONNX Runtime CPU, median ms of block-interleaved runs in one process "
-        f"({f'as many runs as fit in about {TIME_BUDGET_S:g} s' if runs is None else f'{runs} runs'} per graph; "
-        "convexport/profile.py). Ratios > 1: "
+        "ONNX Runtime CPU, median ms of block-interleaved runs (as many as fit in about "
+        f"{TIME_BUDGET_S:g} s per graph; convexport/profile.py), convexport's graph beside the original in one "
+        "fresh process and beside the hand graph (in brackets) in another; each ratio is within its pair. Ratios > 1: "
         "convexport's graph is faster; where convexport made no rewrite the two graphs are the same, and their "
         "ratio is the noise of the measurement. The last column checks the harness: the largest "
         "|training - hand| output difference in torch.", "",
-        "| family | original ms | convexport ms | hand ms | original / convexport | hand / convexport | "
+        "| family | original ms | convexport ms (beside hand) | hand ms | original / convexport | hand / convexport | "
         "hand vs training |",
         "|---|---:|---:|---:|---:|---:|---:|",
         *latency,
@@ -279,7 +280,6 @@ def write_section(path: Path, text: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="Only the families whose name contains this.")
-    parser.add_argument("--runs", type=int, help="Timed runs per graph (default: by a time budget).")
     parser.add_argument("--write", type=Path, help="Put the section into this Markdown file.")
     args = parser.parse_args()
     start = time.perf_counter()
@@ -289,11 +289,10 @@ def main() -> None:
         if args.only is None or args.only.lower() in name.lower():
             families.append(bench_family(name, factory))
             print("\n".join(fold_rows(families[-1])), flush=True)
-    latency = [latency_row(family, args.runs) for family in families]
+    latency = [latency_row(family) for family in families]
     largest, graph = largest_graph(families)
     strategies = strategy_runs(graph)
-    text = section(families, latency, largest, len(graph.graph.node), strategies, args.runs,
-                   time.perf_counter() - start)
+    text = section(families, latency, largest, len(graph.graph.node), strategies, time.perf_counter() - start)
     print("\n" + text)
     if args.write:
         write_section(args.write, text)
