@@ -13,8 +13,8 @@ route. Tables: nodes, Conv and Gemm+MatMul counts (original -> convexport, hand)
 wall time; ONNX Runtime CPU latency of the original, convexport and hand graphs of the first
 route, each pair (convexport beside the original, the hand graph beside convexport) in a fresh
 process taking turns in blocks of runs (bench/peers.py's timed_pair: three sessions in one
-2-core process gave one of them the second core in some runs and not in others, FastViT's
-hand/convexport ratio 1.01x in one run and 1.36x in the next); and the
+2-core process gave one of them the second core in some runs and not in others; bench/RESULTS.md,
+"Measurements behind the code"); and the
 "exact" strategy against the default one on the largest exported graph.
 
 `--write FILE` replaces the section "## Real model families (own re-implementations)" of FILE,

@@ -87,9 +87,9 @@ def assert_same_outputs(original, rewritten, input_shape, seed=0, rtol=1e-4, ato
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol * scale)
 
 
-def fold(builder, outputs, strategy="exact", dynamic_batch=False, rules=RULES):
+def fold(builder, outputs, strategy="exact", dynamic_batch=False, rules=RULES, rtol=1e-4):
     """Rewrite the builder's graph, check it against the original, return (outcome, op counts)."""
     model = builder.model(outputs, dynamic_batch)
     outcome = rewrite(model, strategy, rules)
-    assert_same_outputs(model, outcome.model, builder.input_shape)
+    assert_same_outputs(model, outcome.model, builder.input_shape, rtol=rtol)
     return outcome, op_counts(outcome.model)
