@@ -146,3 +146,22 @@ def test_a_node_a_pass_leaves_reading_only_constants_is_folded_before_the_next_p
     from helpers import run
 
     np.testing.assert_allclose(run(outcome.model, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_node_of_constants_folded_between_passes_may_be_read_inside_a_subgraph():
+    """c = Add(k1, Identity(k2)) read by an If branch: after drop-identity, c is computed and
+    the branch reads the constant; the model stays valid and computes the same."""
+    from graphs import rewrite
+    from helpers import run
+
+    then = helper.make_graph([helper.make_node("Mul", ["x", "c"], ["yt"])], "then", [], [tensor("yt", [2])])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["ye"])], "else", [], [tensor("ye", [2])])
+    nodes = [helper.make_node("Identity", ["k2"], ["k2_copy"]), helper.make_node("Add", ["k1", "k2_copy"], ["c"]),
+             helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other)]
+    model = make_model(nodes, [tensor("x", [2]), tensor("cond", [], onnx.TensorProto.BOOL)], [tensor("y", [2])],
+                       {"k1": np.ones(2, np.float32), "k2": np.full(2, 2.0, np.float32)})
+    outcome = rewrite(model, "exact")
+    assert outcome.folded == 1 and op_counts(outcome.model) == {"If": 1}
+    onnx.checker.check_model(outcome.model, full_check=True)
+    feeds = {"x": np.array([1.0, -2.0], np.float32), "cond": np.array(True)}
+    np.testing.assert_array_equal(run(outcome.model, feeds)[0], run(model, feeds)[0])

@@ -47,7 +47,8 @@ _NEUTRAL = {"Add": (0.0, False), "Sub": (0.0, True), "Mul": (1.0, False), "Div":
 def drop_neutral_constant(match, context) -> Rewrite | Refusal:
     """x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1 forward x, where the constant changes neither
     the output's shape nor its type (exporters write a sum of branches as 0 + b1 + ... and
-    leave the 0 there)."""
+    leave the 0 there). Every value stays the same number; only a -0.0 in x, which x + 0 turns
+    into +0.0, keeps its sign (a later division by that zero is all that could tell)."""
     root = match.root
     data = match.values["x"]
     neutral = _NEUTRAL.get(root.op)
