@@ -9,7 +9,7 @@ from .. import ir
 from ..algebra import Refusal, pointwise_after_transposed, scale_shift_transposed
 from ..ir import attribute_or, tensor_dtype
 from ..rewrite.primitives import Rewrite, reach
-from .convnodes import all_finite, conv_attributes, conv_weights
+from .convnodes import all_finite, conv_attributes, conv_node, conv_weights
 from .linear_nodes import channel_affine, composed_note
 
 
@@ -59,12 +59,8 @@ def _rewrite(first: ir.Node, second: ir.Node, weight, bias, groups: int, context
     dtype = tensor_dtype(output)
     if not all_finite(weight, bias):
         return Refusal(f"{second.name}: the folded weights overflow to inf or NaN")
-    inputs = [first.inputs[0], ir.Constant(context.fresh(output.name + "_weight"), weight.astype(dtype))]
-    if bias is not None:
-        inputs.append(ir.Constant(context.fresh(output.name + "_bias"), bias.astype(dtype)))
-    folded = ir.Variable(context.fresh(output.name), dtype, output.shape)
     attrs = {**conv_attributes(first), "group": groups}
-    node = ir.Node("ConvTranspose", context.fresh(output.name + "_convtranspose"), attrs, inputs, [folded])
+    node, folded = conv_node(context, first.inputs[0], weight, bias, attrs, dtype, output.name, output.shape, first.op)
     before = _flops(first, first.inputs[1].shape, second)
     after = _flops(node, weight.shape)
     note = composed_note(first.op, second.op).replace("one Conv", "one ConvTranspose")

@@ -55,14 +55,23 @@ def make_conv(context, x, spec: ConvSpec, dtype: np.dtype, base: str, shape=None
 
 
 def conv_node(
-    context, x, weight: np.ndarray, bias: np.ndarray | None, attrs: dict, dtype: np.dtype, base: str, shape=None
+    context,
+    x,
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    attrs: dict,
+    dtype: np.dtype,
+    base: str,
+    shape=None,
+    op: str = "Conv",
 ) -> tuple[ir.Node, ir.Variable]:
-    """A Conv node with these ONNX weight, bias (or None) and attributes, as make_conv."""
+    """A Conv (or, with `op`, a ConvTranspose) node with these ONNX weight, bias (or None) and
+    attributes, as make_conv."""
     inputs = [x, ir.Constant(context.fresh(base + "_weight"), weight.astype(dtype))]
     if bias is not None:
         inputs.append(ir.Constant(context.fresh(base + "_bias"), bias.astype(dtype)))
     output = ir.Variable(context.fresh(base), dtype, shape)
-    node = ir.Node("Conv", context.fresh(base + "_conv"), attrs, inputs, [output])
+    node = ir.Node(op, context.fresh(f"{base}_{op.lower()}"), attrs, inputs, [output])
     return node, output
 
 

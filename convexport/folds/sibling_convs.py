@@ -20,7 +20,7 @@ from ..ir import constant_value, is_absent
 from ..rewrite.primitives import Rewrite
 from .branch_groups import largest_compatible
 from .conv_chain import output_dtype
-from .convnodes import conv_attributes, node_flops
+from .convnodes import conv_attributes, conv_node, node_flops
 
 
 def merge_sibling_convs(match, context) -> Rewrite | Refusal:
@@ -39,13 +39,9 @@ def merge_sibling_convs(match, context) -> Rewrite | Refusal:
     biases = [None if len(h.inputs) < 3 or is_absent(h.inputs[2]) else constant_value(h.inputs[2]) for h in heads]
     weight, bias = stack_conv_heads(weights, biases)
     dtype = output_dtype(heads[0])
-    base = context.fresh(x.name + "_siblings")
-    inputs = [x, ir.Constant(context.fresh(base + "_weight"), weight.astype(dtype))]
-    if bias is not None:
-        inputs.append(ir.Constant(context.fresh(base + "_bias"), bias.astype(dtype)))
+    base = x.name + "_siblings"
     stacked_shape = [*shapes[0][:1], int(weight.shape[0]), *shapes[0][2:]]
-    stacked = ir.Variable(base, dtype, stacked_shape)
-    conv = ir.Node("Conv", context.fresh(base + "_conv"), conv_attributes(heads[0]), inputs, [stacked])
+    conv, stacked = conv_node(context, x, weight, bias, conv_attributes(heads[0]), dtype, base, stacked_shape)
     sizes = ir.Constant(context.fresh(base + "_sizes"), np.array([s[1] for s in shapes], np.int64))
     parts = [ir.Variable(context.fresh(h.outputs[0].name), dtype, h.outputs[0].shape) for h in heads]
     split = ir.Node("Split", context.fresh(base + "_split"), {"axis": 1}, [stacked, sizes], parts)

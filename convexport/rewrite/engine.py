@@ -159,7 +159,7 @@ def _fold_constant_nodes(scope: ir.Graph, opset: int, fresh: ir.NameGenerator, c
     """The nodes a pass left reading only constants (a rule replaced their run-time input with
     a constant), computed now as the folding before the rules would have (ir.constant_node_values):
     their outputs become constants, and their readers are looked at again. How many."""
-    folded = 0
+    folded, members = 0, set(map(id, scope.nodes))  # (a fold adds no node)
     for node in list(scope.nodes):
         constant_inputs = [t for t in node.inputs if not ir.is_absent(t)]
         if (
@@ -173,7 +173,6 @@ def _fold_constant_nodes(scope: ir.Graph, opset: int, fresh: ir.NameGenerator, c
         if values is None:
             continue
         replacements = [(out, ir.Constant(fresh(out.name), value)) for out, value in zip(node.outputs, values)]
-        members = set(map(id, scope.nodes))
         _apply(scope, Rewrite([], replacements, f"{node.op} of constants folded"), fresh, changes, members)
         folded += 1
     return folded
