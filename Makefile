@@ -11,7 +11,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench fuzz install clean
+.PHONY: demo test check-install bench fuzz install clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check convexport
 	$(VENV)/bin/ruff format --check convexport
 	$(PY) -m pytest
+
+# the wheel built from this checkout, installed as README.md says into a fresh environment, run
+# from a folder outside the checkout (CI runs it after `make test`)
+check-install:
+	TORCH_SPEC='$(TORCH_SPEC)' PYTHON=$(PYTHON) .ci/check-install
 
 fuzz: $(STAMP)
 	CONVEXPORT_FUZZ_EXAMPLES=10000 $(PY) -m pytest tests/test_random_graphs.py -k stay_exact -p no:cacheprovider
