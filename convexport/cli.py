@@ -7,6 +7,7 @@ written); 70 an internal error (a bug in convexport: one line, --debug for the t
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -16,7 +17,7 @@ import typer
 from rich.console import Console
 
 from .errors import ConvexportError, InternalError, ValidationError, first_line
-from .files import Terminated
+from .files import Terminated, ending_signals_raise
 
 EXIT_USER, EXIT_VALIDATION, EXIT_INTERNAL = 1, 3, 70
 
@@ -45,13 +46,13 @@ def _print_version(asked: bool) -> None:
 
 @app.callback()
 def _main(
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks (anywhere on the line).")] = False,
     version: Annotated[
         bool, typer.Option("--version", help="Print the version and exit.", callback=_print_version, is_eager=True)
     ] = False,
 ):
     global _debug
-    _debug = debug
+    _debug = _debug or debug  # main() takes --debug from anywhere on the line
 
 
 InputOpt = Annotated[
@@ -65,6 +66,12 @@ AtolOpt = Annotated[
 ]
 OpsetOpt = Annotated[int | None, typer.Option("--opset", help="ONNX opset for torch exports (default 18).")]
 DynamicOpt = Annotated[bool, typer.Option("--dynamic-batch", help="Make the first dim of every input dynamic.")]
+LibraryOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--custom-ops-library", help="ONNX Runtime kernel library of the model's custom operators (repeatable)."
+    ),
+]
 TrustOpt = Annotated[
     bool, typer.Option("--trust-pickle", help="Allow a pickled nn.Module (.pt/.pth); unpickling runs code.")
 ]
@@ -113,6 +120,7 @@ def optimize(
             "--explain", help="Say, for each node the rule looked at, why it did or did not fire (repeatable)."
         ),
     ] = None,
+    custom_ops_library: LibraryOpt = None,
 ):
     """Export MODEL, fold its linear structure, validate, profile and write the result."""
     from . import pipeline
@@ -145,6 +153,7 @@ def optimize(
                     input_data=inputs,
                     disable_rules=disable_rule or [],
                     explain=explain or [],
+                    custom_ops_libraries=custom_ops_library or [],
                 )
         except ValidationError as exc:
             if exc.report is not None:
@@ -199,17 +208,20 @@ def validate_command(
     atol: AtolOpt = None,
     input: InputOpt = None,
     report: Annotated[Path | None, typer.Option("--report")] = None,
+    custom_ops_library: LibraryOpt = None,
 ):
     """Compare two ONNX models on the same inputs (exit 3 when they differ)."""
     from . import validate as checks
     from .inputs import input_specs
     from .report import write_json
+    from .runtime import custom_op_libraries
 
     def run():
         _check_outputs([reference, candidate, inputs], [("--report", report)])
-        result = checks.validate_files(
-            reference, candidate, inputs, runs, checks.Tolerances.parse(rtol, atol), input_specs(input)
-        )
+        with custom_op_libraries(custom_ops_library or []):
+            result = checks.validate_files(
+                reference, candidate, inputs, runs, checks.Tolerances.parse(rtol, atol), input_specs(input)
+            )
         if report is not None:
             write_json(result.to_report(), report)
         verdict = "passed" if result.passed else "FAILED"
@@ -231,6 +243,7 @@ def profile(
     warmup: Annotated[int, typer.Option("--warmup")] = 3,
     report: Annotated[Path | None, typer.Option("--report")] = None,
     input: InputOpt = None,
+    custom_ops_library: LibraryOpt = None,
 ):
     """Time an ONNX model on ONNX Runtime."""
     from .export import graph_input_specs
@@ -238,7 +251,7 @@ def profile(
     from .loading import load_model
     from .profile import profile_models
     from .report import write_json
-    from .runtime import resolve_device
+    from .runtime import custom_op_libraries, resolve_device
 
     def run():
         _check_outputs([model], [("--report", report)])
@@ -248,7 +261,8 @@ def profile(
             raise ConvexportError("--runs must be >= 1 and --warmup >= 0")
         onnx_model = load_model(str(model)).onnx_model
         specs = with_overrides(graph_input_specs(onnx_model), input_specs(input), model)
-        measured = profile_models({"model": onnx_model}, specs, resolve_device(device), runs, warmup)
+        with custom_op_libraries(custom_ops_library or []):
+            measured = profile_models({"model": onnx_model}, specs, resolve_device(device), runs, warmup)
         if report is not None:
             write_json(measured, report)
         if _is_stdout(report):
@@ -427,17 +441,19 @@ def _all_rules(extra):
 @contextlib.contextmanager
 def _progress(quiet: bool = False):
     """Each step on one transient line with its elapsed time (and a profile's runs done), on a
-    terminal only: stderr stays one line long for pipelines. The display is bound to the
-    stderr of the moment, so that libraries quieted by redirecting sys.stderr meanwhile do not
-    freeze it."""
+    terminal only: stderr stays one line long for pipelines. The display writes to its own
+    copy of stderr's descriptor: libraries are quieted meanwhile by pointing sys.stderr and
+    descriptor 2 elsewhere (quiet.py), which must not freeze it."""
     if quiet or not stderr.is_terminal:
         yield lambda step: None
         return
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    display = Console(file=sys.stderr, highlight=False)
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
-    with Progress(*columns, console=display, transient=True) as progress:
+    with (
+        open(os.dup(sys.stderr.fileno()), "w", encoding="utf-8", errors="replace") as terminal,
+        Progress(*columns, console=Console(file=terminal, highlight=False), transient=True) as progress,
+    ):
         current: dict = {}
 
         def show(message: str) -> None:
@@ -453,9 +469,11 @@ def _progress(quiet: bool = False):
 
 
 def _guarded(action) -> None:
-    """Run a command; map convexport's errors to exit codes with one line on stderr."""
+    """Run a command; map convexport's errors to exit codes with one line on stderr. A SIGTERM
+    or SIGHUP ends it as an exception, so that its temporary files are removed."""
     try:
-        action()
+        with ending_signals_raise():
+            action()
     except ValidationError as exc:
         stderr.print(f"convexport: {exc}", markup=False)
         raise typer.Exit(EXIT_VALIDATION) from None
@@ -500,8 +518,15 @@ def _silence_stdout() -> None:
 
 
 def main() -> None:
+    global _debug
     _keep_stderr_to_one_line()
-    app(prog_name="convexport")
+    arguments = sys.argv[1:]
+    # --debug anywhere before a bare "--" (typer takes it only before the command's name)
+    end = arguments.index("--") if "--" in arguments else len(arguments)
+    if "--debug" in arguments[:end]:
+        _debug = True
+        arguments = [a for a in arguments[:end] if a != "--debug"] + arguments[end:]
+    app(args=arguments, prog_name="convexport")
 
 
 def _keep_stderr_to_one_line() -> None:

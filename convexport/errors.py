@@ -1,5 +1,7 @@
 """The exceptions convexport raises on purpose; the CLI maps them to exit codes."""
 
+import re
+
 
 class ConvexportError(Exception):
     """A user error: unreadable model, bad rule file, bad option value (exit code 1).
@@ -22,7 +24,12 @@ class InternalError(ConvexportError):
     API raises only ConvexportError and its subclasses; the original exception is its cause."""
 
 
+# a terminal's colour and cursor codes, which torch's exporters put in their messages
+_ANSI_CODE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
 def first_line(exc: BaseException, limit: int = 300) -> str:
-    """The first line of an exception's message, for one-line error reports."""
-    text = str(exc).strip() or type(exc).__name__
+    """The first line of an exception's message, without terminal codes, for one-line error
+    reports."""
+    text = _ANSI_CODE.sub("", str(exc)).strip() or type(exc).__name__
     return text.splitlines()[0][:limit]

@@ -16,25 +16,32 @@ import io
 import re
 from dataclasses import dataclass, field
 
-import numpy as np
 import onnx
 
 from . import ir
 from .errors import ConvexportError, first_line
-from .inputs import DTYPES, InputSpec
+from .inputs import InputSpec
 from .loading import LoadedModel, ProgramInput
+from .onnx_route import BATCH_DIM, MIN_OPSET, graph_input_specs, prepare_onnx
 from .quiet import quiet_libraries
-
-MIN_OPSET = 13
-_BATCH_DIM = "batch"
 
 
 @dataclass
 class ExportResult:
+    """`model` is what the rewrite starts from; `reference` what it is validated against and
+    measured beside: the same model, except for an ONNX model that had to be converted
+    (onnx_route.py, listed in `conversions`)."""
+
     model: onnx.ModelProto
     inputs: list[InputSpec]  # one per graph input, in order; dynamic dims by name
     exporter: str  # onnx (no export) | dynamo | torchscript
     warnings: list[str] = field(default_factory=list)  # the TorchScript tracer's, when it traced
+    reference: onnx.ModelProto | None = None  # None: the model itself
+    conversions: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.reference is None:
+            self.reference = self.model
 
 
 def export_model(
@@ -57,26 +64,10 @@ def export_model(
             f"(the newest the installed onnx {onnx.__version__} knows)"
         )
     if loaded.kind == "onnx":
-        model_opset = ir.onnx_opset(loaded.onnx_model) or 0
-        if model_opset < MIN_OPSET:
-            raise ConvexportError(
-                f"{loaded.source}: opset {model_opset} is below the supported {MIN_OPSET}; "
-                "convert it first (onnx.version_converter.convert_version(model, 18))"
-            )
-        as_given = not (input_specs or dynamic_batch or freeze_input_defaults)
-        if as_given and ir.fully_shaped(loaded.onnx_model):  # nothing to edit, nothing to infer: the
-            return ExportResult(loaded.onnx_model, graph_input_specs(loaded.onnx_model), "onnx")  # model itself
-        model = onnx.ModelProto()
-        model.CopyFrom(loaded.onnx_model)
-        if freeze_input_defaults:
-            defaults = {init.name for init in model.graph.initializer}
-            kept = [value for value in model.graph.input if value.name not in defaults]
-            del model.graph.input[:]
-            model.graph.input.extend(kept)
-        _apply_input_specs(model, input_specs, dynamic_batch, loaded.source)
-        if input_specs or dynamic_batch:  # the shapes the model declares were those of the old inputs
-            _forget_inferred_shapes(model)
-        return ExportResult(ir.infer_shapes(model, loaded.source), graph_input_specs(model), "onnx")
+        reference, model, conversions = prepare_onnx(
+            loaded.onnx_model, loaded.source, input_specs, dynamic_batch, freeze_input_defaults
+        )
+        return ExportResult(model, graph_input_specs(model), "onnx", reference=reference, conversions=conversions)
     if loaded.kind == "exported_program":
         args, names, input_specs = _program_arguments(loaded, input_specs, dynamic_batch)
         dynamic = False  # the program's dims are its own: torch.onnx.export takes no dynamic_shapes for it
@@ -96,78 +87,6 @@ def export_model(
     if loaded.kind == "exported_program":
         _name_torch_symbols(model, input_specs)
     return ExportResult(ir.infer_shapes(model, loaded.source), graph_input_specs(model), exporter, tracer_warnings)
-
-
-def graph_input_specs(model: onnx.ModelProto) -> list[InputSpec]:
-    """The graph's real inputs (not initializers) as InputSpecs."""
-    initializers = {init.name for init in model.graph.initializer}
-    specs = []
-    for value in model.graph.input:
-        if value.name in initializers:
-            continue
-        tensor_type = value.type.tensor_type
-        dims = tuple(
-            d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or f"{value.name}_{i}")
-            for i, d in enumerate(tensor_type.shape.dim)
-        )
-        specs.append(InputSpec(value.name, dims, _dtype_name(value.type)))
-    return specs
-
-
-def _dtype_name(value_type: onnx.TypeProto) -> str:
-    """The numpy name of a tensor's element type where convexport makes data of it (float32,
-    int64, ...), else the ONNX name (string, float8e4m3fn; sequence_type for a non-tensor)."""
-    if value_type.WhichOneof("value") != "tensor_type":
-        return value_type.WhichOneof("value") or "undefined"
-    element = value_type.tensor_type.elem_type
-    name = onnx.TensorProto.DataType.Name(element).lower()
-    if element == onnx.TensorProto.STRING:
-        return name
-    numpy_name = str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(element)))
-    return numpy_name if numpy_name in DTYPES else name
-
-
-def _forget_inferred_shapes(model: onnx.ModelProto) -> None:
-    """Drop the main graph's value_info and its outputs' shapes (their element types stay), so
-    that shape inference derives them from the inputs as they now are; a subgraph's are its own."""
-    del model.graph.value_info[:]
-    for value in model.graph.output:
-        if value.type.HasField("tensor_type"):
-            value.type.tensor_type.ClearField("shape")
-
-
-def _apply_input_specs(model: onnx.ModelProto, specs: list[InputSpec], dynamic_batch: bool, source: str) -> None:
-    """--input on an ONNX model fixes (or names) the dims of its inputs."""
-    by_name = {value.name: value for value in model.graph.input}
-    for spec in specs:
-        if spec.name not in by_name:
-            raise ConvexportError(
-                f"--input {spec.name}: {source} has no input {spec.name!r} (inputs: {', '.join(by_name)})"
-            )
-        declared = _dtype_name(by_name[spec.name].type)
-        if spec.dtype_given and declared != spec.dtype:
-            raise ConvexportError(
-                f"--input {spec}: {source} input {spec.name!r} is {declared}; an ONNX model's input type is "
-                "its own (leave the type out, or give that one)"
-            )
-        shape = by_name[spec.name].type.tensor_type.shape
-        if len(shape.dim) != len(spec.dims):
-            raise ConvexportError(
-                f"--input {spec}: {source} input {spec.name!r} has rank {len(shape.dim)}, not {len(spec.dims)}"
-            )
-        for dim, value in zip(shape.dim, spec.dims):
-            if isinstance(value, int):
-                dim.dim_value = value
-            else:
-                dim.dim_param = value
-    if dynamic_batch:
-        defaults = {init.name for init in model.graph.initializer}  # an input with a default is a weight
-        for value in model.graph.input:
-            if value.name in defaults:
-                continue
-            dims = value.type.tensor_type.shape.dim
-            if dims:
-                dims[0].dim_param = _BATCH_DIM
 
 
 def _program_arguments(
@@ -290,7 +209,7 @@ def _symbol_names(model: onnx.ModelProto, specs: list[InputSpec]) -> dict[str, s
                 continue
             named = dims_given[axis] if axis < len(dims_given) and isinstance(dims_given[axis], str) else None
             fallback = f"{value.name}_dim{axis}"
-            names[symbol] = _unused_name([named or (_BATCH_DIM if axis == 0 else fallback), fallback], taken)
+            names[symbol] = _unused_name([named or (BATCH_DIM if axis == 0 else fallback), fallback], taken)
             taken.add(names[symbol])
     return names
 
@@ -372,9 +291,42 @@ def _at_least_two_in_batch(tensor):
     return tensor
 
 
+def _check_runs_on(loaded: LoadedModel, args: tuple) -> None:
+    """Run the module once on the example inputs: inputs of the wrong count, rank or dtype
+    fail here with the model's own reason, where an exporter would fail deep in its passes
+    (the TorchScript one with an internal error). An exported program checks its inputs
+    itself and is not run."""
+    import torch
+
+    if loaded.kind not in ("module", "torchscript"):
+        return
+    try:
+        with torch.no_grad(), quiet_libraries():
+            loaded.program(*args)
+    except Exception as exc:
+        shapes = ", ".join(
+            f"{'x'.join(map(str, tensor.shape)) or 'scalar'}:{str(tensor.dtype).removeprefix('torch.')}"
+            for tensor in args
+        )
+        raise ConvexportError(
+            f"{loaded.source}: the model does not run on the example inputs ({shapes}): {_run_failure(exc)}; "
+            "check --input's count, dims and dtypes against the model's forward()"
+        ) from exc
+
+
+def _run_failure(exc: BaseException) -> str:
+    """The reason a module failed: a TorchScript interpreter's error ends with it, after the
+    code it ran ("The following operation failed in the TorchScript interpreter. ...")."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if len(lines) > 1 and "TorchScript interpreter" in lines[0]:
+        return first_line(Exception(lines[-1]))
+    return f"{type(exc).__name__}: {first_line(exc)}"
+
+
 def _run_exporter(loaded: LoadedModel, args: tuple, names: list[str], opset: int, dynamic: bool):
     import torch
 
+    _check_runs_on(loaded, args)
     if loaded.kind == "torchscript":
         model, tracer_warnings = _export_torchscript(loaded, args, names, opset, dynamic)
         return model, "torchscript", tracer_warnings
@@ -383,16 +335,45 @@ def _run_exporter(loaded: LoadedModel, args: tuple, names: list[str], opset: int
     except ConvexportError:
         raise
     except Exception as dynamo_error:
+        custom = _CUSTOM_OPERATOR.search(str(dynamo_error))
+        if custom:  # the TorchScript exporter has no translation for it either
+            raise ConvexportError(f"{loaded.source}: {_custom_operator_advice(custom[1])}") from dynamo_error
         if loaded.kind != "module" or isinstance(loaded.program, torch.export.ExportedProgram):
-            raise ConvexportError(f"{loaded.source}: ONNX export failed: {first_line(dynamo_error)}") from dynamo_error
+            raise ConvexportError(
+                f"{loaded.source}: ONNX export failed: {exporter_reason(dynamo_error)}"
+            ) from dynamo_error
         try:
             model, tracer_warnings = _export_torchscript(loaded, args, names, opset, dynamic)
             return model, "torchscript", tracer_warnings
         except Exception as script_error:
             raise ConvexportError(
-                f"{loaded.source}: ONNX export failed (torch.export: {first_line(dynamo_error)}; "
+                f"{loaded.source}: ONNX export failed (torch.export: {exporter_reason(dynamo_error)}; "
                 f"TorchScript: {first_line(script_error)})"
             ) from script_error
+
+
+# the dynamo exporter's words for an operator it has no ONNX function for
+_CUSTOM_OPERATOR = re.compile(r"No ONNX function found for <OpOverload\(op='([\w.]+)'")
+
+
+def _custom_operator_advice(operator: str) -> str:
+    return (
+        f"the model calls the custom operator {operator}, which torch's ONNX exporter has no translation for; "
+        f"export it with torch.onnx.export(..., custom_translation_table={{torch.ops.{operator}.default: "
+        "an onnxscript function}) and optimize that .onnx (with --custom-ops-library if the function calls an "
+        "operator of ONNX Runtime's custom-op library)"
+    )
+
+
+def exporter_reason(exc: BaseException) -> str:
+    """What went wrong, in one line: the dynamo exporter's first line is the same advice for
+    every failure (step 3/3 ...), its reason stands under "## Exception summary"."""
+    text = str(exc)
+    if "## Exception summary" in text:
+        summary = [line.strip() for line in text.split("## Exception summary", 1)[1].splitlines() if line.strip()]
+        if summary:
+            return first_line(Exception(re.sub(r"^<class '[\w.]+'>: ", "", summary[0])))
+    return first_line(exc)
 
 
 def _export_dynamo(loaded: LoadedModel, args: tuple, names: list[str], opset: int, dynamic: bool) -> onnx.ModelProto:
@@ -400,7 +381,7 @@ def _export_dynamo(loaded: LoadedModel, args: tuple, names: list[str], opset: in
 
     dynamic_shapes = None
     if dynamic:
-        batch = torch.export.Dim(_BATCH_DIM)
+        batch = torch.export.Dim(BATCH_DIM)
         dynamic_shapes = tuple({0: batch} if t.dim() else None for t in args)
     with quiet_libraries():
         program = torch.onnx.export(
@@ -425,7 +406,7 @@ def _export_torchscript(
     import torch
 
     buffer = io.BytesIO()
-    dynamic_axes = {name: {0: _BATCH_DIM} for name, t in zip(names, args) if t.dim()} if dynamic else None
+    dynamic_axes = {name: {0: BATCH_DIM} for name, t in zip(names, args) if t.dim()} if dynamic else None
     with quiet_libraries() as caught:
         torch.onnx.export(
             loaded.program,

@@ -71,6 +71,8 @@ def writable_place(destination: str | Path) -> Path:
     try:
         if is_stream(destination):
             return destination
+        if os.path.islink(destination):
+            _check_link_resolves(destination)
         target = Path(os.path.realpath(destination))
         if not target.parent.is_dir():
             raise ConvexportError(f"{destination}: folder {target.parent} does not exist")
@@ -82,6 +84,14 @@ def writable_place(destination: str | Path) -> Path:
     except UnicodeEncodeError:
         raise ConvexportError(f"{_shown(destination)}: the name cannot be encoded on this system") from None
     return destination
+
+
+def _check_link_resolves(link: Path) -> None:
+    """Raise the OSError of a symbolic link that leads nowhere: a loop (ELOOP), which
+    os.path.realpath would silently give back as the link itself, to be replaced. A link to a
+    file that does not exist yet is fine: it is written through, creating that file."""
+    with contextlib.suppress(FileNotFoundError):
+        os.stat(link)
 
 
 def is_stream(path: str | Path) -> bool:
@@ -106,7 +116,7 @@ def write_atomically(destination: str | Path, write: Callable[[str], None]) -> N
             _stream(final, write)
             return
         write(temporary)
-        give_default_permissions(temporary)
+        give_permissions_of(final, temporary)
         rename_all([(temporary, final)])
 
 
@@ -127,7 +137,7 @@ def temporary_beside(destination: str | Path) -> Iterator[tuple[str | None, Path
         raise ConvexportError(f"{destination}: cannot write ({exc.strerror or exc})") from exc
     os.close(handle)
     try:
-        with _signals_raise():
+        with ending_signals_raise():
             yield temporary, final
     except OSError as exc:
         raise ConvexportError(f"{destination}: cannot write ({exc.strerror or exc})") from exc
@@ -137,7 +147,11 @@ def temporary_beside(destination: str | Path) -> Iterator[tuple[str | None, Path
 
 def rename_all(pairs: Sequence[tuple[str, Path]]) -> None:
     """os.replace each (temporary, final) in order with the signals that end the process held
-    back until all are done: a model and its weights file change together or not at all."""
+    back until all are done: a model and its weights file change together or not at all. Each
+    file is on the disk before its rename, and the renames are after (fsync of the files, then
+    of their folders): a crash leaves the old file or the whole new one, never an empty one."""
+    for temporary, _ in pairs:
+        _sync(temporary)
     masked = hasattr(signal, "pthread_sigmask")
     if masked:
         previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
@@ -147,13 +161,34 @@ def rename_all(pairs: Sequence[tuple[str, Path]]) -> None:
     finally:
         if masked:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    for folder in dict.fromkeys(Path(final).parent for _, final in pairs):
+        _sync(folder)
 
 
-def give_default_permissions(path: str | Path) -> None:
-    """0666 less the umask, as a plain open() would have made it (mkstemp makes 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
+def _sync(path: str | Path) -> None:
+    """fsync a file, or a folder where the system allows it (not on Windows)."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def give_permissions_of(final: str | Path, temporary: str | Path) -> None:
+    """The permissions of the file `final` (being replaced) for `temporary`, or, for a new
+    file, 0666 less the umask, as a plain open() would have made it (mkstemp makes 0600)."""
+    try:
+        mode = stat.S_IMODE(os.stat(final).st_mode)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    os.chmod(temporary, mode)
 
 
 def write_text_atomically(text: str, destination: str | Path) -> None:
@@ -181,9 +216,10 @@ class Terminated(BaseException):
 
 
 @contextlib.contextmanager
-def _signals_raise():
+def ending_signals_raise():
     """SIGTERM and SIGHUP raise Terminated (SIGINT already raises KeyboardInterrupt) while the
-    block runs, so that `finally` clauses remove temporary files; the previous handlers after.
+    block runs, so that `finally` clauses remove temporary files (an output's, a profile's
+    model copy); the previous handlers after.
     Only the main thread can set handlers: elsewhere the block runs as it is."""
     import threading
 

@@ -1,8 +1,9 @@
 """Turn a MODEL argument into something exportable: an ONNX model or a torch program.
 
-MODEL is one of (DESIGN.md section 1):
+MODEL is one of (docs/commands.md):
   *.onnx                         an ONNX model, used as it is
-  *.pt / *.pth                   a TorchScript archive; a pickled nn.Module only when trusted
+  *.pt / *.pth[:KEY]             a TorchScript archive; a pickled nn.Module, or a checkpoint dict
+                                 holding one (under KEY), only when trusted (torch_archives.py)
   *.pt2                          an ExportedProgram saved by torch.export.save
   path/file.py[:callable]        a factory (default `build`) returning a module or a
   package.module:callable        (module, example_inputs) pair
@@ -15,13 +16,12 @@ import importlib.util
 import os
 import stat
 import sys
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import ConvexportError, first_line
-from .quiet import quiet_libraries
+from .torch_archives import read_exported_program, read_torch_file
 
 DEFAULT_FACTORY = "build"
 
@@ -67,26 +67,28 @@ class LoadedModel:
 
 def load_model(source: str, trust_pickle: bool = False) -> LoadedModel:
     """Load MODEL; every failure is a ConvexportError naming the file and what to do."""
-    path_text, _, factory = _split_factory(source)
+    path_text, _, name = _split_factory(source)
     path = Path(path_text)
     suffix = path.suffix.lower()
-    if suffix == ".py" or (factory and _is_module_name(path_text)):
-        return _load_factory(source, path_text, factory or DEFAULT_FACTORY)
+    if suffix == ".py" or (name and _is_module_name(path_text)):
+        return _load_factory(source, path_text, name or DEFAULT_FACTORY)
     if suffix not in (".onnx", ".pt", ".pth", ".pt2"):
         raise ConvexportError(
             f"{source}: unknown model type {path.suffix or '(no suffix)'!r}; expected .onnx, .pt, "
             ".pth, .pt2, file.py[:callable] or package.module:callable"
         )
+    if name and suffix not in (".pt", ".pth"):
+        raise ConvexportError(f"{source}: only a checkpoint (.pt, .pth) has entries to name after ':'")
     _check_readable_file(source, path)
-    default_output = path.with_name(path.stem + ".opt.onnx")
+    default_output = path.with_name(path.stem + (f".{name}" if name else "") + ".opt.onnx")
     if suffix == ".onnx":
         model, data_files = _load_onnx(path)
         return LoadedModel(source, "onnx", default_output, onnx_model=model, files=[path, *data_files])
-    loaded = (
-        _load_exported_program(path, default_output)
-        if suffix == ".pt2"
-        else _load_torch_archive(path, default_output, trust_pickle)
-    )
+    if suffix == ".pt2":
+        loaded = _load_exported_program(path, default_output, trust_pickle)
+    else:
+        kind, program = read_torch_file(path, trust_pickle, name or None)
+        loaded = LoadedModel(source, kind, default_output, program=program)
     loaded.files = [path]
     return loaded
 
@@ -97,7 +99,10 @@ def _is_module_name(text: str) -> bool:
 
 
 def _split_factory(source: str) -> tuple[str, str, str]:
-    """'a/b.py:make' -> ('a/b.py', ':', 'make'); Windows drive letters are left alone."""
+    """'a/b.py:make' -> ('a/b.py', ':', 'make'), 'ckpt.pt:ema' -> ('ckpt.pt', ':', 'ema');
+    a file that exists under the whole name, and Windows drive letters, are left alone."""
+    if os.path.exists(source):
+        return source, "", ""
     head, sep, tail = source.rpartition(":")
     if sep and tail and "/" not in tail and "\\" not in tail and len(head) > 1:
         return head, sep, tail
@@ -127,22 +132,13 @@ def _load_onnx(path: Path):
 
     try:  # a model over 2 GiB by path: protobuf cannot hand it to the checker whole
         onnx.checker.check_model(str(path) if needs_external_data(model) else model, full_check=False)
-    except onnx.checker.ValidationError as exc:
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         raise ConvexportError(f"{path}: invalid ONNX model: {first_line(exc)}") from exc
     return model, data_files
 
 
-def _load_exported_program(path: Path, default_output: Path) -> LoadedModel:
-    import torch
-
-    try:
-        with quiet_libraries():
-            program = torch.export.load(str(path))
-    except Exception as exc:  # torch raises many types for a bad archive
-        raise ConvexportError(
-            f"{path}: not a torch.export archive ({first_line(exc)}); save one with "
-            "torch.export.save(torch.export.export(model, inputs), 'model.pt2')"
-        ) from exc
+def _load_exported_program(path: Path, default_output: Path, trust_pickle: bool) -> LoadedModel:
+    program = read_exported_program(path, trust_pickle)
     declared = _program_inputs(program)
     return LoadedModel(
         str(path),
@@ -220,50 +216,6 @@ def _example_tensors(declared: list[ProgramInput]) -> tuple:
     )
 
 
-def _load_torch_archive(path: Path, default_output: Path, trust_pickle: bool) -> LoadedModel:
-    import torch
-
-    if not zipfile.is_zipfile(path):
-        raise ConvexportError(
-            f"{path}: not a TorchScript archive (not a zip file); save one with "
-            "torch.jit.save(torch.jit.script(model) or torch.jit.trace(model, x), 'model.pt')"
-        )
-    if _is_torchscript_archive(path):
-        try:
-            with quiet_libraries():
-                program = torch.jit.load(str(path), map_location="cpu")
-        except Exception as exc:
-            raise ConvexportError(f"{path}: unreadable TorchScript archive ({first_line(exc)})") from exc
-        return LoadedModel(str(path), "torchscript", default_output, program=program.eval())
-    if not trust_pickle:
-        try:
-            torch.load(str(path), map_location="cpu", weights_only=True)
-        except Exception:
-            raise ConvexportError(
-                f"{path}: holds a pickled nn.Module and unpickling runs code from the file; pass "
-                "--trust-pickle if you trust it, or save a TorchScript archive instead"
-            ) from None
-        raise ConvexportError(
-            f"{path}: holds tensors (a state_dict?), not a model; give a file.py:factory that "
-            "builds the module and loads them"
-        )
-    try:
-        program = torch.load(str(path), map_location="cpu", weights_only=False)
-    except Exception as exc:
-        raise ConvexportError(f"{path}: could not unpickle ({first_line(exc)})") from exc
-    if not isinstance(program, torch.nn.Module):
-        raise ConvexportError(
-            f"{path}: unpickled a {type(program).__name__}, not an nn.Module; give a "
-            "file.py:factory that builds the module"
-        )
-    return LoadedModel(str(path), "module", default_output, program=program.eval())
-
-
-def _is_torchscript_archive(path: Path) -> bool:
-    with zipfile.ZipFile(path) as archive:
-        return any(name.endswith("/constants.pkl") or "/code/" in name for name in archive.namelist())
-
-
 def _load_factory(source: str, path_text: str, factory_name: str) -> LoadedModel:
     module = _import_factory_module(source, path_text)
     factory = getattr(module, factory_name, None)
@@ -273,11 +225,13 @@ def _load_factory(source: str, path_text: str, factory_name: str) -> LoadedModel
     program, inputs = _unpack_factory_result(source, produced)
     if inputs is None and callable(getattr(module, "example_inputs", None)):
         inputs = _as_tuple(_user_call(source, "example_inputs()", module.example_inputs))
+    # named after the factory where the file may hold several (net.py:small -> net.small.opt.onnx)
+    named = "" if factory_name == DEFAULT_FACTORY else f".{factory_name}"
     if path_text.endswith(".py"):
-        default_output = Path(path_text).with_name(f"{Path(path_text).stem}.opt.onnx")
+        default_output = Path(path_text).with_name(f"{Path(path_text).stem}{named}.opt.onnx")
         files = [Path(path_text)]
     else:
-        default_output = Path.cwd() / f"{path_text.rsplit('.', 1)[-1]}.opt.onnx"
+        default_output = Path.cwd() / f"{path_text.rsplit('.', 1)[-1]}{named}.opt.onnx"
         files = [Path(module.__file__)] if getattr(module, "__file__", None) else []
     loaded = LoadedModel(source, "module", default_output, program=program.eval(), example_inputs=inputs)
     loaded.files = files

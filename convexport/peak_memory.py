@@ -1,6 +1,6 @@
 """Peak memory of one ONNX Runtime session, measured in a process of its own:
 
-    python -m convexport.peak_memory MODEL.onnx FEEDS.npz cpu|cuda RUNS
+    python -m convexport.peak_memory MODEL.onnx FEEDS.npz cpu|cuda RUNS [CUSTOM_OP_LIBRARY...]
 
 prints {"peak_memory_bytes": ..., "peak_rss_bytes": ...} as JSON. On the CPU the figure is the
 growth of the process's peak resident set over what it had before the session was created
@@ -91,5 +91,8 @@ def _device_memory_used() -> int:
 
 
 if __name__ == "__main__":
+    from .runtime import custom_op_libraries
+
     model, feeds, device, runs = sys.argv[1:5]
-    print(json.dumps(measure(model, feeds, device, int(runs))))
+    with custom_op_libraries(sys.argv[5:]):
+        print(json.dumps(measure(model, feeds, device, int(runs))))

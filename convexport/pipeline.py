@@ -7,11 +7,13 @@ import difflib
 import math
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from . import __version__, ir
@@ -20,7 +22,7 @@ from .export import ExportResult, export_model
 from .files import (
     check_not_an_input,
     check_paths,
-    give_default_permissions,
+    give_permissions_of,
     rename_all,
     temporary_beside,
     write_atomically,
@@ -28,13 +30,14 @@ from .files import (
 from .inputs import InputSpec, input_specs
 from .ir import needs_external_data, save_with_external_data
 from .loading import LoadedModel, load_model
+from .onnx_route import overridable_input_count
 from .profile import profile_models
 from .rewrite.engine import STRATEGIES, rewrite_model
 from .rewrite.primitives import builtin_primitives
 from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
-from .runtime import MissingKernel, resolve_device
+from .runtime import MissingKernel, custom_op_libraries, resolve_device
 from .stats import graph_stats
-from .validate import DEFAULT_RUNS, Tolerances, compare_models, load_npz
+from .validate import DEFAULT_RUNS, NoMadeUpInputs, Tolerances, compare_models, load_npz
 
 Progress = Callable[[str], None]
 
@@ -45,6 +48,24 @@ class OptimizeResult:
     model: onnx.ModelProto  # the optimized graph
     original: onnx.ModelProto  # the exported graph it was checked against
     output: Path | None  # where it was written (None when not written)
+
+    def __repr__(self) -> str:
+        """One line (a notebook shows it for a cell's last value): the model, the node counts,
+        the rewrites, the validation and the speed; `.report` has the rest."""
+        report = self.report
+        parts = [
+            f"{report['before']['nodes']} -> {report['after']['nodes']} nodes",
+            f"{len(report['rewrites'])} rewrites",
+        ]
+        validation = report.get("validation")
+        if validation:
+            worst = max((error["max_abs"] for error in validation["outputs"].values()), default=0.0)
+            parts.append(f"validation {'passed' if validation['passed'] else 'FAILED'} (max abs error {worst:.3g})")
+        profile = report.get("profile")
+        if profile and profile.get("speedup"):
+            parts.append(f"{profile['speedup']:.2f}x on {profile['provider']} ({profile['verdict']})")
+        written = f" -> {self.output}" if self.output else " (not written)"
+        return f"<OptimizeResult {report['model']}{written}: {', '.join(parts)}>"
 
 
 def optimize(
@@ -70,11 +91,15 @@ def optimize(
     input_data: str | Path | None = None,
     disable_rules: Sequence[str] = (),
     explain: Sequence[str] = (),
+    custom_ops_libraries: Sequence[str | Path] = (),
 ) -> OptimizeResult:
     """Optimize MODEL (a path or MODEL string, an onnx.ModelProto, or an nn.Module).
+    `inputs`: --input specs (texts such as "x:1x3x224x224", or InputSpecs), or for a torch
+    model example tensors as torch.onnx.export takes them (a tensor, or a tuple of them).
     `inputs` and `rules` take one value or a sequence of them. `disable_rules`: rules not to
     run (by name); `explain`: rules whose verdict at every node is kept in the report's
-    `explain` (why a rule did not fire). `input_data`: an .npz of real
+    `explain` (why a rule did not fire). `custom_ops_libraries`: ONNX Runtime kernel libraries
+    of the model's custom operators, registered in every session. `input_data`: an .npz of real
     input arrays, validated on besides the random ones. `other_outputs`: (option, path)
     of the files the caller will write (reports), checked with OUT against every file the model
     is read from before any work.
@@ -84,7 +109,8 @@ def optimize(
     anything else.
     """
     given = dict(locals())  # every argument, by name: _optimize takes them as they are
-    with _only_convexport_errors():
+    libraries = _as_list(given.pop("custom_ops_libraries"))
+    with _only_convexport_errors(), custom_op_libraries(libraries):
         return _optimize(**given)
 
 
@@ -97,6 +123,44 @@ def _only_convexport_errors():
         raise
     except Exception as exc:
         raise InternalError(f"internal error: {type(exc).__name__}: {first_line(exc)} (please report it)") from exc
+
+
+def _example_tensors(inputs) -> tuple | None:
+    """`inputs` as example tensors, the way torch.onnx.export takes them (one tensor or array,
+    or a tuple or list of them), or None when they are --input specs (texts, InputSpecs)."""
+    given = inputs if isinstance(inputs, (tuple, list)) else [inputs]
+    if not given or not all(hasattr(value, "shape") and hasattr(value, "dtype") for value in given):
+        return None
+    import torch
+
+    return tuple(value if isinstance(value, torch.Tensor) else torch.from_numpy(np.asarray(value)) for value in given)
+
+
+def _use_examples(loaded: LoadedModel, examples: tuple) -> None:
+    """Example tensors given to optimize(): a torch model is exported on them."""
+    if loaded.kind not in ("module", "torchscript"):
+        raise ConvexportError(
+            f"{loaded.source}: example tensors are for a torch module; give a {loaded.kind.replace('_', ' ')} "
+            "input specs (NAME:DIMS) instead, and real data as input_data=DATA.npz"
+        )
+    loaded.example_inputs = examples
+
+
+def _notebook_progress() -> Progress | None:
+    """In a Jupyter or IPython kernel, each step of optimize() as one line on stderr (a script
+    run from a terminal is left quiet: the command line has its own display)."""
+    shell = sys.modules.get("IPython")
+    if shell is None or getattr(shell, "get_ipython", lambda: None)() is None:
+        return None
+    shown: list[str] = []
+
+    def show(message: str) -> None:
+        step = message.split(" (")[0]
+        if not shown or shown[-1] != step:
+            shown.append(step)
+            print(f"convexport: {step}", file=sys.stderr, flush=True)
+
+    return show
 
 
 def _as_list(given) -> list:
@@ -130,8 +194,10 @@ def _optimize(
     disable_rules,
     explain,
 ) -> OptimizeResult:
+    examples = _example_tensors(inputs)
+    inputs = [] if examples is not None else inputs
     inputs, rules, disable_rules, explain = map(_as_list, (inputs, rules, disable_rules, explain))
-    stages = Stages(progress)
+    stages = Stages(progress if progress is not None else _notebook_progress())
     say = stages.start
     tolerances = Tolerances.parse(rtol, atol)
     if strategy not in STRATEGIES:
@@ -140,6 +206,8 @@ def _optimize(
     specs = input_specs(inputs)
     say("loading")
     loaded = _load(model, trust_pickle)
+    if examples is not None:
+        _use_examples(loaded, examples)
     rule_list = _rules(rules, builtin_rules, disable_rules, explain)
     destination = _destination(loaded, output, other_outputs) if write else None
     if not write:
@@ -171,43 +239,49 @@ def _optimize(
         "nodes_after": len(folded.graph.node),
         "between_rules": outcome.folded,
     }
-    if outcome.model is not exported.model:
-        _check_well_formed(exported.model, outcome.model, loaded.source, report)
+    if outcome.model is not exported.reference:
+        _check_well_formed(exported.reference, outcome.model, loaded.source, report)
 
     inputs_for_check = _validation_inputs(exported, specs)
     real_data = [load_npz(Path(input_data), inputs_for_check)] if input_data is not None else []
+    made_up_runs = DEFAULT_RUNS
     if validate:
         say("validating")
-        result = compare_models(
-            exported.model,
-            outcome.model,
-            inputs_for_check,
-            DEFAULT_RUNS,
-            tolerances,
-            extra_feeds=real_data,
-            labels=(f"{loaded.source} (as exported)", "the optimized graph"),
-        )
+        labels = (f"{loaded.source} (as exported)", "the optimized graph")
+        try:
+            result = compare_models(
+                exported.reference,
+                outcome.model,
+                inputs_for_check,
+                made_up_runs,
+                tolerances,
+                extra_feeds=real_data,
+                labels=labels,
+            )
+        except NoMadeUpInputs as unsuitable:
+            if not real_data:
+                raise ConvexportError(f"{unsuitable}; or give real inputs with --inputs DATA.npz") from None
+            made_up_runs = 0  # the caller's arrays alone, said in the report
+            result = compare_models(
+                exported.reference, outcome.model, inputs_for_check, 0, tolerances, extra_feeds=real_data, labels=labels
+            )
+            report["made_up_inputs"] = f"not used: {unsuitable}"
         report["validation"] = result.to_report()
         if not result.passed:
             say("finding the rewrite that broke it")
             culprit = find_bad_rewrite(
-                exported.model,
                 outcome.applied,
-                inputs_for_check,
-                tolerances,
+                lambda candidate: (
+                    compare_models(
+                        exported.reference, candidate, inputs_for_check, made_up_runs, tolerances, extra_feeds=real_data
+                    ).passed
+                ),
                 lambda limit: (
                     rewrite_model(folded, rule_list, primitives, strategy, loaded.source, limit, device, decided).model
                 ),
             )
             report["validation"]["culprit"] = culprit
-            blame = (
-                ""
-                if culprit is None
-                else (
-                    f"; rewrite #{culprit['index']} {culprit['rule']!r} ({culprit['file']}) at "
-                    f"{', '.join(culprit['nodes'])} is the first that breaks it"
-                )
-            )
+            blame = _blame(culprit, exported.conversions)
             raise ValidationError(
                 f"{loaded.source}: the optimized graph does not match the original ({result.summary()}){blame}; "
                 "nothing was written",
@@ -218,20 +292,21 @@ def _optimize(
         say(f"profiling on {device}")
         try:
             measured = profile_models(
-                {"before": exported.model, "after": outcome.model},
+                {"before": exported.reference, "after": outcome.model},
                 inputs_for_check,
                 device,
+                feeds=real_data[0] if made_up_runs == 0 else None,
                 progress=lambda done, total: say(f"profiling on {device}", f"{done}/{total} runs"),
             )
         except MissingKernel as exc:
             report["profile_skipped"] = str(exc)
     if measured:
-        report["profile"] = _judged_profile(measured, unchanged=outcome.model is exported.model)
+        report["profile"] = _judged_profile(measured, unchanged=outcome.model is exported.reference)
     if destination is not None:
         say("writing")
         save_atomically(outcome.model, destination)
     report["timings_s"] = stages.finish()
-    return OptimizeResult(report, outcome.model, exported.model, destination)
+    return OptimizeResult(report, outcome.model, exported.reference, destination)
 
 
 # Peak memory or file size this much above the original's is flagged as a regression.
@@ -336,6 +411,10 @@ class Stages:
             self.seconds[key] = round(self.seconds.get(key, 0.0) + time.perf_counter() - self.current_start, 3)
 
 
+# what onnx.checker's full check raises: its own verdict, or shape inference's
+_CHECKER_ERRORS = (onnx.checker.ValidationError, onnx.shape_inference.InferenceError)
+
+
 def _check_well_formed(original: onnx.ModelProto, rewritten: onnx.ModelProto, source: str, report: dict) -> None:
     """ValidationError unless the rewritten model passes onnx.checker's full check (types and
     shapes included) wherever the original does: no rewrite may turn a valid model invalid,
@@ -345,10 +424,10 @@ def _check_well_formed(original: onnx.ModelProto, rewritten: onnx.ModelProto, so
         return
     try:
         onnx.checker.check_model(rewritten, full_check=True)
-    except onnx.checker.ValidationError as problem:
+    except _CHECKER_ERRORS as problem:
         try:
             onnx.checker.check_model(original, full_check=True)
-        except onnx.checker.ValidationError:
+        except _CHECKER_ERRORS:
             return  # invalid as exported: the rewrite is not what broke it
         raise ValidationError(
             f"{source}: the optimized graph is not a valid ONNX model ({first_line(problem)}); nothing was written "
@@ -357,29 +436,39 @@ def _check_well_formed(original: onnx.ModelProto, rewritten: onnx.ModelProto, so
         ) from None
 
 
+def _blame(culprit: dict | None, conversions: list[str]) -> str:
+    """What the validation failure message says broke the graph."""
+    if culprit is None:
+        return ""
+    if culprit["index"] == 0:
+        before = f"the conversion ({'; '.join(conversions)})" if conversions else "constant folding"
+        return f"; it fails before any rewrite, after {before}"
+    return (
+        f"; rewrite #{culprit['index']} {culprit['rule']!r} ({culprit['file']}) at "
+        f"{', '.join(culprit['nodes'])} is the first that breaks it"
+    )
+
+
 def find_bad_rewrite(
-    reference: onnx.ModelProto,
     applied: list[dict],
-    inputs: list[InputSpec],
-    tolerances: Tolerances,
+    passes: Callable[[onnx.ModelProto], bool],
     rewrite_first: Callable[[int], onnx.ModelProto],
 ) -> dict | None:
-    """The first rewrite after which validation fails, by bisection over how many of the (always
-    identically ordered) rewrites are applied. The caller saw all of them fail; None when there
-    were none (the failure is not a rewrite's)."""
-
-    def fails(count: int) -> bool:
-        return not compare_models(reference, rewrite_first(count), inputs, DEFAULT_RUNS, tolerances).passed
-
-    low, high = 0, len(applied)  # invariant: `low` rewrites pass, `high` fail
+    """The first rewrite after which the model no longer `passes` validation, by bisection over
+    how many of the (always identically ordered) rewrites are applied (the caller saw all of
+    them fail); index 0 when the graph fails before any (a conversion or constant folding
+    broke it)."""
+    if not passes(rewrite_first(0)):  # what came before the rules: a conversion, constant folding
+        return {"index": 0, "rule": None, "file": None, "nodes": [], "reason": "it fails before any rewrite"}
     if not applied:
         return None
+    low, high = 0, len(applied)  # invariant: `low` rewrites pass, `high` fail
     while high - low > 1:
         middle = (low + high) // 2
-        if fails(middle):
-            high = middle
-        else:
+        if passes(rewrite_first(middle)):
             low = middle
+        else:
+            high = middle
     return {"index": high, **{key: applied[high - 1][key] for key in ("rule", "file", "nodes", "reason")}}
 
 
@@ -396,12 +485,15 @@ def export_only(
     """Export MODEL to `output` and return where it went; `warn` gets each of the TorchScript
     tracer's warnings (see the report's export_warnings). Raises as optimize does."""
     with _only_convexport_errors():
-        return _export_only(model, output, _as_list(inputs), opset, dynamic_batch, trust_pickle, warn)
+        return _export_only(model, output, inputs, opset, dynamic_batch, trust_pickle, warn)
 
 
 def _export_only(model, output, inputs, opset, dynamic_batch, trust_pickle, warn) -> Path:
-    specs = input_specs(inputs)
+    examples = _example_tensors(inputs)
+    specs = input_specs([] if examples is not None else _as_list(inputs))
     loaded = _load(model, trust_pickle)
+    if examples is not None:
+        _use_examples(loaded, examples)
     destination = _destination(loaded, output)
     exported = export_model(loaded, specs, opset, dynamic_batch)
     if warn is not None:
@@ -462,11 +554,11 @@ def _validation_inputs(exported: ExportResult, specs: list[InputSpec]) -> list[I
 
 
 def _report(loaded: LoadedModel, destination: Path | None, exported: ExportResult, outcome, device: str) -> dict:
-    before = {**graph_stats(exported.model), "model_bytes": exported.model.ByteSize()}
+    before = {**graph_stats(exported.reference), "model_bytes": ir.serialized_bytes(exported.reference)}
     after = (
         before
-        if outcome.model is exported.model
-        else {**graph_stats(outcome.model), "model_bytes": outcome.model.ByteSize()}
+        if outcome.model is exported.reference
+        else {**graph_stats(outcome.model), "model_bytes": ir.serialized_bytes(outcome.model)}
     )
     return {
         "convexport_version": __version__,
@@ -475,11 +567,13 @@ def _report(loaded: LoadedModel, destination: Path | None, exported: ExportResul
         "exporter": exported.exporter,
         "export_warnings": exported.warnings,
         "opset": ir.onnx_opset(exported.model),
+        "conversions": exported.conversions,
+        "overridable_inputs": overridable_input_count(exported.model),
         "inputs": [str(spec) for spec in exported.inputs],
         "before": before,
         "after": after,
         "size_regression": after["model_bytes"] > REGRESSION_RATIO * before["model_bytes"],
-        "outputs": [_output_spec(value) for value in exported.model.graph.output],
+        "outputs": [_output_spec(value) for value in exported.reference.graph.output],
         "environment": _environment(device),
         "rewrites": outcome.applied,
         "skipped": outcome.skipped,
@@ -489,8 +583,10 @@ def _report(loaded: LoadedModel, destination: Path | None, exported: ExportResul
 
 
 def weights_file(destination: Path) -> Path:
-    """<OUT>.data beside OUT: where weights of 1 GiB or more go."""
-    return destination.with_name(destination.name + ".data")
+    """<OUT>.data beside the file OUT is (a symbolic link's target): where weights of 1 GiB or
+    more go. The model names it by its file name, relative to the folder the model is in."""
+    real = Path(os.path.realpath(destination))
+    return real.with_name(real.name + ".data")
 
 
 def _output_spec(value: onnx.ValueInfoProto) -> str:
@@ -504,22 +600,28 @@ def _output_spec(value: onnx.ValueInfoProto) -> str:
 
 
 def save_atomically(model: onnx.ModelProto, destination: Path) -> None:
-    """OUT, written atomically (files.py). Weights of 1 GiB or more go to <OUT>.data beside it:
-    both are written to temporary files first and renamed into place together."""
+    """OUT, written atomically (files.py). Weights of 1 GiB or more go to <OUT>.data beside it
+    (beside the file, where OUT is a link to one in the same folder): both are written to
+    temporary files first and renamed into place together."""
     if not needs_external_data(model):
         write_atomically(destination, lambda path: onnx.save(model, path))
         return
+    real = Path(os.path.realpath(destination))
+    if real.parent != Path(os.path.realpath(Path(destination).parent)):
+        # the model names its data file relative to its folder, and a reader takes the folder
+        # from the path it is given: through this link, another folder than the model's
+        raise ConvexportError(
+            f"{destination}: a link to a file in another folder ({real}); a model with external weights finds "
+            "them beside the path it is read by, so give the file's own path; nothing was written"
+        )
     data = weights_file(destination)
     with (
         temporary_beside(destination) as (model_temporary, model_final),
-        temporary_beside(data) as (
-            data_temporary,
-            data_final,
-        ),
+        temporary_beside(data) as (data_temporary, data_final),
     ):
         if model_temporary is None or data_temporary is None:
             raise ConvexportError(f"{destination}: a model with external weights cannot be written to a stream")
         save_with_external_data(model, model_temporary, data.name, Path(data_temporary))
-        give_default_permissions(model_temporary)
-        give_default_permissions(data_temporary)
+        give_permissions_of(model_final, model_temporary)
+        give_permissions_of(data_final, data_temporary)
         rename_all([(data_temporary, data_final), (model_temporary, model_final)])

@@ -30,7 +30,7 @@ from . import ir
 from .errors import ConvexportError
 from .inputs import DEFAULT_DYNAMIC_SIZE, InputSpec, dynamic_dims_note, random_inputs
 from .ir import needs_external_data, save_with_external_data
-from .runtime import CPU, CUDA, checked_run, create_session
+from .runtime import CPU, CUDA, checked_run, create_session, registered_custom_op_libraries
 
 DEFAULT_RUNS = None  # chosen so that each model is timed for about TIME_BUDGET_S
 TIME_BUDGET_S = 2.0
@@ -54,10 +54,12 @@ def profile_models(
     memory: bool = True,
     per_op: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    feeds: dict | None = None,
 ) -> dict:
     """Per model label: latency_ms, throughput, peak_memory_bytes, op_time_ms; measured on one
-    device. `progress(done, total)` is told the timed runs made so far."""
-    feeds = random_inputs(inputs, seed=0)
+    device, on `feeds` (random inputs made to `inputs` when None). `progress(done, total)` is
+    told the timed runs made so far."""
+    feeds = random_inputs(inputs, seed=0) if feeds is None else feeds
     batch = next((int(v.shape[0]) for v in feeds.values() if v.ndim), 1)
     hint = dynamic_dims_note(inputs, f"made {DEFAULT_DYNAMIC_SIZE}")
     latencies, runs = _block_latency(models, feeds, device, runs, warmup, hint=hint, progress=progress)
@@ -192,6 +194,7 @@ def _peak_memory(model: onnx.ModelProto, feeds, device, runs: int) -> dict:
             onnx.save(model, model_path)
         np.savez(feeds_path, **feeds)
         command = [sys.executable, "-m", "convexport.peak_memory", model_path, feeds_path, device, str(runs)]
+        command += registered_custom_op_libraries()
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=PEAK_MEMORY_TIMEOUT_S)
         except subprocess.TimeoutExpired:

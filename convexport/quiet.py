@@ -1,12 +1,16 @@
-"""Keep torch's and the exporters' own logging and warnings off the terminal while convexport
-calls them: a failure reaches the user once, as convexport's one-line error, not after a
-logged traceback (torch logs one when fake-tensor tracing or archive loading fails)."""
+"""Keep torch's and the exporters' own logging, printing and warnings off the terminal while
+convexport calls them: a failure reaches the user once, as convexport's one-line error, not
+after a logged traceback (torch logs one when fake-tensor tracing or archive loading fails) or
+a graph dump (the TorchScript exporter's C++ prints its IR to the process's stdout when an
+operator fails, past sys.stdout)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import logging
+import os
+import sys
 import warnings
 
 _LIBRARIES = ("torch", "onnxscript")
@@ -31,9 +35,33 @@ def quiet_libraries():
             warnings.catch_warnings(record=True) as caught,
             contextlib.redirect_stdout(io.StringIO()),
             contextlib.redirect_stderr(io.StringIO()),
+            _standard_descriptors_silenced(),
         ):  # torch.export prints graphs there on failure
             warnings.simplefilter("always")
             yield caught
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def _standard_descriptors_silenced():
+    """File descriptors 1 and 2 on the null device while the block runs, for what C++ code
+    prints; back as they were after (one that is closed is left alone)."""
+    for stream in (sys.__stdout__, sys.__stderr__):
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            stream.flush()
+    saved = []
+    with open(os.devnull, "w") as null:
+        for descriptor in (1, 2):
+            try:
+                saved.append((descriptor, os.dup(descriptor)))
+            except OSError:
+                continue
+            os.dup2(null.fileno(), descriptor)
+        try:
+            yield
+        finally:
+            for descriptor, copy in saved:
+                os.dup2(copy, descriptor)
+                os.close(copy)

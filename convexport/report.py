@@ -93,6 +93,14 @@ def print_optimize_summary(report: dict, console: Console) -> None:
         console.print(
             f"constant folding: {folding['nodes_before']} -> {folding['nodes_after']} nodes, before the rules"
         )
+    for conversion in report.get("conversions", []):
+        console.print(f"converted: {conversion} (validated against the model as given)", markup=False)
+    if report.get("overridable_inputs"):
+        console.print(
+            f"{report['overridable_inputs']} weights are graph inputs a caller may override, so they are not "
+            "folded; --freeze-input-defaults makes them constants",
+            markup=False,
+        )
     console.print(f"rewrites: {applied}")
     if report["skipped"]:
         count = len(report["skipped"])
@@ -117,7 +125,7 @@ def print_optimize_summary(report: dict, console: Console) -> None:
             " (the rewritten weights take more room than the original ones)"
         )
     environment = report.get("environment")
-    if environment:
+    if environment and profile:  # what the timings above were measured with
         console.print(
             f"measured with ONNX Runtime {environment['onnxruntime']} ({environment['provider']}, "
             f"{environment['cpu_threads']} threads, {environment.get('gpu') or environment['cpu']})",

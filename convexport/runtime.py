@@ -3,11 +3,15 @@ from a file, for a model too large to serialise)."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import functools
 import os
 import re
 import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import onnx
 
@@ -24,6 +28,38 @@ from .ir import needs_external_data, save_with_external_data
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
+
+# The kernel libraries of custom operators (--custom-ops-library) that every session created
+# meanwhile registers: validation, profiling and `--strategy measure` all create sessions, deep
+# in their own code, and each needs them.
+_custom_op_libraries: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "custom_op_libraries", default=()
+)
+
+
+@contextlib.contextmanager
+def custom_op_libraries(paths: Sequence[str | Path]) -> Iterator[None]:
+    """Every session created in the block registers these ONNX Runtime custom-op libraries
+    (SessionOptions.register_custom_ops_library); each is loaded once first, so that one ONNX
+    Runtime cannot load is a ConvexportError naming it before any work."""
+    libraries = tuple(str(Path(path).resolve()) for path in paths)
+    for library in libraries:
+        try:
+            ort.SessionOptions().register_custom_ops_library(library)
+        except Exception as exc:
+            raise ConvexportError(
+                f"--custom-ops-library {library}: ONNX Runtime cannot load it ({ort_reason(exc)})"
+            ) from None
+    token = _custom_op_libraries.set(libraries)
+    try:
+        yield
+    finally:
+        _custom_op_libraries.reset(token)
+
+
+def registered_custom_op_libraries() -> tuple[str, ...]:
+    """The libraries custom_op_libraries set for sessions made now (for a child process)."""
+    return _custom_op_libraries.get()
 
 
 @functools.cache
@@ -81,6 +117,8 @@ def create_session(
     options.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )
+    for library in _custom_op_libraries.get():
+        options.register_custom_ops_library(library)
     if profile_path:
         options.enable_profiling = True
         options.profile_file_prefix = profile_path
@@ -92,12 +130,21 @@ def create_session(
             return _session_from_files(model, options, providers)
         return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
     except Exception as exc:
+        custom = _UNREGISTERED_OPERATOR.search(str(exc))
+        if custom:
+            raise ConvexportError(
+                f"ONNX Runtime cannot load {what}: it has no kernel for the custom operator {custom[1]}; give the "
+                "library that implements it with --custom-ops-library PATH"
+            ) from exc
         if "NOT_IMPLEMENTED" in str(exc):
             raise MissingKernel(
                 f"ONNX Runtime's {providers[0]} has no kernel for this model ({ort_reason(exc)})"
             ) from exc
         raise ConvexportError(f"ONNX Runtime cannot load {what}: {ort_reason(exc)}") from exc
 
+
+# ONNX Runtime's words for an operator of a domain no registered library implements
+_UNREGISTERED_OPERATOR = re.compile(r"Fatal error: ([\w.]+:\w+)\(-?\d+\) is not a registered function/op")
 
 # "[ONNXRuntimeError] : 1 : FAIL : /onnxruntime_src/.../model.cc:256 onnxruntime::Model::Model(...) Reason..."
 _ORT_NOISE = re.compile(

@@ -47,6 +47,12 @@ DTYPE_DEFAULTS = {
 }
 
 
+class NoMadeUpInputs(RunFailure):
+    """The reference model does not run on the random inputs convexport makes (the values of
+    an int input are a shape, say), or convexport makes none of an input's type: only the
+    caller's own arrays (--inputs) can check it."""
+
+
 @dataclass(frozen=True)
 class Tolerances:
     """Default rtol/atol (None: by the output's dtype, DTYPE_DEFAULTS) and per-output
@@ -193,13 +199,21 @@ def compare_models(
         result.passed, result.problem = False, f"candidate lacks output(s) {', '.join(missing)}"
         return result
     # run r gives dynamic dims the size r + 1, so a graph that only works at one size fails
-    all_feeds = [random_inputs(inputs, seed + run, dynamic_size=run + 1) for run in range(runs)] + list(extra_feeds)
+    try:
+        made_up = [random_inputs(inputs, seed + run, dynamic_size=run + 1) for run in range(runs)]
+    except ConvexportError as exc:  # an input of a type convexport makes no data for
+        raise NoMadeUpInputs(str(exc)) from None
     hint = dynamic_dims_note(inputs, f"take the sizes 1 to {runs}")
-    for index, feeds in enumerate(all_feeds):
-        made_up = index < runs  # the rest are the caller's own arrays: no dims to fix
-        expected = checked_run(
-            lambda feeds=feeds: ref_session.run(names, feeds), feeds, labels[0], hint if made_up else ""
-        )
+    for index, feeds in enumerate(made_up + list(extra_feeds)):
+        is_made_up = index < runs  # the rest are the caller's own arrays: no dims to fix
+        try:
+            expected = checked_run(
+                lambda feeds=feeds: ref_session.run(names, feeds), feeds, labels[0], hint if is_made_up else ""
+            )
+        except RunFailure as exc:
+            if is_made_up:
+                raise NoMadeUpInputs(str(exc)) from exc
+            raise
         try:
             actual = checked_run(lambda feeds=feeds: cand_session.run(names, feeds), feeds, labels[1])
         except RunFailure as exc:  # the reference runs on these inputs: the candidate is wrong
@@ -245,10 +259,16 @@ def _dtype_name(array: np.ndarray) -> str:
 
 
 def compare_arrays(ref: np.ndarray, cand: np.ndarray, rtol: float, atol: float) -> OutputError:
-    """Error statistics of one output (see the module doc for the check)."""
-    ref64, cand64 = ref.astype(np.float64), cand.astype(np.float64)
+    """Error statistics of one output (see the module doc for the check); an output that is
+    not numbers (strings) must be equal element for element."""
     if ref.size == 0:
         return OutputError(rtol=rtol, atol=atol)
+    if ref.dtype.kind in "USO":
+        unequal = int(np.count_nonzero(ref != cand))
+        return OutputError(
+            cosine=1.0 if not unequal else 0.0, mismatches=unequal, elements=int(ref.size), rtol=rtol, atol=atol
+        )
+    ref64, cand64 = ref.astype(np.float64), cand.astype(np.float64)
     finite = np.isfinite(ref64) & np.isfinite(cand64)
     same_special = (np.isnan(ref64) & np.isnan(cand64)) | (np.isinf(ref64) & (ref64 == cand64))
     diff = np.abs(np.subtract(ref64, cand64, where=finite, out=np.zeros_like(ref64)))
@@ -314,11 +334,20 @@ def load_npz(path: Path, inputs: list[InputSpec]) -> dict[str, np.ndarray]:
     missing = [spec.name for spec in inputs if spec.name not in arrays]
     if missing:
         raise ConvexportError(f"{path}: lacks arrays for input(s) {', '.join(missing)} (has {', '.join(arrays)})")
-    for spec in inputs:
-        given = arrays[spec.name].dtype
-        if not np.can_cast(given, spec.numpy_dtype, casting="same_kind") or given.kind != spec.numpy_dtype.kind:
-            raise ConvexportError(
-                f"{path}: array {spec.name!r} is {given}, but the model's input {spec.name!r} is {spec.numpy_dtype}; "
-                "save it as that type"
-            )
-    return {spec.name: arrays[spec.name].astype(spec.numpy_dtype) for spec in inputs}
+    return {spec.name: _as_input(path, arrays[spec.name], spec) for spec in inputs}
+
+
+def _as_input(path: Path, array: np.ndarray, spec: InputSpec) -> np.ndarray:
+    """A given array as the input's type: strings for a string input (ONNX Runtime takes
+    numpy's), else numbers of the same kind that the type holds."""
+    if spec.dtype == "string":
+        if array.dtype.kind not in "US":
+            raise ConvexportError(f"{path}: array {spec.name!r} is {array.dtype}, but the input is string")
+        return array.astype(str)
+    wanted = spec.numpy_dtype
+    if not np.can_cast(array.dtype, wanted, casting="same_kind") or array.dtype.kind != wanted.kind:
+        raise ConvexportError(
+            f"{path}: array {spec.name!r} is {array.dtype}, but the model's input {spec.name!r} is {wanted}; "
+            "save it as that type"
+        )
+    return array.astype(wanted)

@@ -226,7 +226,7 @@ def test_large_weights_go_to_external_data(model_files, tmp_path, monkeypatch):
     assert again.report["validation"]["passed"]
 
 
-def test_opset_below_13_is_refused(tmp_path):
+def test_an_opset_below_13_is_converted_and_said(tmp_path):
     from onnx import helper
 
     from helpers import tensor
@@ -235,5 +235,9 @@ def test_opset_below_13_is_refused(tmp_path):
                               ir_version=7)
     path = tmp_path / "old.onnx"
     onnx.save(model, str(path))
-    with pytest.raises(convexport.ConvexportError, match="opset 11 is below the supported 13"):
-        convexport.optimize(str(path), profile=False, write=False)
+    result = convexport.optimize(str(path), profile=False, output=tmp_path / "new.onnx")
+    assert result.report["conversions"] == ["opset 11 -> 18 (onnx's version converter)", "IR version 7 -> 8"]
+    assert result.report["validation"]["passed"] and result.original.opset_import[0].version == 11
+    assert onnx.load(tmp_path / "new.onnx").opset_import[0].version == 18
+
+

@@ -19,7 +19,7 @@ from onnx_graphsurgeon import Constant, Graph, Node, Tensor, Variable
 
 from .convert import IR_VERSION, export_graph, import_graph, nodes_as_model, overridable_initializers
 from .folding import constant_node_values, fold_constants
-from .large import external_data_files, needs_external_data, save_with_external_data
+from .large import external_data_files, needs_external_data, save_with_external_data, serialized_bytes
 from .naming import NameGenerator
 from .query import (
     DEFAULT_OPSET,
@@ -53,6 +53,7 @@ __all__ = [
     "constant_node_values",
     "needs_external_data",
     "save_with_external_data",
+    "serialized_bytes",
     "NameGenerator",
     "DEFAULT_OPSET",
     "NOT_IN_SCHEMA",

@@ -46,11 +46,13 @@ def _inputs_with_defaults_stay_inputs(graph: gs.Graph, model: onnx.ModelProto) -
     if not defaults:
         return
     tensors = graph.tensors()
+    protos = {init.name: init for init in model.graph.initializer}
     stand_ins = {}
     for name in defaults:
-        constant = tensors[name]
-        stand_ins[name] = gs.Variable(name, constant.dtype, list(constant.shape))
-        for reader in list(constant.outputs):
+        proto = protos[name]  # gs leaves out an input that no node reads: its type is the proto's
+        stand_ins[name] = gs.Variable(name, onnx.helper.tensor_dtype_to_np_dtype(proto.data_type), list(proto.dims))
+        constant = tensors.get(name)
+        for reader in list(constant.outputs) if constant is not None else []:
             for index, tensor in enumerate(reader.inputs):
                 if tensor is constant:
                     reader.inputs[index] = stand_ins[name]

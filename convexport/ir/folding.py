@@ -25,6 +25,8 @@ import onnxscript.optimizer
 from onnx_ir.passes.common import LiftConstantsToInitializersPass
 from onnxscript import ir as onnx_ir  # onnx-ir, as onnxscript installs and uses it
 
+from ..quiet import quiet_libraries
+
 FOLD_LIMIT_ELEMENTS = 1 << 22  # 16 MiB of float32, as inputs or outputs of one folded node
 
 
@@ -46,13 +48,14 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     as a node; as an initializer it is the same value, and no node to count or to run): a new
     model, or `model` itself when there is nothing to do."""
     graph = onnx_ir.serde.deserialize_model(model)
-    result = onnxscript.optimizer.fold_constants(
-        graph,
-        onnx_shape_inference=False,
-        input_size_limit=FOLD_LIMIT_ELEMENTS,
-        output_size_limit=FOLD_LIMIT_ELEMENTS,
-        should_fold=_small_constant_of_shape,
-    )
+    with quiet_libraries():  # onnxscript logs each node it will not fold
+        result = onnxscript.optimizer.fold_constants(
+            graph,
+            onnx_shape_inference=False,
+            input_size_limit=FOLD_LIMIT_ELEMENTS,
+            output_size_limit=FOLD_LIMIT_ELEMENTS,
+            should_fold=_small_constant_of_shape,
+        )
     lifted = LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(graph)
     if not (result.modified or lifted.modified):
         return model

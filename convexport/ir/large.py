@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
@@ -37,6 +38,33 @@ def external_data_files(model: onnx.ModelProto) -> list[str]:
             if entry.key == "location"
         }
     )
+
+
+def serialized_bytes(model: onnx.ModelProto) -> int:
+    """The bytes of the model as written (its external data included), summed over its parts
+    (each with its field's tag and length): protobuf refuses to measure or serialise a message
+    of 2 GiB or more as a whole. Only the graph's and the model's own names and numbers are
+    left out, a few dozen bytes."""
+    graph = model.graph
+    parts = (*graph.node, *graph.initializer, *graph.sparse_initializer, *graph.input, *graph.output, *graph.value_info)
+    extras = (*model.opset_import, *model.metadata_props, *model.functions, *model.training_info)
+    framed = sum(_framed(part.ByteSize()) for part in (*parts, *extras))
+    return framed + sum(_external_bytes(tensor) for tensor in graph.initializer)
+
+
+def _framed(size: int) -> int:
+    """A message field of `size` bytes as protobuf writes it: a tag, the length, the bytes."""
+    return 1 + max(1, (size.bit_length() + 6) // 7) + size
+
+
+def _external_bytes(tensor: onnx.TensorProto) -> int:
+    """The length of a tensor's data in an external file (0 for a tensor held in the model)."""
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return 0
+    entries = {entry.key: entry.value for entry in tensor.external_data}
+    if "length" in entries:
+        return int(entries["length"])
+    return int(np.prod(tensor.dims)) * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:

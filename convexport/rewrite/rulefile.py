@@ -92,9 +92,21 @@ class Rule:
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+# An error line quotes at most this much of a message (a value an author wrote can be long)
+MAX_MESSAGE = 1000
+
+
 class RuleFileError(ConvexportError):
     def __init__(self, file: str, line: int, column: int, message: str):
+        if len(message) > MAX_MESSAGE:
+            message = message[: MAX_MESSAGE - 3] + "..."
         super().__init__(f"{file}:{line}:{column}: {message}")
+
+
+def _brief(value) -> str:
+    """A value as an error message quotes it: its repr, cut to a few dozen characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def builtin_rule_files() -> list[Path]:
@@ -176,6 +188,41 @@ def _parsed_builtin(file: str, text: str, primitives: frozenset[str]) -> tuple[R
 # A rule file nests a few levels (rules, a rule, its conditions, a list); the YAML parser
 # recurses once per level on the C stack, and tens of thousands of levels crash the process.
 MAX_NESTING = 64
+# A rule file's values, counted as its YAML aliases expand them (each alias stands for a whole
+# copy of what its anchor holds): the built-in files hold about a thousand; nine nested
+# aliases of ten make a billion, which building or printing would take minutes and gigabytes.
+MAX_EXPANDED_VALUES = 100_000
+
+
+def _check_expansion(file: str, document) -> None:
+    """A RuleFileError naming the first rule (or the file) whose values, aliases expanded,
+    number over MAX_EXPANDED_VALUES, or that an alias makes contain itself. Counted on the
+    composed nodes, where an alias is a second reference to its anchor's node: linear in the
+    file's size, whatever the expansion."""
+    sizes: dict[int, int | None] = {}  # None: being counted (an alias back into it is a cycle)
+
+    def size(node) -> int:
+        key = id(node)
+        if key in sizes:
+            if sizes[key] is None:
+                raise RuleFileError(file, _line(node), _column(node), "a YAML alias makes this value contain itself")
+            return sizes[key]
+        sizes[key] = None
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+        if isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        sizes[key] = min(1 + sum(size(child) for child in children), MAX_EXPANDED_VALUES + 1)
+        return sizes[key]
+
+    rules = _mapping(document).get("rules", (None, None))[1] if isinstance(document, yaml.MappingNode) else None
+    for node in (rules.value if isinstance(rules, yaml.SequenceNode) else []) + [document]:
+        if size(node) > MAX_EXPANDED_VALUES:
+            raise RuleFileError(
+                file,
+                _line(node),
+                _column(node),
+                f"expands to over {MAX_EXPANDED_VALUES:,} values through YAML aliases (*name); write the values out",
+            )
 
 
 def _check_nesting(file: str, text: str) -> None:
@@ -263,6 +310,7 @@ def _rule_nodes(file: str, text: str) -> list:
         document = yaml.compose(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
         raise _yaml_error(file, exc) from None
+    _check_expansion(file, document)
     if not isinstance(document, yaml.MappingNode):
         raise RuleFileError(file, 1, 1, "a rule file is a mapping with a 'rules:' list")
     top = _mapping(document)
@@ -474,7 +522,7 @@ def _attribute_problem(op: str, name: str, value) -> str | None:
     if kind not in _ATTRIBUTE_VALUES:
         return f"{op}'s attribute {name!r} holds a {kind.name.lower()}, which a pattern cannot compare"
     words, accepts = _ATTRIBUTE_VALUES[kind]
-    return None if accepts(value) else f"{op}'s attribute {name!r} is {words}, not {value!r}"
+    return None if accepts(value) else f"{op}'s attribute {name!r} is {words}, not {_brief(value)}"
 
 
 def _check_acyclic(file: str, rule: str, lines: list[PatternNode], produced: dict[str, PatternNode]) -> None:
@@ -572,7 +620,7 @@ def _parse_conditions(
                     file,
                     _line(value_node),
                     _column(value_node),
-                    f"rule {rule!r}: condition {key!r} takes names (a name or a list of names), not {name!r}",
+                    f"rule {rule!r}: condition {key!r} takes names (a name or a list of names), not {_brief(name)}",
                 )
             if name not in names:
                 raise RuleFileError(
