@@ -288,3 +288,18 @@ def test_two_factories_of_one_file_write_two_outputs(tmp_path, monkeypatch):
     for factory in ("small", "large"):
         assert invoke("optimize", f"net.py:{factory}", "--no-profile").exit_code == 0
     assert (tmp_path / "net.small.opt.onnx").exists() and (tmp_path / "net.large.opt.onnx").exists()
+
+
+def test_a_torchscript_custom_class_names_its_library(tmp_path):
+    """An archive whose module holds an object of a C++ custom class that is not registered."""
+    scripted = tmp_path / "scripted.pt"
+    torch.jit.save(torch.jit.script(make_module()), scripted)
+
+    def edit(name, data):  # every class of the archive's code (scripting names them per process) gets the field
+        if name and "/code/" in name and name.endswith(".py"):
+            return data.replace(b"  training : bool\n", b"  training : bool\n  helper : __torch__.torch.classes.mylib.Helper\n")
+        return data
+
+    archive = rewritten(scripted, tmp_path / "custom_class.pt", edit)
+    assert_user_error(invoke("optimize", archive, "--input", "x:1x3x16x16"), "custom class mylib.Helper",
+                      "torch.ops.load_library")
