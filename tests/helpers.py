@@ -44,3 +44,25 @@ def all_op_counts(model: onnx.ModelProto) -> dict[str, int]:
         for node in scope.node:
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return counts
+
+
+def invoke(*args):
+    """The command line in this process (typer's runner), every argument as a string."""
+    from typer.testing import CliRunner
+
+    from convexport.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def assert_user_error(result, *fragments, code=1, quiet_stdout=False):
+    """Exit `code` with one line on stderr holding every fragment, no traceback (and, with
+    `quiet_stdout`, nothing on stdout)."""
+    assert result.exit_code == code, result.output
+    message = result.stderr.strip()
+    assert len(message.splitlines()) == 1, message
+    assert "Traceback" not in result.output
+    if quiet_stdout:
+        assert not result.stdout.strip(), result.stdout
+    for fragment in fragments:
+        assert fragment in message, message

@@ -10,25 +10,8 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from typer.testing import CliRunner
-
-from convexport.cli import app
+from helpers import assert_user_error, invoke
 from small_net import example_inputs, make_module
-
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def assert_user_error(result, *fragments):
-    assert result.exit_code == 1, result.output
-    message = result.stderr.strip()
-    assert len(message.splitlines()) == 1, message
-    assert "Traceback" not in result.output
-    for fragment in fragments:
-        assert fragment in message, message
 
 
 def test_missing_file(tmp_path):

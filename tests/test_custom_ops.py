@@ -4,34 +4,22 @@ custom op the exporter cannot translate, one line says what to give."""
 
 from __future__ import annotations
 
+import functools
 import textwrap
 
 import numpy as np
 import onnx
 import onnx.parser
 import pytest
+from helpers import assert_user_error, invoke, op_counts
 from onnx import numpy_helper
-from typer.testing import CliRunner
 
-from convexport.cli import app
-from helpers import op_counts
+assert_quiet_error = functools.partial(assert_user_error, quiet_stdout=True)  # and nothing on stdout
 
 extensions = pytest.importorskip("onnxruntime_extensions")
-runner = CliRunner()
 RNG = np.random.default_rng(5)
 
 
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def assert_user_error(result, *fragments):
-    assert result.exit_code == 1, result.output
-    message = result.stderr.strip()
-    assert len(message.splitlines()) == 1 and "Traceback" not in result.output, result.output
-    assert not result.stdout.strip(), result.stdout
-    for fragment in fragments:
-        assert fragment in message, message
 
 
 @pytest.fixture
@@ -65,13 +53,13 @@ def test_the_library_serves_every_session(custom_model, tmp_path):
 
 
 def test_without_it_the_operator_and_the_option_are_named(custom_model):
-    assert_user_error(invoke("optimize", custom_model), "ai.onnx.contrib:NegPos", "--custom-ops-library")
+    assert_quiet_error(invoke("optimize", custom_model), "ai.onnx.contrib:NegPos", "--custom-ops-library")
 
 
 def test_a_file_that_is_no_library_is_refused_before_any_work(custom_model, tmp_path):
     fake = tmp_path / "libfake.so"
     fake.write_text("not a shared library")
-    assert_user_error(invoke("optimize", custom_model, "--custom-ops-library", fake), "libfake.so", "cannot load")
+    assert_quiet_error(invoke("optimize", custom_model, "--custom-ops-library", fake), "libfake.so", "cannot load")
 
 
 def test_a_torch_custom_operator_gets_the_exporters_way_out(tmp_path):
@@ -98,6 +86,6 @@ def test_a_torch_custom_operator_gets_the_exporters_way_out(tmp_path):
         def build():
             return Net().eval(), (torch.randn(1, 3, 8, 8),)
     """))
-    assert_user_error(
+    assert_quiet_error(
         invoke("optimize", factory, "--no-profile"), "custom operator convexport_test.double", "custom_translation_table"
     )

@@ -19,31 +19,17 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
-from typer.testing import CliRunner
+from helpers import assert_user_error, invoke, make_model, op_counts, tensor
+from onnx import helper
 
 import convexport
-from convexport.cli import app
 from convexport.errors import ValidationError
 from convexport.files import is_stream, write_atomically
-from helpers import make_model, op_counts, tensor
 
-runner = CliRunner()
 RNG = np.random.default_rng(3)
 CONVEXPORT = [sys.executable, "-m", "convexport"]
 
 
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def assert_user_error(result, *fragments, code=1):
-    assert result.exit_code == code, result.output
-    message = result.stderr.strip()
-    assert len(message.splitlines()) == 1, message
-    assert "Traceback" not in result.output
-    for fragment in fragments:
-        assert fragment in message, message
 
 
 def conv_bn(weight=None) -> onnx.ModelProto:

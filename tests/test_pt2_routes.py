@@ -10,15 +10,13 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from helpers import assert_user_error, invoke, run, tensor
 from torch import nn
-from typer.testing import CliRunner
 
 import convexport
-from convexport.cli import app
 from convexport.export import _name_torch_symbols
 from convexport.inputs import InputSpec
 from convexport.loading import load_model
-from helpers import run, tensor
 
 Dim = torch.export.Dim
 TORCH_SYMBOL = re.compile(r"^s\d+$")
@@ -83,16 +81,6 @@ def optimize(path, tmp_path, **kwargs) -> onnx.ModelProto:
     return onnx.load(tmp_path / "out.onnx")
 
 
-def invoke(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def assert_user_error(result, *fragments):
-    assert result.exit_code == 1, result.output
-    message = result.stderr.strip()
-    assert len(message.splitlines()) == 1 and "Traceback" not in result.output, message
-    for fragment in fragments:
-        assert fragment in message, message
 
 
 def test_a_dynamic_program_needs_no_input_and_stays_dynamic(programs, tmp_path):

@@ -17,26 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
-
-from convexport.cli import app
-from convexport.untrusted import is_size_expression
+from helpers import assert_user_error, invoke
 from small_net import make_module
 
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def assert_user_error(result, *fragments):
-    assert result.exit_code == 1, result.output
-    message = result.stderr.strip()
-    assert len(message.splitlines()) == 1, message
-    assert "Traceback" not in result.output
-    for fragment in fragments:
-        assert fragment in message, message
+from convexport.untrusted import is_size_expression
 
 
 class LeavesATrace:
