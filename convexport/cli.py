@@ -270,6 +270,8 @@ def profile(
         entry = measured["model"]
         latency = entry["latency_ms"]
         ops = ", ".join(f"{op} {ms:.3f}" for op, ms in list(entry["op_time_ms"].items())[:5])
+        if not entry["op_times_trusted"]:
+            ops += f" (these add up to {entry['op_time_coverage']:.0%} of the latency: not where its time goes)"
         stdout.print(
             f"{model} on {measured['provider']}: median {latency['median']:.3f} ms, p90 {latency['p90']:.3f} ms "
             f"over {measured['runs']} runs, {entry['throughput_per_s']:.1f} samples/s, peak memory "

@@ -1,12 +1,12 @@
-"""Peak memory of one ONNX Runtime session, measured in a process of its own:
+"""Peak memory of one ONNX Runtime session on the CPU, measured in a process of its own:
 
-    python -m convexport.peak_memory MODEL.onnx FEEDS.npz cpu|cuda RUNS [CUSTOM_OP_LIBRARY...]
+    python -m convexport.peak_memory MODEL.onnx FEEDS.npz RUNS [CUSTOM_OP_LIBRARY...]
 
-prints {"peak_memory_bytes": ..., "peak_rss_bytes": ...} as JSON. On the CPU the figure is the
-growth of the process's peak resident set over what it had before the session was created
-(weights, arena, activations); on a GPU, the growth of device memory in use (NVML), which ORT's
-arena keeps at its peak. Linux resets the peak before the session (/proc/self/clear_refs);
-elsewhere (macOS) the peak is the process's getrusage high-water mark.
+prints {"peak_memory_bytes": ..., "peak_rss_bytes": ...} as JSON: the growth of the process's
+peak resident set over what it had before the session was created (weights, arena,
+activations). Linux resets the peak before the session (/proc/self/clear_refs); elsewhere
+(macOS) the peak is the process's getrusage high-water mark. (On CUDA the device memory is
+measured in the profiling process itself: profile.py.)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 
-def measure(model_path: str, feeds_path: str, device: str, runs: int) -> dict:
+def measure(model_path: str, feeds_path: str, runs: int) -> dict:
     from .profile import session_runner
     from .runtime import create_session
 
@@ -25,17 +25,11 @@ def measure(model_path: str, feeds_path: str, device: str, runs: int) -> dict:
         feeds = {name: data[name] for name in data.files}
     _reset_peak_rss()
     before_rss = _current_rss()
-    before_device = _device_memory_used() if device == "cuda" else None
-    run = session_runner(create_session(model_path, device), feeds, device)
+    run = session_runner(create_session(model_path, "cpu"), feeds, "cpu")
     for _ in range(runs):
         run()
     peak_rss = _peak_rss()
-    result = {"peak_rss_bytes": int(peak_rss), "peak_memory_bytes": int(max(peak_rss - before_rss, 0))}
-    if before_device is not None:
-        after_device = _device_memory_used()
-        result["peak_memory_bytes"] = int(max(after_device - before_device, 0))
-        result["peak_host_memory_bytes"] = int(max(peak_rss - before_rss, 0))
-    return result
+    return {"peak_rss_bytes": int(peak_rss), "peak_memory_bytes": int(max(peak_rss - before_rss, 0))}
 
 
 def _current_rss() -> int:
@@ -74,25 +68,9 @@ def _reset_peak_rss() -> None:
         pass
 
 
-def _device_memory_used() -> int:
-    """Bytes in use on GPU 0, from NVML (the driver's library, present wherever CUDA runs)."""
-    import ctypes
-
-    class Memory(ctypes.Structure):
-        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
-
-    nvml = ctypes.CDLL("libnvidia-ml.so.1")
-    nvml.nvmlInit_v2()
-    handle = ctypes.c_void_p()
-    nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle))
-    memory = Memory()
-    nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory))
-    return int(memory.used)
-
-
 if __name__ == "__main__":
     from .runtime import custom_op_libraries
 
-    model, feeds, device, runs = sys.argv[1:5]
-    with custom_op_libraries(sys.argv[5:]):
-        print(json.dumps(measure(model, feeds, device, int(runs))))
+    model, feeds, runs = sys.argv[1:4]
+    with custom_op_libraries(sys.argv[4:]):
+        print(json.dumps(measure(model, feeds, int(runs))))

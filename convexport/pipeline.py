@@ -35,7 +35,7 @@ from .profile import profile_models
 from .rewrite.engine import STRATEGIES, rewrite_model
 from .rewrite.primitives import builtin_primitives
 from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
-from .runtime import MissingKernel, custom_op_libraries, resolve_device
+from .runtime import CUDA, MissingKernel, custom_op_libraries, resolve_device
 from .stats import graph_stats
 from .validate import DEFAULT_RUNS, NoMadeUpInputs, Tolerances, compare_models, load_npz
 
@@ -267,13 +267,33 @@ def _optimize(
             )
             report["made_up_inputs"] = f"not used: {unsuitable}"
         report["validation"] = result.to_report()
+        failed_on = "cpu"
+        if result.passed and device == "cuda":
+            say("validating on cuda")
+            failed_on = "cuda"  # if it fails now
+            result = _validated_on_device(
+                exported.reference,
+                outcome.model,
+                inputs_for_check,
+                made_up_runs,
+                tolerances,
+                real_data,
+                labels,
+                report["validation"],
+            )
         if not result.passed:
             say("finding the rewrite that broke it")
             culprit = find_bad_rewrite(
                 outcome.applied,
                 lambda candidate: (
                     compare_models(
-                        exported.reference, candidate, inputs_for_check, made_up_runs, tolerances, extra_feeds=real_data
+                        exported.reference,
+                        candidate,
+                        inputs_for_check,
+                        made_up_runs,
+                        tolerances,
+                        extra_feeds=real_data,
+                        device=failed_on,
                     ).passed
                 ),
                 lambda limit: (
@@ -434,6 +454,30 @@ def _check_well_formed(original: onnx.ModelProto, rewritten: onnx.ModelProto, so
             "(please report it)",
             report,
         ) from None
+
+
+def _validated_on_device(reference, optimized, inputs, runs, tolerances, real_data, labels, validation: dict):
+    """The check on the CUDA provider the model is deployed on, beside the CPU reference check:
+    original and optimized on CUDA with TF32 off, so that only the rewrite can differ; its
+    result goes to validation["on_device"], with TF32's own effect on the optimized graph (on
+    against off: what a deployment with ORT's defaults sees besides the rewrite). The device
+    check's result is returned: a graph that fails it fails validation."""
+    on_device = compare_models(
+        reference, optimized, inputs, runs, tolerances, extra_feeds=real_data, labels=labels, device="cuda"
+    )
+    tf32 = compare_models(
+        optimized, optimized, inputs, runs, tolerances, extra_feeds=real_data, device="cuda", tf32=(False, True)
+    )
+    validation["on_device"] = {
+        **on_device.to_report(),
+        "provider": CUDA,
+        "tf32": False,
+        "tf32_effect": {name: {"max_abs": e.max_abs, "max_rel": e.max_rel} for name, e in tf32.outputs.items()},
+    }
+    if not on_device.passed:
+        validation["passed"] = False  # the CPU check's numbers stay beside it
+        on_device.problem = f"on {CUDA} (TF32 off): {on_device.summary()}"
+    return on_device
 
 
 def _blame(culprit: dict | None, conversions: list[str]) -> str:

@@ -1,15 +1,27 @@
 """How fast and how big ONNX models run on ONNX Runtime: latency, throughput, peak memory and
 time per op type, on the CUDA provider (IO binding, device memory) or the CPU provider.
 
-Latency: warm-up, then timed runs. When several models are profiled (before/after) they take
-turns in blocks of up to BLOCK runs (A x10, B x10, A x10, ...), and in at least ALTERNATIONS
-blocks each (a slow model timed 10 times goes A x2, B x2, ...), so machine noise (a machine slowing down
-for a few seconds) hits them alike instead of the one model timed during it. The first run of
-each block is not counted: ORT's worker threads spin for a while after a run, and one
-session's spinning threads would slow the other's next run if they alternated run by run
-(bench/RESULTS.md, "Measurements behind the code"). Per-op time comes
-from ORT's own profiler in a separate session. Peak memory is measured in a process of its
-own per model (peak_memory.py).
+Each model gets one session, which everything measured of it in this process uses:
+1. Warm-up until the run time settles: the first runs carry one-off work (cuDNN's algorithm
+   search, arenas growing, thread pools starting), so runs go on until the median of the last
+   WARM_WINDOW runs is within SETTLED of the median of the WARM_WINDOW before them (at least
+   `warmup` runs, at most WARM_BUDGET_S of them).
+2. Time per op type: ONNX Runtime's profiler is on from the session's start, the per-op runs
+   follow the warm-up, and only their events count (each run's window is its model_run
+   event); profiling then ends, so no timed run carries the profiler's overhead. The per-op
+   times are checked against the latency: their sum per run over the median run time is the
+   entry's `op_time_coverage`, and outside [1 - OP_TIME_TOLERANCE, 1 + OP_TIME_TOLERANCE]
+   `op_times_trusted` is false (on CUDA, ORT times a kernel's launch on the host, which need
+   not be its time on the device).
+3. Peak memory: on CUDA the device memory in use (NVML) after the warm-up over before the
+   session, in this process; on the CPU in a fresh process per model (peak_memory.py), where
+   nothing of this one is counted.
+Then the number of timed runs is sized from the settled run times (about TIME_BUDGET_S per
+model) and the models take turns in blocks of up to BLOCK runs (A x10, B x10, A x10, ...), in
+at least ALTERNATIONS blocks each, so machine noise (a machine slowing down for a few seconds)
+hits them alike. The first run of each block is not counted: ORT's worker threads spin for a
+while after a run, and one session's spinning threads would slow the other's next run if they
+alternated run by run (bench/RESULTS.md, "Measurements behind the code").
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -30,19 +43,41 @@ from . import ir
 from .errors import ConvexportError
 from .inputs import DEFAULT_DYNAMIC_SIZE, InputSpec, dynamic_dims_note, random_inputs
 from .ir import needs_external_data, save_with_external_data
-from .runtime import CPU, CUDA, checked_run, create_session, registered_custom_op_libraries
+from .runtime import (
+    CPU,
+    CUDA,
+    checked_run,
+    create_session,
+    device_memory_used,
+    provider_options,
+    registered_custom_op_libraries,
+)
 
 DEFAULT_RUNS = None  # chosen so that each model is timed for about TIME_BUDGET_S
 TIME_BUDGET_S = 2.0
-MIN_RUNS, MAX_RUNS = 5, 200  # a model slower than TIME_BUDGET_S / MIN_RUNS runs MIN_RUNS times
+MIN_RUNS, MAX_RUNS = 5, 1000  # a model slower than TIME_BUDGET_S / MIN_RUNS runs MIN_RUNS times
 BLOCK = 10
 ALTERNATIONS = 5
-DEFAULT_WARMUP = 3
+DEFAULT_WARMUP = 3  # runs at the least
+WARM_WINDOW = 3
+SETTLED = 0.10
+WARM_BUDGET_S = 2.0
 PER_OP_RUNS = 10  # at most: about PER_OP_BUDGET_S worth
-PER_OP_BUDGET_S = 1.0
+PER_OP_BUDGET_S = 0.5
+OP_TIME_TOLERANCE = 0.2
 MEMORY_RUNS = 2  # the arena grows on the first run; a second shows it stays
 SETTLE_BELOW_S = 0.05  # a run this short can be slowed by the other session's spinning threads
 PEAK_MEMORY_TIMEOUT_S = 600
+
+
+@dataclass
+class _Session:
+    """One model's session, warmed, and what was measured of it on the way."""
+
+    run: Callable[[], object]
+    settled_s: float  # the median of the last warm-up window
+    warmup_runs: int
+    measured: dict = field(default_factory=dict)  # op_time_ms and its check, device memory
 
 
 def profile_models(
@@ -56,18 +91,26 @@ def profile_models(
     progress: Callable[[int, int], None] | None = None,
     feeds: dict | None = None,
 ) -> dict:
-    """Per model label: latency_ms, throughput, peak_memory_bytes, op_time_ms; measured on one
-    device, on `feeds` (random inputs made to `inputs` when None). `progress(done, total)` is
-    told the timed runs made so far."""
+    """Per model label: latency_ms, throughput, peak_memory_bytes, op_time_ms (see the module
+    doc); measured on one device, on `feeds` (random inputs made to `inputs` when None).
+    `progress(done, total)` is told the timed runs made so far."""
     feeds = random_inputs(inputs, seed=0) if feeds is None else feeds
     batch = next((int(v.shape[0]) for v in feeds.values() if v.ndim), 1)
     hint = dynamic_dims_note(inputs, f"made {DEFAULT_DYNAMIC_SIZE}")
-    latencies, runs = _block_latency(models, feeds, device, runs, warmup, hint=hint, progress=progress)
+    sessions = {
+        label: _warmed_session(model, label, feeds, device, warmup, hint, per_op, memory and device == "cuda")
+        for label, model in models.items()
+    }
+    if runs is None:
+        slowest = max(session.settled_s for session in sessions.values())
+        runs = int(min(MAX_RUNS, max(MIN_RUNS, TIME_BUDGET_S / max(slowest, 1e-6))))
+    latencies = _block_latency(sessions, runs, progress)
     result = {
         "device": device,
         "provider": CUDA if device == "cuda" else CPU,
+        "provider_options": provider_options(device),
         "runs": runs,
-        "warmup": warmup,
+        "warmup": max(session.warmup_runs for session in sessions.values()),
         "batch": batch,
     }
     for label, model in models.items():
@@ -75,55 +118,91 @@ def profile_models(
         entry = {
             "latency_ms": latency,
             "throughput_per_s": batch * 1e3 / latency["median"] if latency["median"] else None,
+            "warmup_runs": sessions[label].warmup_runs,
+            **sessions[label].measured,
         }
-        if memory:
-            entry.update(_peak_memory(model, feeds, device, MEMORY_RUNS))
-        if per_op:
-            per_op_runs = int(min(PER_OP_RUNS, max(1, PER_OP_BUDGET_S * 1e3 / max(latency["median"], 1e-3))))
-            entry["op_time_ms"] = _op_times(model, feeds, device, per_op_runs)
+        if memory and device != "cuda":
+            entry.update(_peak_memory(model, feeds, MEMORY_RUNS))
+        if "op_time_ms" in entry:
+            entry.update(_op_time_check(entry["op_time_ms"], latency["median"]))
         result[label] = entry
     return result
 
 
 def time_models(models: dict[str, onnx.ModelProto], feeds: dict, device: str, budget_s: float) -> dict:
     """Median milliseconds per model label, timed side by side (block-interleaved) for about
-    `budget_s` each, and the number of runs."""
-    latencies, runs = _block_latency(models, feeds, device, None, DEFAULT_WARMUP, budget_s)
+    `budget_s` each after each has settled, and the number of runs."""
+    sessions = {
+        label: _warmed_session(model, label, feeds, device, DEFAULT_WARMUP, "", False, False)
+        for label, model in models.items()
+    }
+    slowest = max(session.settled_s for session in sessions.values())
+    runs = int(min(MAX_RUNS, max(MIN_RUNS, budget_s / max(slowest, 1e-6))))
+    latencies = _block_latency(sessions, runs)
     return {"runs": runs, **{label: float(np.median(samples)) for label, samples in latencies.items()}}
 
 
-def _block_latency(
-    models, feeds, device, runs, warmup, budget_s=TIME_BUDGET_S, hint: str = "", progress=None
-) -> tuple[dict[str, list[float]], int]:
-    named = {label: f"the model profiled as {label!r}" for label in models}  # in load and run failures
-    runners = {
-        label: session_runner(create_session(model, device, what=named[label]), feeds, device)
-        for label, model in models.items()
-    }
-    slowest = 0.0
-    for label, run in runners.items():
-        for index in range(max(warmup, 1)):  # a model that cannot run on `feeds` fails here, in one line
-            start = time.perf_counter()
-            checked_run(run, feeds, named[label], hint)
-            slowest = max(slowest, time.perf_counter() - start)
-            if index and slowest * (index + 1) > budget_s:  # warm by now: no more of the budget on it
-                break
-    if runs is None:
-        runs = int(min(MAX_RUNS, max(MIN_RUNS, budget_s / max(slowest, 1e-6))))
-    times: dict[str, list[float]] = {label: [] for label in runners}
+def _warmed_session(model, label, feeds, device, warmup, hint, per_op, device_memory) -> _Session:
+    """The model's session after its warm-up (and, as asked, its per-op pass and its device
+    memory). A model that cannot run on `feeds` fails in its first run, in one line."""
+    what = f"the model profiled as {label!r}"
+    before = device_memory_used() if device_memory else None
+    with tempfile.TemporaryDirectory(prefix="convexport-profile-") as folder:
+        profile_path = os.path.join(folder, "ort") if per_op else None
+        session = create_session(model, device, profile_path=profile_path, what=what)
+        run = session_runner(session, feeds, device)
+        times = warm_up(lambda: checked_run(run, feeds, what, hint), warmup)
+        warmed = _Session(run, float(np.median(times[-WARM_WINDOW:])), len(times))
+        if per_op:
+            per_op_runs = int(min(PER_OP_RUNS, max(1, PER_OP_BUDGET_S / max(warmed.settled_s, 1e-6))))
+            for _ in range(per_op_runs):
+                run()
+            with open(session.end_profiling(), encoding="utf-8") as stream:
+                events = json.load(stream)
+            warmed.measured["op_time_ms"] = op_times(events, len(times), model)
+            warmed.measured["profiled_run_ms"] = profiled_run_ms(events, len(times))
+    if before is not None:
+        warmed.measured["peak_memory_bytes"] = max(device_memory_used() - before, 0)
+    return warmed
+
+
+def warm_up(run: Callable[[], object], least: int, budget_s: float = WARM_BUDGET_S) -> list[float]:
+    """Run until the run time settles (see the module doc): the seconds of each run made."""
+    times: list[float] = []
+    began = time.perf_counter()
+    while True:
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+        if len(times) >= max(least, 2 * WARM_WINDOW) and _settled(times):
+            return times
+        if time.perf_counter() - began > budget_s and len(times) >= 2:
+            return times
+
+
+def _settled(times: list[float]) -> bool:
+    last = float(np.median(times[-WARM_WINDOW:]))
+    previous = float(np.median(times[-2 * WARM_WINDOW : -WARM_WINDOW]))
+    return abs(last - previous) <= SETTLED * previous
+
+
+def _block_latency(sessions: dict[str, _Session], runs: int, progress=None) -> dict[str, list[float]]:
+    """Milliseconds of each timed run per label, the models taking turns (see the module doc)."""
+    times: dict[str, list[float]] = {label: [] for label in sessions}
     block = max(1, min(BLOCK, runs // ALTERNATIONS))
-    total = runs * len(runners)
+    total = runs * len(sessions)
+    settle = max(session.settled_s for session in sessions.values()) < SETTLE_BELOW_S
     while any(len(samples) < runs for samples in times.values()):
-        for label, run in runners.items():
-            if slowest < SETTLE_BELOW_S:
-                run()  # let the other session's threads settle
+        for label, session in sessions.items():
+            if settle:
+                session.run()  # not counted: the other session's threads settle meanwhile
             for _ in range(min(block, runs - len(times[label]))):
                 start = time.perf_counter()
-                run()
+                session.run()
                 times[label].append((time.perf_counter() - start) * 1e3)
             if progress is not None:
                 progress(sum(map(len, times.values())), total)
-    return times, runs
+    return times
 
 
 def session_runner(session, feeds, device):
@@ -160,29 +239,50 @@ def _latency(samples: list[float]) -> dict:
     }
 
 
-def _op_times(model: onnx.ModelProto, feeds, device, runs: int) -> dict[str, float]:
-    """Milliseconds per run spent in each op type, from ORT's profiler (largest first)."""
-    with tempfile.TemporaryDirectory() as folder:
-        session = create_session(model, device, profile_path=os.path.join(folder, "ort"))
-        run = session_runner(session, feeds, device)
-        run()  # the first run includes one-off work
-        for _ in range(runs):
-            run()
-        with open(session.end_profiling(), encoding="utf-8") as stream:
-            events = json.load(stream)
+def op_times(events: list[dict], skip_runs: int, model: onnx.ModelProto) -> dict[str, float]:
+    """Milliseconds per run spent in each op type (largest first), from ORT's profiler events,
+    counting only the kernels of the runs after the first `skip_runs` (the warm-up's)."""
+    windows = sorted(
+        (event["ts"], event["ts"] + event["dur"])
+        for event in events
+        if event.get("cat") == "Session" and event.get("name") == "model_run"
+    )[skip_runs:]
+    if not windows:
+        return {}
     # A Scan, Loop or If node's time includes its body's nodes, which ORT reports as well: only
     # the main graph's nodes count (by name), else the body's time would be counted twice.
     main = {node.name for node in model.graph.node} if any(ir.proto_subgraphs(n) for n in model.graph.node) else None
+    starts = np.asarray([start for start, _ in windows])
+    ends = np.asarray([end for _, end in windows])
     totals: dict[str, float] = defaultdict(float)
     for event in events:
         name = event.get("name", "")
-        is_kernel = event.get("cat") == "Node" and name.endswith("_kernel_time")
-        if is_kernel and (main is None or name[: -len("_kernel_time")] in main):
+        if event.get("cat") != "Node" or not name.endswith("_kernel_time"):
+            continue
+        if main is not None and name[: -len("_kernel_time")] not in main:
+            continue
+        index = int(np.searchsorted(starts, event["ts"], side="right")) - 1
+        if index >= 0 and event["ts"] <= ends[index]:
             totals[event["args"]["op_name"]] += event["dur"] / 1e3
-    return {op: total / (runs + 1) for op, total in sorted(totals.items(), key=lambda item: -item[1])}
+    return {op: total / len(windows) for op, total in sorted(totals.items(), key=lambda item: -item[1])}
 
 
-def _peak_memory(model: onnx.ModelProto, feeds, device, runs: int) -> dict:
+def profiled_run_ms(events: list[dict], skip_runs: int) -> float | None:
+    """The median duration of the per-op runs as the profiler saw them (its own overhead in)."""
+    runs = sorted((e["ts"], e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+    durations = [length / 1e3 for _, length in runs[skip_runs:]]
+    return float(np.median(durations)) if durations else None
+
+
+def _op_time_check(op_time_ms: dict[str, float], median_ms: float) -> dict:
+    """The per-op times' sum per run against the median run time (see the module doc)."""
+    total = float(sum(op_time_ms.values()))
+    coverage = total / median_ms if median_ms > 0 else None
+    trusted = coverage is not None and abs(coverage - 1) <= OP_TIME_TOLERANCE
+    return {"op_time_total_ms": total, "op_time_coverage": coverage, "op_times_trusted": trusted}
+
+
+def _peak_memory(model: onnx.ModelProto, feeds, runs: int) -> dict:
     """Measured in a fresh Python process (peak_memory.py), so that nothing of this one is
     counted; a process of its own rather than multiprocessing's spawn, which re-runs the
     caller's script (a script without an `if __name__ == "__main__":` guard would start over)."""
@@ -193,7 +293,7 @@ def _peak_memory(model: onnx.ModelProto, feeds, device, runs: int) -> dict:
         else:
             onnx.save(model, model_path)
         np.savez(feeds_path, **feeds)
-        command = [sys.executable, "-m", "convexport.peak_memory", model_path, feeds_path, device, str(runs)]
+        command = [sys.executable, "-m", "convexport.peak_memory", model_path, feeds_path, str(runs)]
         command += registered_custom_op_libraries()
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=PEAK_MEMORY_TIMEOUT_S)

@@ -51,16 +51,8 @@ def render(report: dict) -> str:
     parts += ["<h2>Graph</h2>", _summary_table(report)]
     parts += ["<h2>Operators</h2>", _legend(), _grouped_bars(_op_rows(before["ops"], after["ops"]), unit="")]
     if profile:
-        parts += [
-            f"<h2>Latency on {_e(profile['provider'])}</h2>",
-            _legend(),
-            _latency_chart(profile),
-            "<h2>Time per op type (ms per run)</h2>",
-            _legend(),
-            _grouped_bars(
-                _op_rows(profile["before"].get("op_time_ms", {}), profile["after"].get("op_time_ms", {})), unit=" ms"
-            ),
-        ]
+        parts += [f"<h2>Latency on {_e(profile['provider'])}</h2>", _legend(), _latency_chart(profile)]
+        parts += _op_time_section(profile)
     parts += ["<h2>Rewrites</h2>", _rewrites(report["rewrites"]), "<h2>Skipped</h2>", _skipped(report["skipped"])]
     if validation:
         parts += ["<h2>Validation</h2>", _validation(validation)]
@@ -68,6 +60,31 @@ def render(report: dict) -> str:
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>convexport report</title>"
         f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>\n"
     )
+
+
+def _op_time_section(profile: dict) -> list[str]:
+    """The chart of time per op type, where the profiler's times add up to the measured latency
+    (op_times_trusted: within 20% on both sides); else a line saying they do not, and by how much."""
+    before, after = profile["before"], profile["after"]
+    if "op_time_ms" not in before or "op_time_ms" not in after:
+        return []
+    if before.get("op_times_trusted", True) and after.get("op_times_trusted", True):
+        rows = _op_rows(before["op_time_ms"], after["op_time_ms"])
+        return ["<h2>Time per op type (ms per run)</h2>", _legend(), _grouped_bars(rows, unit=" ms")]
+    sides = [("before", before), ("after", after)]
+    coverage = ", ".join(f"{side} {e['op_time_coverage']:.0%}" for side, e in sides if e.get("op_time_coverage"))
+    profiled = ", ".join(
+        f"{side} {e['latency_ms']['median']:.3f} -> {e['profiled_run_ms']:.3f} ms"
+        for side, e in sides
+        if e.get("profiled_run_ms")
+    )
+    return [
+        "<h2>Time per op type</h2>",
+        f"<p class=sub>not charted: ONNX Runtime's per-op times do not add up to the measured latency "
+        f"({_e(coverage)} of it), so they do not say where its time goes. The profiler itself slows a run "
+        f"({_e(profiled)} per run), most where kernels are short, and on CUDA it times each kernel's launch on the "
+        "host, not its work on the device. The JSON report has the times.</p>",
+    ]
 
 
 def _e(value) -> str:

@@ -103,15 +103,45 @@ def resolve_device(device: str) -> str:
     return device
 
 
+# The CUDA provider's options convexport sets, reported with every number it measures there:
+# cuDNN picks each convolution's algorithm by timing them all (EXHAUSTIVE, ORT's default, so
+# the times are what a deployment with default options gets; the search is paid once per
+# session, in the warm-up), and TF32 on (ORT's default) unless a check asks for plain fp32.
+CUDA_OPTIONS = {"cudnn_conv_algo_search": "EXHAUSTIVE", "use_tf32": "1"}
+
+
+def provider_options(device: str, tf32: bool = True) -> dict[str, str]:
+    """The provider options a session on `device` is made with (none on the CPU)."""
+    if device != "cuda":
+        return {}
+    return {**CUDA_OPTIONS, "use_tf32": "1" if tf32 else "0"}
+
+
+def device_memory_used() -> int:
+    """Bytes in use on GPU 0, from NVML (the driver's library, present wherever CUDA runs)."""
+
+    class Memory(ctypes.Structure):
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+    nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    nvml.nvmlInit_v2()
+    handle = ctypes.c_void_p()
+    nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle))
+    memory = Memory()
+    nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory))
+    return int(memory.used)
+
+
 def create_session(
     model: onnx.ModelProto | str,
     device: str = "cpu",
     optimize: bool = True,
     profile_path: str | None = None,
     what: str = "the model",
+    tf32: bool = True,
 ) -> ort.InferenceSession:
-    """A session on `device`; a model ONNX Runtime cannot load is a ConvexportError naming
-    `what`, one it has no kernel for a MissingKernel."""
+    """A session on `device` (with provider_options(device, tf32)); a model ONNX Runtime
+    cannot load is a ConvexportError naming `what`, one it has no kernel for a MissingKernel."""
     options = ort.SessionOptions()
     options.log_severity_level = 4  # fatal only: a failure reaches the user once, as checked_run's one line
     options.graph_optimization_level = (
@@ -122,7 +152,7 @@ def create_session(
     if profile_path:
         options.enable_profiling = True
         options.profile_file_prefix = profile_path
-    providers = [CUDA, CPU] if device == "cuda" else [CPU]
+    providers = [(CUDA, provider_options(device, tf32)), CPU] if device == "cuda" else [CPU]
     try:
         if isinstance(model, str):
             return ort.InferenceSession(model, options, providers=providers)
@@ -138,7 +168,7 @@ def create_session(
             ) from exc
         if "NOT_IMPLEMENTED" in str(exc):
             raise MissingKernel(
-                f"ONNX Runtime's {providers[0]} has no kernel for this model ({ort_reason(exc)})"
+                f"ONNX Runtime's {CUDA if device == 'cuda' else CPU} has no kernel for this model ({ort_reason(exc)})"
             ) from exc
         raise ConvexportError(f"ONNX Runtime cannot load {what}: {ort_reason(exc)}") from exc
 

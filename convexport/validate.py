@@ -185,13 +185,17 @@ def compare_models(
     seed: int = 0,
     extra_feeds: list[dict] = (),
     labels: tuple[str, str] = ("the reference model", "the candidate"),
+    device: str = "cpu",
+    tf32: tuple[bool, bool] = (False, False),
 ) -> ValidationResult:
     """Run both models on `runs` seeded input sets (and `extra_feeds`), compare every output.
     The reference failing to run is a RunFailure (the inputs do not suit the model); the
     candidate failing where the reference runs fails the validation. `labels` name the two
-    models in those messages."""
+    models in those messages. On CUDA, `tf32` says for each of the two sessions whether its
+    convolutions and matrix products may round their inputs to TF32 (10-bit mantissas)."""
     tolerances.check_outputs([out.name for out in reference.graph.output], labels[0])
-    ref_session, cand_session = _evaluator(reference, labels[0]), _evaluator(candidate, labels[1])
+    ref_session = _evaluator(reference, labels[0], device, tf32[0])
+    cand_session = _evaluator(candidate, labels[1], device, tf32[1])
     names = [out.name for out in ref_session.get_outputs()]
     result = ValidationResult(True, runs + len(extra_feeds), tolerances, inputs=[str(spec) for spec in inputs])
     missing = [name for name in names if name not in {o.name for o in cand_session.get_outputs()}]
@@ -247,9 +251,9 @@ class _ReferenceSession:
         return self._evaluator.run(names, feeds)
 
 
-def _evaluator(model: onnx.ModelProto, what: str):
+def _evaluator(model: onnx.ModelProto, what: str, device: str = "cpu", tf32: bool = False):
     try:
-        return create_session(model, optimize=False, what=what)
+        return create_session(model, device, optimize=False, what=what, tf32=tf32)
     except MissingKernel:
         return _ReferenceSession(model)
 

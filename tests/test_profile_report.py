@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import time
 
+import onnx
+import onnx.parser
 import pytest
 from typer.testing import CliRunner
 
 import convexport
 from convexport.cli import app
 from convexport.export import graph_input_specs
+from convexport import profile
 from convexport.profile import profile_models
 from convexport.report_html import render
 
@@ -43,24 +47,94 @@ def test_profile_runs_and_blocks(optimized):
 
 
 @pytest.mark.parametrize("runs, blocks", [(10, 5), (13, 7), (200, 20)])
-def test_models_take_turns_in_at_least_five_blocks(monkeypatch, runs, blocks):
+def test_models_take_turns_in_at_least_five_blocks(runs, blocks):
     """Blocks of up to 10 timed runs, at least 5 per model: a slow model (10 runs) goes in
     blocks of 2, so a few slow seconds of the machine do not fall on one model alone."""
-    from convexport import profile
-
     order = []
-    monkeypatch.setattr(profile, "create_session", lambda model, device, what: model)
-    monkeypatch.setattr(profile, "session_runner", lambda label, feeds, device: lambda: order.append(label))
-    times, counted = profile._block_latency({"a": "a", "b": "b"}, {}, "cpu", runs, warmup=1)
-    assert counted == runs and all(len(samples) == runs for samples in times.values())
-    timed = order[2:]                                      # after one warm-up run each
-    switches = [label for i, label in enumerate(timed) if i == 0 or timed[i - 1] != label]
+    sessions = {label: profile._Session(lambda label=label: order.append(label), 0.001, 3) for label in "ab"}
+    times = profile._block_latency(sessions, runs)
+    assert all(len(samples) == runs for samples in times.values())
+    switches = [label for i, label in enumerate(order) if i == 0 or order[i - 1] != label]
     assert len(switches) == 2 * blocks and switches[:2] == ["a", "b"]
+
+
+class SlowStart:
+    """A session whose first runs carry one-off work (cuDNN's algorithm search): `slow` runs of
+    `first` seconds, then runs of `then` seconds."""
+
+    def __init__(self, slow: int, first: float, then: float):
+        self.left, self.first, self.then, self.runs = slow, first, then, 0
+
+    def __call__(self):
+        self.runs += 1
+        pause = self.first if self.left > 0 else self.then
+        self.left -= 1
+        deadline = time.perf_counter() + pause
+        while time.perf_counter() < deadline:
+            pass
+
+
+def test_the_warm_up_lasts_until_the_run_time_settles():
+    run = SlowStart(slow=4, first=0.02, then=0.001)
+    times = profile.warm_up(run, least=3)
+    assert len(times) >= 4 + profile.WARM_WINDOW and max(times[-profile.WARM_WINDOW:]) < 0.01
+
+
+def test_the_runs_are_sized_from_the_settled_time_not_the_first(monkeypatch):
+    """A model whose first run takes 50x its settled time is timed as often as the budget allows
+    at its settled time (before: sized from the slowest warm-up run, 5 runs of +-22%)."""
+    monkeypatch.setattr(profile, "create_session", lambda model, device, profile_path=None, what="": model)
+    monkeypatch.setattr(profile, "session_runner", lambda session, feeds, device: session)
+    monkeypatch.setattr(profile, "TIME_BUDGET_S", 0.2)
+    slow = SlowStart(slow=1, first=0.05, then=0.001)
+    measured = profile.profile_models({"m": slow}, [], "cpu", memory=False, per_op=False)
+    assert measured["runs"] >= 100 and measured["m"]["warmup_runs"] >= 2 * profile.WARM_WINDOW
+    assert measured["m"]["latency_ms"]["median"] < 5
+
+
+def ort_events(run_windows, kernels):
+    """A profiler's events: model_run (start, duration) per run, and (op, start, duration) kernels."""
+    events = [{"cat": "Session", "name": "model_run", "ts": start, "dur": length} for start, length in run_windows]
+    events += [{"cat": "Node", "name": f"n{i}_kernel_time", "ts": start, "dur": length, "args": {"op_name": op}}
+               for i, (op, start, length) in enumerate(kernels)]
+    return events
+
+
+def test_per_op_times_leave_out_the_warm_up_runs():
+    events = ort_events([(0, 1000), (2000, 100), (3000, 100)],
+                        [("Conv", 10, 900), ("Conv", 2010, 80), ("Relu", 2095, 5), ("Conv", 3010, 80), ("Relu", 3095, 5)])
+    model = onnx.parser.parse_model("<ir_version: 10, opset_import: [\"\" : 18]> g (float[1] x) => (float[1] y) { y = Relu(x) }")
+    times = profile.op_times(events, skip_runs=1, model=model)
+    assert times == {"Conv": pytest.approx(0.08), "Relu": pytest.approx(0.005)}
+
+
+@pytest.mark.parametrize("total, median, trusted", [(0.9, 1.0, True), (1.19, 1.0, True), (0.58, 0.12, False),
+                                                    (131.0, 0.77, False), (0.5, 1.0, False)])
+def test_per_op_times_are_trusted_only_where_they_sum_to_the_latency(total, median, trusted):
+    check = profile._op_time_check({"Conv": total}, median)
+    assert check["op_times_trusted"] is trusted and check["op_time_coverage"] == pytest.approx(total / median)
+
+
+def test_per_op_times_of_a_real_profile_sum_to_its_latency(optimized):
+    entry = optimized.report["profile"]["after"]
+    assert entry["op_time_coverage"] > 0 and entry["op_times_trusted"] == (abs(entry["op_time_coverage"] - 1) <= 0.2)
+    assert optimized.report["profile"]["provider_options"] == {}
+
+
+def test_untrusted_per_op_times_are_not_charted(optimized):
+    report = json.loads(json.dumps(optimized.report))
+    for side in ("before", "after"):
+        report["profile"][side]["op_times_trusted"] = False
+        report["profile"][side]["op_time_coverage"] = 4.0
+    page = render(report)
+    assert "Time per op type (ms per run)" not in page and "do not add up to the measured latency" in page
 
 
 def test_html_report_is_self_contained_with_charts(optimized, tmp_path):
     page = render(optimized.report)
-    charts_and_regions = 3 + len(optimized.report["rewrites"])  # a picture of each folded region
+    profile_sides = [optimized.report["profile"][side] for side in ("before", "after")]
+    op_chart = all(side["op_times_trusted"] for side in profile_sides)
+    charts_and_regions = 2 + op_chart + len(optimized.report["rewrites"])  # a picture of each folded region
     assert page.count("<svg") == charts_and_regions and "validation passed" in page and "Conv" in page
     assert "<script" not in page and "http://" not in page and "https://" not in page
     assert "Rewrites" in page and "conv-conv" in page
