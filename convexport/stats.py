@@ -1,9 +1,6 @@
 """Size and cost of an ONNX graph: node and op counts, parameters, FLOPs from shapes.
 
-FLOPs count multiply-adds as two operations for the ops whose cost depends on a weight
-(Conv, ConvTranspose, Gemm, MatMul, Einsum with two operands), 5 N log2 N per complex
-transform of N points for DFT (the radix-2 FFT count), and one operation per output element
-for every other op. Symbolic dims count as 1 (a dynamic batch is reported per sample).
+FLOPs are flops.py's count (whole tensors; a symbolic dim, a dynamic batch say, counts as 1).
 Node and op counts are the main graph's; FLOPs and parameters include subgraphs: both
 branches of an If, a Scan body as many times as the Scan iterates, a Loop body once.
 """
@@ -15,6 +12,7 @@ from collections import Counter
 
 import onnx
 
+from . import flops
 from .ir import proto_scopes, proto_subgraphs
 
 
@@ -89,60 +87,18 @@ def _counted_dims(type_proto: onnx.TypeProto) -> tuple[int, ...] | None:
 def _node_flops(
     node: onnx.NodeProto, op: str, shapes: dict[str, tuple[int, ...]], integers: dict[str, list[int]]
 ) -> float:
-    out = shapes.get(node.output[0]) if node.output else None
-    if out is None:
-        return 0.0
-    out_elements = float(math.prod(out)) if out else 1.0
-    if op == "DFT":
-        return _dft_flops(node, shapes, integers, out)
-    if op in ("Conv", "ConvTranspose"):
-        weight = shapes.get(node.input[1])
-        if weight is None:
-            return 0.0
-        # Conv: each output element sums (I/g)*prod(k) products; weight is [O, I/g, *k].
-        # ConvTranspose: each input element scatters O/g*prod(k); weight is [I, O/g, *k].
-        if op == "Conv":
-            return 2.0 * out_elements * float(math.prod(weight[1:]))
-        source = shapes.get(node.input[0])
-        return 2.0 * float(math.prod(source or (1,))) * float(math.prod(weight[1:]))
-    if op in ("Gemm", "MatMul"):
-        a = shapes.get(node.input[0])
-        if not a:
-            return 0.0
-        transposed = op == "Gemm" and any(at.name == "transA" and at.i for at in node.attribute)
-        inner = a[0] if transposed and len(a) == 2 else a[-1]
-        return 2.0 * out_elements * inner
-    if op == "Einsum" and len(node.input) == 2:
-        return 2.0 * _einsum_products(node, shapes)
-    return out_elements
-
-
-def _dft_flops(node: onnx.NodeProto, shapes, integers, out) -> float:
-    """5 N log2 N per complex transform of N points (N the longer of the input's and the
-    output's length on the axis: a one-sided transform has N/2 + 1 outputs), one transform per
-    complex output point divided by N'; out's last axis holds (real, imaginary)."""
-    source = shapes.get(node.input[0])
-    axis_input = integers.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-    axis = axis_input[0] if axis_input else next((a.i for a in node.attribute if a.name == "axis"), 1)
-    if not source or len(source) != len(out):
-        return 0.0
-    axis %= len(out)
-    points = max(source[axis], out[axis])
-    transforms = math.prod(out[:-1]) / out[axis]
-    return 5.0 * transforms * points * math.log2(max(points, 2))
-
-
-def _einsum_products(node: onnx.NodeProto, shapes) -> float:
-    """Number of scalar products of a two-operand einsum: the product of all index sizes."""
-    equation = next(at.s.decode() for at in node.attribute if at.name == "equation")
-    operands = equation.replace(" ", "").split("->")[0].split(",")
-    sizes: dict[str, int] = {}
-    for letters, name in zip(operands, node.input):
-        shape = shapes.get(name)
-        if shape is None or "." in letters or len(shape) != len(letters):
-            return 0.0
-        sizes.update(zip(letters, shape))
-    return float(math.prod(list(sizes.values())))
+    """flops.node_flops with the node's shapes and attributes as the protos hold them."""
+    attributes = {attribute.name: onnx.helper.get_attribute_value(attribute) for attribute in node.attribute}
+    if op == "DFT" and len(node.input) > 2 and node.input[2] in integers:  # DFT-20 takes the axis as an input
+        attributes["axis"] = integers[node.input[2]][0]
+    if isinstance(attributes.get("equation"), bytes):
+        attributes["equation"] = attributes["equation"].decode()
+    return flops.node_flops(
+        op,
+        shapes.get(node.output[0]) if node.output else None,
+        [shapes.get(name) if name else None for name in node.input],
+        attributes.get,
+    )
 
 
 def _parameter_count(graph: onnx.GraphProto, has_constant_nodes: bool) -> int:

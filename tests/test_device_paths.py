@@ -4,11 +4,17 @@ cost model's units (a decision does not change with the batch size alone)."""
 
 from __future__ import annotations
 
+import numpy as np
+import onnx
+import onnx.parser
 import pytest
+from onnx import numpy_helper
 
 import convexport
-from convexport import validate
+from convexport import ir, validate
+from convexport.rewrite import cost
 from convexport.runtime import create_session
+from graphs import rewrite
 from test_hostile import conv_bn
 
 
@@ -62,3 +68,59 @@ def test_a_graph_that_differs_on_the_device_only_is_refused_there(on_fake_cuda):
     assert not validation["passed"] and not validation["on_device"]["passed"]
     assert all(error["mismatches"] == 0 for error in validation["outputs"].values())  # the CPU check passed
     assert validation["culprit"]["rule"] == "conv-batchnorm"  # found by the device's check
+
+
+# --- the cost model's unit ----------------------------------------------------------------------
+
+
+def two_convs(batch: int, cin, cmid, cout, k1, k2, hw, seed) -> onnx.ModelProto:
+    """x -> Conv k1 (cin -> cmid, unpadded) -> Conv k2 (cmid -> cout, 'same'), weights drawn from `seed`."""
+    rng = np.random.default_rng(seed)
+    weights = {"w1": rng.standard_normal((cmid, cin, k1, k1)), "w2": rng.standard_normal((cout, cmid, k2, k2))}
+    model = onnx.parser.parse_model(f"""
+        <ir_version: 10, opset_import: ["" : 18]>
+        g (float[{batch},{cin},{hw},{hw}] x) => (float[{batch},{cout},{hw - k1 + 1},{hw - k1 + 1}] y) {{
+            h = Conv (x, w1)
+            y = Conv <pads = [{k2 // 2}, {k2 // 2}, {k2 // 2}, {k2 // 2}]> (h, w2)
+        }}
+    """)
+    model.graph.initializer.extend(numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items())
+    return onnx.shape_inference.infer_shapes(model)
+
+
+CONFIGURATIONS = [
+    dict(cin=int(c), cmid=int(m), cout=int(o), k1=int(k1), k2=int(k2), hw=int(hw), seed=i)
+    for i, (c, m, o, k1, k2, hw) in enumerate(zip(*(np.random.default_rng(7).integers(low, high, 40) for low, high in
+                                                     ((1, 64), (1, 128), (1, 64), (1, 4), (1, 6), (4, 40)))))
+    if k1 % 2 and k2 % 2
+]
+
+
+@pytest.mark.parametrize("config", CONFIGURATIONS, ids=lambda c: "-".join(map(str, c.values())))
+def test_a_rewrites_counts_are_whole_tensors_at_any_batch(config):
+    """The folds' own FLOP counts are in the cost model's unit: the whole batch (32 times the
+    batch-1 count), the same as the nodes' own counts, which the bytes moved are counted in."""
+    counts = {}
+    for batch in (1, 32):
+        outcome = rewrite(two_convs(batch, **config), "exact")
+        counts[batch] = [(entry["rule"], entry.get("flops_before"), entry.get("flops_after")) for entry in outcome.applied]
+    assert [rule for rule, *_ in counts[1]] == [rule for rule, *_ in counts[32]]
+    counted = [(one, many) for one, many in zip(counts[1], counts[32]) if one[1] is not None]
+    assert counted or not counts[1]  # the conv folds give their counts
+    for (_, before1, after1), (_, before32, after32) in counted:
+        assert before32 == pytest.approx(32 * before1) and after32 == pytest.approx(32 * after1)
+
+
+@pytest.mark.parametrize("config", CONFIGURATIONS, ids=lambda c: "-".join(map(str, c.values())))
+def test_a_decision_does_not_change_with_the_batch_alone(config, monkeypatch):
+    """Where every cost grows with the batch (no time per node, weights too small to count),
+    the decision at batch 32 is the decision at batch 1: a count in another unit than the
+    bytes (the folds counted per sample) flipped such decisions."""
+    device = cost.Device("cpu", flops_per_s=80e9, bytes_per_s=4e9, seconds_per_node=0.0, copy_bytes_per_s=20e9)
+    monkeypatch.setitem(cost.DEVICES, "cpu", device)
+    monkeypatch.setattr(cost, "_bytes", lambda t, node, replaced: 0.0 if isinstance(t, ir.Constant) else real_bytes(t, node, replaced))
+    decisions = [[entry["rule"] for entry in rewrite(two_convs(batch, **config), "cost").applied] for batch in (1, 32)]
+    assert decisions[0] == decisions[1]
+
+
+real_bytes = cost._bytes

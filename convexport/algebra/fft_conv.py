@@ -52,19 +52,3 @@ def plan_fft_conv(spec: ConvSpec, input_spatial: Sequence[int | None]) -> FftPla
     dilated[(slice(None), slice(None), *taps)] = spec.weight
     spectrum = np.conj(np.fft.rfftn(dilated, axes=tuple(range(2, 2 + spec.nd))))
     return FftPlan(sizes, padded, spectrum, spec.output_shape(input_spatial), spec.strides)
-
-
-def direct_flops(spec: ConvSpec, output_spatial: Sequence[int]) -> float:
-    """2 * O * I * prod(k) * prod(out): the multiply-adds of the dense direct conv."""
-    return (
-        2.0 * spec.out_channels * spec.in_channels * float(np.prod(spec.kernel_shape)) * float(np.prod(output_spatial))
-    )
-
-
-def fft_flops(plan: FftPlan, in_channels: int, out_channels: int) -> float:
-    """An estimate per sample: 2.5 N log2 N per real transform of N points (a complex FFT is
-    5 N log2 N) for I forward and O inverse transforms, plus 8 per complex product over I*O."""
-    points = float(np.prod(plan.sizes))
-    transforms = (in_channels + out_channels) * 2.5 * points * np.log2(points)
-    products = 8.0 * in_channels * out_channels * points / plan.sizes[-1] * plan.half
-    return float(transforms + products)

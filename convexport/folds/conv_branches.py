@@ -6,7 +6,7 @@ from .. import ir
 from ..algebra import Refusal, combine_parallel, concat_parallel, identity_conv
 from ..rewrite.primitives import Rewrite, accepts, reach
 from .conv_chain import output_dtype
-from .convnodes import flops_per_sample, make_conv, node_flops, spatial_shape
+from .convnodes import make_conv, node_flops, output_elements, spatial_shape
 from .linear_nodes import linear_spec
 
 
@@ -88,6 +88,6 @@ def _replace_root(match, context, merged, tensors, specs, note, activation=None)
         name = context.fresh(output.name + "_act")
         nodes.append(ir.Node(activation.op, name, dict(activation.attrs), [folded], [activated]))
         folded, note = activated, note + f" and one {activation.op}"
-        elements = flops_per_sample(output.shape)
+        elements = output_elements(output.shape)
         before, after = (None, None) if None in (before, after, elements) else (before + elements, after + elements)
     return Rewrite(nodes, [(output, folded)], note, before, after)

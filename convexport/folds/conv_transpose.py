@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import math
-
-from .. import ir
+from .. import flops, ir
 from ..algebra import Refusal, pointwise_after_transposed, scale_shift_transposed
 from ..ir import attribute_or, tensor_dtype
 from ..rewrite.primitives import Rewrite, reach
@@ -68,17 +66,16 @@ def _rewrite(first: ir.Node, second: ir.Node, weight, bias, groups: int, context
 
 
 def _flops(node: ir.Node, weight_shape, after: ir.Node | None = None) -> float | None:
-    """Per sample: a ConvTranspose does 2 * Cin * (Cout/G) * prod(k) products per input
-    position; a pointwise Conv after it 2 * D * Cout per output position, an affine map 2 per
-    output element. None where a shape is unknown."""
-    spatial = getattr(node.inputs[0], "shape", None)
-    if spatial is None or weight_shape is None or not all(isinstance(d, int) for d in spatial[2:]):
+    """The ConvTranspose's count (flops.py) and, with `after`, that of the pointwise Conv or
+    the affine map (a scale and a shift: two per output element) after it. None where a shape
+    is unknown."""
+    source = getattr(node.inputs[0], "shape", None)
+    if source is None or weight_shape is None or not all(isinstance(d, int) for d in source[1:]):
         return None
-    flops = 2.0 * math.prod(weight_shape) * math.prod(spatial[2:])
+    count = flops.conv_transpose(source, weight_shape)
     if after is None:
-        return flops
+        return count
     out = after.outputs[0].shape
     if out is None or not all(isinstance(d, int) for d in out[1:]):
         return None
-    per_element = 2.0 * after.inputs[1].shape[1] if after.op == "Conv" else 2.0
-    return flops + per_element * math.prod(out[1:])
+    return count + (flops.conv(out, after.inputs[1].shape) if after.op == "Conv" else 2.0 * flops.elements(out))

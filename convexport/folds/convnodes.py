@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from .. import ir
+from .. import flops, ir
 from ..algebra import ConvSpec, Refusal, conv_from_onnx, conv_to_onnx
 from ..ir import constant_value, is_absent
 
@@ -76,26 +74,28 @@ def conv_node(
 
 
 def node_flops(node: ir.Node, output_shape=None) -> float | None:
-    """FLOPs per sample of a node (its output shape, or `output_shape` for a new node that
-    has none yet): see flops_per_sample."""
+    """The node's count (flops.py: whole tensors, a symbolic batch as 1) from its output's
+    shape, or `output_shape` for a new node that has none yet; None where a dim past the
+    batch is unknown."""
     shape = node.outputs[0].shape if output_shape is None else output_shape
-    return flops_per_sample(shape, node.inputs[1].shape if node.op == "Conv" and len(node.inputs) > 1 else None)
-
-
-def flops_per_sample(shape, conv_weight_shape=None) -> float | None:
-    """FLOPs per sample of a node whose output has `shape`: a Conv's (given its weight's shape)
-    2 * O * prod(out spatial) * prod(W.shape[1:]), one per output element for anything else;
-    None for an unknown shape."""
-    if shape is None or len(shape) < 2 or any(not isinstance(d, int) for d in shape[1:]):
+    if not _known_past_batch(shape):
         return None
-    elements = float(math.prod(shape[1:]))
-    return 2.0 * elements * float(math.prod(conv_weight_shape[1:])) if conv_weight_shape is not None else elements
+    return flops.node_flops(node.op, shape, [t.shape for t in node.inputs], node.attrs.get)
+
+
+def output_elements(shape) -> float | None:
+    """One operation per element of an output of `shape` (an activation's count), as node_flops."""
+    return flops.elements(shape) if _known_past_batch(shape) else None
 
 
 def conv_flops(spec: ConvSpec, output_shape) -> float | None:
-    """2 * O * prod(out spatial) * (I/g) * prod(k): the FLOPs of the Conv emitted for `spec`,
-    per sample (None when the output's spatial shape is unknown)."""
+    """The count of the Conv emitted for `spec` whose output has the batch and spatial dims of
+    `output_shape` ([B, *, *out]; its channels are the spec's)."""
     if output_shape is None or len(output_shape) < 3 or any(not isinstance(d, int) for d in output_shape[2:]):
         return None
     weight_shape = conv_to_onnx(spec)[0].shape
-    return 2.0 * float(np.prod([weight_shape[0], *output_shape[2:]])) * float(np.prod(weight_shape[1:]))
+    return flops.conv([output_shape[0], weight_shape[0], *output_shape[2:]], weight_shape)
+
+
+def _known_past_batch(shape) -> bool:
+    return shape is not None and len(shape) >= 2 and all(isinstance(d, int) for d in shape[1:])

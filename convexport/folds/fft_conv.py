@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
-from .. import ir
-from ..algebra import Refusal
-from ..algebra.fft_conv import direct_flops, fft_flops, plan_fft_conv
+from .. import flops, ir
+from ..algebra import Refusal, conv_to_onnx
+from ..algebra.fft_conv import plan_fft_conv
 from ..ir import constant_value
 from ..rewrite.primitives import Rewrite, accepts, reach
 from .convnodes import conv_spec, spatial_shape
@@ -41,8 +41,9 @@ def conv_as_fft(match, context) -> Rewrite | Refusal:
     plan = plan_fft_conv(spec, spatial_shape(x))
     if isinstance(plan, Refusal):
         return plan
-    direct = direct_flops(spec, plan.output)
-    estimate = fft_flops(plan, spec.in_channels, spec.out_channels)
+    batch = flops.counted(x.shape)[0] if x.shape else 1
+    direct = flops.conv([batch, spec.out_channels, *plan.output], conv_to_onnx(spec)[0].shape)
+    estimate = flops.fft_convolution(plan.sizes, plan.half, spec.in_channels, spec.out_channels, batch)
     if estimate * float(context.params.get("min_advantage", MIN_ADVANTAGE)) > direct:
         return Refusal(f"the FFT would cost about {estimate:.3g} FLOPs against {direct:.3g} for the direct conv")
     build = _Graph(context, context.opset)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from .. import flops
 from ..algebra import Refusal
 from ..algebra.separable import rank_at_least, split_separable
 from ..ir import constant_value
@@ -68,11 +69,13 @@ SPLIT_SAVING = 0.25
 
 def highest_paying_rank(weight_shape, output_shape, input_spatial, before: float) -> int:
     """The highest rank R at which the pair costs at most (1 - SPLIT_SAVING) of the conv's
-    FLOPs (`before`), for a kernel [O, I, Kh, Kw]: per sample and per unit of R, the tall conv
-    costs 2 * rows * W_in * I * Kh (its output keeps the input's width) and the wide one
-    2 * O * rows * W_out * Kw, so R * per_rank < (1 - SPLIT_SAVING) * before. Those are upper
-    bounds (conv_to_onnx may still trim a factor's taps or split it into groups), so a split
-    at this rank or lower always saves that much."""
+    FLOPs (`before`, flops.py's count), for a kernel [O, I, Kh, Kw]: per unit of R and per
+    sample of the batch B, the tall conv costs 2 * rows * W_in * I * Kh (its output keeps the
+    input's width) and the wide one 2 * O * rows * W_out * Kw, so R * per_rank <
+    (1 - SPLIT_SAVING) * before. Those are upper bounds (conv_to_onnx may still trim a
+    factor's taps or split it into groups), so a split at this rank or lower always saves that much."""
     (rows, out_width), (out_channels, in_channels, kernel_rows, kernel_cols) = output_shape[2:], weight_shape
-    per_rank = 2.0 * rows * (input_spatial[1] * in_channels * kernel_rows + out_width * out_channels * kernel_cols)
+    batch = flops.counted(output_shape)[0]
+    per_sample = 2.0 * rows * (input_spatial[1] * in_channels * kernel_rows + out_width * out_channels * kernel_cols)
+    per_rank = batch * per_sample
     return math.ceil((1.0 - SPLIT_SAVING) * before / per_rank) - 1 if per_rank > 0 else 0

@@ -4,10 +4,10 @@ the target device, estimated from the nodes it removes and the nodes it adds.
     time(nodes) = FLOPs / device.flops_per_s + bytes moved / device.bytes_per_s
                   + len(nodes) * device.seconds_per_node
 
-FLOPs are the primitive's own count where it gives one (a Conv's 2*O*prod(out)*(I/g)*prod(k),
-an FFT's transform and product counts), else each node's: Conv, Gemm and MatMul from shapes,
-one per output element for anything else. Bytes moved are every input and output a node
-touches (weights included), each tensor once (twice where one node reads it twice). An
+FLOPs are the primitive's own count where it gives one (an FFT's transform and product
+counts), else each node's (flops.py: the one count, of whole tensors, the batch included, as
+the bytes are). Bytes moved are every input and output a node touches (weights included),
+each tensor once (twice where one node reads it twice). An
 activation that ONNX Runtime fuses into the Conv before it (FUSED_ACTIVATIONS) costs nothing;
 an op that only moves data (COPY_OPS) moves it at the device's copy rate where it has one. A new
 tensor whose shape is not known yet is taken as large as the old tensor it replaces, or as
@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .. import ir
+from .. import flops, ir
 from ..ir import node_subgraphs, numpy_dtype
 
 
@@ -77,7 +77,23 @@ def estimate(
     """The time of `nodes` on `device` (see the module doc). `flops`, the primitive's count,
     is shared out over the nodes in proportion to their own counts. `replaced` maps the id of
     a new tensor to the old tensor it stands for, whose shape it has."""
-    replaced = replaced or {}
+    work = node_work(nodes, device, replaced or {})
+    counted = sum([w.flops for w in work])
+    factor = flops / counted if flops is not None and counted > 0 else 1.0
+    seconds = flops / device.flops_per_s if flops is not None and counted == 0 else 0.0
+    for node_flops, node_bytes, on_host, copy in work:
+        if on_host:
+            seconds += _seconds(CPU, node_flops * factor, node_bytes, copy)
+            seconds += 2 * node_bytes / device.host_link_bytes_per_s
+        else:
+            seconds += _seconds(device, node_flops * factor, node_bytes, copy)
+    return Estimate(seconds, counted if flops is None else flops, sum([w.bytes for w in work]), len(work))
+
+
+def node_work(nodes: list[ir.Node], device: Device, replaced: dict[int, ir.Tensor]) -> list[NodeWork]:
+    """What each node that runs does (an activation fused into its Conv does not run): its
+    FLOPs, the bytes of the tensors it is the first of `nodes` to touch, whether the device
+    leaves it to the CPU, whether it only moves data."""
     seen: set[int] = set()
     work = []
     for node in nodes:
@@ -93,16 +109,22 @@ def estimate(
                 node.op in COPY_OPS,
             )
         )
-    counted = sum([w.flops for w in work])
-    factor = flops / counted if flops is not None and counted > 0 else 1.0
-    seconds = flops / device.flops_per_s if flops is not None and counted == 0 else 0.0
-    for node_flops, node_bytes, on_host, copy in work:
-        if on_host:
-            seconds += _seconds(CPU, node_flops * factor, node_bytes, copy)
-            seconds += 2 * node_bytes / device.host_link_bytes_per_s
-        else:
-            seconds += _seconds(device, node_flops * factor, node_bytes, copy)
-    return Estimate(seconds, counted if flops is None else flops, sum([w.bytes for w in work]), len(work))
+    return work
+
+
+def terms(nodes: list[ir.Node], device: Device) -> dict[str, float]:
+    """The sums the model's time is made of, for fitting a device's constants
+    (bench/device_constants.py): FLOPs, bytes moved by compute ops and by copy ops, nodes run,
+    and the nodes the device leaves to the CPU."""
+    work = node_work(nodes, device, {})
+    on_device = [w for w in work if not w.on_host]
+    return {
+        "flops": sum([w.flops for w in on_device]),
+        "bytes": sum([w.bytes for w in on_device if not w.copy]),
+        "copy_bytes": sum([w.bytes for w in on_device if w.copy]),
+        "nodes": len(on_device),
+        "host_nodes": len(work) - len(on_device),
+    }
 
 
 # Activations ONNX Runtime fuses into the Conv before them (its ConvActivationFusion, on the
@@ -147,17 +169,12 @@ def _shape(tensor, node: ir.Node, replaced: dict[int, ir.Tensor]) -> tuple[int, 
         inputs = [_shape(t, node, {}) for t in node.inputs if not isinstance(t, ir.Constant)]
         inputs = [s for s in inputs if s is not None]
         return max(inputs, key=lambda s: int(math.prod(s)), default=None)
-    return None if shape is None else counted_shape(shape)
-
-
-def counted_shape(shape) -> tuple[int, ...]:
-    """A shape as the model counts it: a symbolic, unknown or negative dim as 1."""
-    return tuple([d if type(d) is int and d >= 0 else 1 for d in shape])
+    return None if shape is None else flops.counted(shape)
 
 
 def tensor_bytes(shape, dtype) -> float:
-    """The bytes of a tensor of `shape` (dims counted as counted_shape counts them) and a gs dtype."""
-    return float(math.prod(counted_shape(shape))) * _itemsize(dtype)
+    """The bytes of a tensor of `shape` (dims counted as flops.counted counts them) and a gs dtype."""
+    return flops.elements(shape) * _itemsize(dtype)
 
 
 def _bytes(tensor, node: ir.Node, replaced) -> float:
@@ -176,19 +193,10 @@ def _itemsize(dtype) -> int:
 
 
 def _node_flops(node: ir.Node, replaced) -> float:
+    """flops.node_flops with the node's shapes as the model counts them (a new tensor's from
+    the tensor it replaces)."""
     out = _shape(node.outputs[0], node, replaced) if node.outputs else None
-    if out is None:
-        return 0.0
-    if node.op == "Conv" and len(node.inputs) > 1 and node.inputs[1].shape is not None:
-        return conv_flops(out, node.inputs[1].shape)
-    if node.op in ("Gemm", "MatMul") and node.inputs[0].shape is not None:
-        a = _shape(node.inputs[0], node, replaced)
-        transposed = node.op == "Gemm" and node.attrs.get("transA", 0)
-        return 2.0 * float(math.prod(out)) * (a[0] if transposed and len(a) == 2 else a[-1])
-    return float(math.prod(out))
-
-
-def conv_flops(output_shape: tuple[int, ...], weight_shape) -> float:
-    """A Conv's count from its counted output shape and its weight's [O, I/g, *k]: each output
-    element sums (I/g) * prod(k) products, two operations each."""
-    return 2.0 * float(math.prod(output_shape)) * float(math.prod(weight_shape[1:]))
+    inputs = [
+        None if t.shape is None and not isinstance(t, ir.Constant) else _shape(t, node, replaced) for t in node.inputs
+    ]
+    return flops.node_flops(node.op, out, inputs, node.attrs.get)
