@@ -14,7 +14,8 @@ FLOPs), and the sample models before and after convexport at batch 1 and 32. Wit
 DFT graph convexport builds (DFT has no CUDA kernel: it runs on the CPU), and a graph of
 com.microsoft Rfft/Irfft (which the CUDA provider runs), checked against the direct conv.
 
-`fit` solves latency = flops/F + bytes/B + copy_bytes/C + nodes*t for F, B, C, t >= 0 by
+`fit` solves latency = flops/F + large_kernel_flops/L + bytes/B + copy_bytes/C + nodes*t + r
+for F, L, B, C, t, r >= 0 by
 least squares on relative errors (each point weighted by 1/latency), over the points without
 ops the device leaves to the CPU, and prints the constants and each point's estimate against
 its measurement. Run `measure` again on a new device or ORT version and paste the constants
@@ -105,6 +106,8 @@ def sweep() -> dict[str, onnx.ModelProto]:
                 graphs[f"conv{channels}c{size}s{kernel}k"] = conv(channels, size, kernel)
     for side in (256, 1024, 4096):
         graphs[f"matmul{side}"] = matmul(side, side, side)
+    for kernel in (3, 5, 7, 9, 11, 15, 21, 31, 45, 63):  # where the conv's FLOP rate falls off
+        graphs[f"kernel{kernel}"] = conv(16, 128, kernel)
     return graphs
 
 
@@ -240,17 +243,16 @@ def measure(device: str, out: Path, with_samples: bool, with_seed003: bool) -> N
 
 def fit(paths: list[Path]) -> None:
     points = [p for path in paths for p in json.loads(path.read_text())["points"] if not p["host_nodes"]]
-    columns = ["flops", "bytes", "copy_bytes", "nodes"]
-    design = np.array([[p[c] for c in columns] for p in points], float)
+    columns = ["flops", "large_kernel_flops", "bytes", "copy_bytes", "nodes"]
+    # and a time per run, whatever the graph (launching the run, synchronising at its end):
+    # the same before and after a rewrite, so no decision needs it, but a fit without it
+    # loads it onto the other terms
+    design = np.array([[p.get(c, 0.0) for c in columns] + [1.0] for p in points], float)
     latency = np.array([p["latency_ms"] / 1e3 for p in points])
     weight = 1.0 / latency
     coefficients = _nonnegative_least_squares(design * weight[:, None], latency * weight)
-    rates = {
-        "flops_per_s": 1 / coefficients[0] if coefficients[0] > 0 else math.inf,
-        "bytes_per_s": 1 / coefficients[1] if coefficients[1] > 0 else math.inf,
-        "copy_bytes_per_s": 1 / coefficients[2] if coefficients[2] > 0 else math.inf,
-        "seconds_per_node": coefficients[3],
-    }
+    rates = {f"{column}_per_s": 1 / c if c > 0 else math.inf for column, c in zip(columns[:4], coefficients)}
+    rates.update(seconds_per_node=coefficients[4], seconds_per_run=coefficients[5])
     print(json.dumps({k: float(f"{v:.3g}") for k, v in rates.items()}))
     predicted = design @ coefficients
     for p, estimate in zip(points, predicted):

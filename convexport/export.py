@@ -353,7 +353,8 @@ def _run_exporter(loaded: LoadedModel, args: tuple, names: list[str], opset: int
 
 
 # the dynamo exporter's words for an operator it has no ONNX function for
-_CUSTOM_OPERATOR = re.compile(r"No ONNX function found for <OpOverload\(op='([\w.]+)'")
+# (an aten operator the dynamo exporter lacks, the TorchScript exporter may have: not custom)
+_CUSTOM_OPERATOR = re.compile(r"No ONNX function found for <OpOverload\(op='((?!aten\.|prims\.)[\w.]+)'")
 
 
 def _custom_operator_advice(operator: str) -> str:

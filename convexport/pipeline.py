@@ -35,7 +35,7 @@ from .profile import profile_models
 from .rewrite.engine import STRATEGIES, rewrite_model
 from .rewrite.primitives import builtin_primitives
 from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
-from .runtime import CUDA, MissingKernel, custom_op_libraries, resolve_device
+from .runtime import CUDA, MissingKernel, custom_op_libraries, provider_options, resolve_device
 from .stats import graph_stats
 from .validate import DEFAULT_RUNS, NoMadeUpInputs, Tolerances, compare_models, load_npz
 
@@ -471,6 +471,7 @@ def _validated_on_device(reference, optimized, inputs, runs, tolerances, real_da
     validation["on_device"] = {
         **on_device.to_report(),
         "provider": CUDA,
+        "provider_options": provider_options("cuda", tf32=False, search=False),
         "tf32": False,
         "tf32_effect": {name: {"max_abs": e.max_abs, "max_rel": e.max_rel} for name, e in tf32.outputs.items()},
     }

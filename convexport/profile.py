@@ -5,7 +5,9 @@ Each model gets one session, which everything measured of it in this process use
 1. Warm-up until the run time settles: the first runs carry one-off work (cuDNN's algorithm
    search, arenas growing, thread pools starting), so runs go on until the median of the last
    WARM_WINDOW runs is within SETTLED of the median of the WARM_WINDOW before them (at least
-   `warmup` runs, at most WARM_BUDGET_S of them).
+   `warmup` runs, at most WARM_BUDGET_S of them after the first, whose one-off work counts
+   neither in that budget nor in the run time it settles at: a search of several seconds
+   once sized the runs as if each took that long).
 2. Time per op type: ONNX Runtime's profiler is on from the session's start, the per-op runs
    follow the warm-up, and only their events count (each run's window is its model_run
    event); profiling then ends, so no timed run carries the profiler's overhead. The per-op
@@ -152,7 +154,7 @@ def _warmed_session(model, label, feeds, device, warmup, hint, per_op, device_me
         session = create_session(model, device, profile_path=profile_path, what=what)
         run = session_runner(session, feeds, device)
         times = warm_up(lambda: checked_run(run, feeds, what, hint), warmup)
-        warmed = _Session(run, float(np.median(times[-WARM_WINDOW:])), len(times))
+        warmed = _Session(run, float(np.median(times[1:][-WARM_WINDOW:])), len(times))
         if per_op:
             per_op_runs = int(min(PER_OP_RUNS, max(1, PER_OP_BUDGET_S / max(warmed.settled_s, 1e-6))))
             for _ in range(per_op_runs):
@@ -166,18 +168,26 @@ def _warmed_session(model, label, feeds, device, warmup, hint, per_op, device_me
     return warmed
 
 
-def warm_up(run: Callable[[], object], least: int, budget_s: float = WARM_BUDGET_S) -> list[float]:
-    """Run until the run time settles (see the module doc): the seconds of each run made."""
-    times: list[float] = []
+def warm_up(run: Callable[[], object], least: int, budget_s: float | None = None) -> list[float]:
+    """Run until the run time settles (see the module doc): the seconds of each run made. The
+    first run, which carries the one-off work, counts neither towards the budget nor in the
+    windows compared."""
+    budget_s = WARM_BUDGET_S if budget_s is None else budget_s
+    times = [_timed(run)]
     began = time.perf_counter()
     while True:
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-        if len(times) >= max(least, 2 * WARM_WINDOW) and _settled(times):
+        times.append(_timed(run))
+        steady = times[1:]
+        if len(steady) >= max(least, 2 * WARM_WINDOW) and _settled(steady):
             return times
-        if time.perf_counter() - began > budget_s and len(times) >= 2:
+        if time.perf_counter() - began > budget_s:
             return times
+
+
+def _timed(run: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
 
 
 def _settled(times: list[float]) -> bool:

@@ -106,15 +106,21 @@ def resolve_device(device: str) -> str:
 # The CUDA provider's options convexport sets, reported with every number it measures there:
 # cuDNN picks each convolution's algorithm by timing them all (EXHAUSTIVE, ORT's default, so
 # the times are what a deployment with default options gets; the search is paid once per
-# session, in the warm-up), and TF32 on (ORT's default) unless a check asks for plain fp32.
+# session, in the warm-up), and TF32 on (ORT's default) unless a check asks for plain fp32. A
+# session that only checks values takes cuDNN's heuristic pick instead of paying the search:
+# every algorithm computes the same convolution.
 CUDA_OPTIONS = {"cudnn_conv_algo_search": "EXHAUSTIVE", "use_tf32": "1"}
 
 
-def provider_options(device: str, tf32: bool = True) -> dict[str, str]:
+def provider_options(device: str, tf32: bool = True, search: bool = True) -> dict[str, str]:
     """The provider options a session on `device` is made with (none on the CPU)."""
     if device != "cuda":
         return {}
-    return {**CUDA_OPTIONS, "use_tf32": "1" if tf32 else "0"}
+    return {
+        **CUDA_OPTIONS,
+        "use_tf32": "1" if tf32 else "0",
+        "cudnn_conv_algo_search": CUDA_OPTIONS["cudnn_conv_algo_search"] if search else "HEURISTIC",
+    }
 
 
 def device_memory_used() -> int:
@@ -139,8 +145,9 @@ def create_session(
     profile_path: str | None = None,
     what: str = "the model",
     tf32: bool = True,
+    search: bool = True,
 ) -> ort.InferenceSession:
-    """A session on `device` (with provider_options(device, tf32)); a model ONNX Runtime
+    """A session on `device` (with provider_options(device, tf32, search)); a model ONNX Runtime
     cannot load is a ConvexportError naming `what`, one it has no kernel for a MissingKernel."""
     options = ort.SessionOptions()
     options.log_severity_level = 4  # fatal only: a failure reaches the user once, as checked_run's one line
@@ -152,7 +159,7 @@ def create_session(
     if profile_path:
         options.enable_profiling = True
         options.profile_file_prefix = profile_path
-    providers = [(CUDA, provider_options(device, tf32)), CPU] if device == "cuda" else [CPU]
+    providers = [(CUDA, provider_options(device, tf32, search)), CPU] if device == "cuda" else [CPU]
     try:
         if isinstance(model, str):
             return ort.InferenceSession(model, options, providers=providers)

@@ -236,12 +236,15 @@ def compare_models(
 
 class _ReferenceSession:
     """onnx.reference.ReferenceEvaluator behind ONNX Runtime's session interface: slow, but it
-    runs what a provider lacks kernels for (bfloat16 Gemm, MatMul, Add on the CPU provider)."""
+    runs what a provider lacks kernels for (bfloat16 Gemm, MatMul, Add on the CPU provider; the
+    com.microsoft FFT ops the CUDA provider has and the CPU one lacks: reference_ops.py)."""
 
     def __init__(self, model: onnx.ModelProto):
         from onnx.reference import ReferenceEvaluator
 
-        self._evaluator = ReferenceEvaluator(model)
+        from .reference_ops import REFERENCE_OPS
+
+        self._evaluator = ReferenceEvaluator(model, new_ops=REFERENCE_OPS)
         self._outputs = list(model.graph.output)
 
     def get_outputs(self):
@@ -253,7 +256,7 @@ class _ReferenceSession:
 
 def _evaluator(model: onnx.ModelProto, what: str, device: str = "cpu", tf32: bool = False):
     try:
-        return create_session(model, device, optimize=False, what=what, tf32=tf32)
+        return create_session(model, device, optimize=False, what=what, tf32=tf32, search=False)
     except MissingKernel:
         return _ReferenceSession(model)
 

@@ -37,7 +37,7 @@ def on_fake_cuda(monkeypatch):
     (device, tf32), the optimized graph's skewed by `skew["cuda"]` there."""
     made, skew = [], {"cuda": 0.0}
 
-    def session(model, device="cpu", optimize=True, profile_path=None, what="the model", tf32=True):
+    def session(model, device="cpu", optimize=True, profile_path=None, what="the model", tf32=True, search=True):
         made.append((device, tf32, what))
         real = create_session(model, "cpu", optimize, profile_path, what, tf32)
         optimized = model.graph.node[0].op_type == "Conv" and len(model.graph.node) == 1

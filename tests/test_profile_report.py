@@ -92,6 +92,18 @@ def test_the_runs_are_sized_from_the_settled_time_not_the_first(monkeypatch):
     assert measured["m"]["latency_ms"]["median"] < 5
 
 
+def test_a_first_run_longer_than_the_warm_up_budget_does_not_size_the_runs(monkeypatch):
+    """cuDNN's exhaustive search made mobileone's first run on an H200 last longer than the
+    warm-up's budget: the runs were sized from it (5 runs) until the first run stopped counting."""
+    monkeypatch.setattr(profile, "create_session", lambda model, device, profile_path=None, what="": model)
+    monkeypatch.setattr(profile, "session_runner", lambda session, feeds, device: session)
+    monkeypatch.setattr(profile, "TIME_BUDGET_S", 0.2)
+    monkeypatch.setattr(profile, "WARM_BUDGET_S", 0.1)
+    slow = SlowStart(slow=1, first=0.3, then=0.001)
+    measured = profile.profile_models({"m": slow}, [], "cpu", memory=False, per_op=False)
+    assert measured["runs"] >= 100 and measured["m"]["warmup_runs"] >= 1 + 2 * profile.WARM_WINDOW
+
+
 def ort_events(run_windows, kernels):
     """A profiler's events: model_run (start, duration) per run, and (op, start, duration) kernels."""
     events = [{"cat": "Session", "name": "model_run", "ts": start, "dur": length} for start, length in run_windows]

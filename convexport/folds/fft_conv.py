@@ -1,4 +1,9 @@
-"""A large-kernel Conv as an FFT convolution in ONNX (DFT nodes): see algebra/fft_conv.py."""
+"""A large-kernel Conv as an FFT convolution (see algebra/fft_conv.py), in the form the target
+device runs: for CUDA, ONNX Runtime's com.microsoft Rfft and Irfft over the whole batch (its CUDA
+provider has cuFFT kernels for them and none for ONNX's DFT, which it leaves to the CPU); for
+the CPU, ONNX DFT nodes, one image and one output channel at a time. A model optimized for CUDA
+this way runs on ONNX Runtime's CUDA provider only; its CPU check runs the two ops in ONNX's
+reference evaluator (reference_ops.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from ..ir import constant_value
 from ..rewrite.primitives import Rewrite, accepts, reach
 from .convnodes import conv_spec, spatial_shape
 
+MICROSOFT = "com.microsoft"
 MIN_KERNEL_AREA = 121  # 11x11: below this cuDNN/MLAS direct convs win everywhere
 MIN_ADVANTAGE = 2.0  # the FFT estimate must be this many times cheaper
 
@@ -47,14 +53,16 @@ def conv_as_fft(match, context) -> Rewrite | Refusal:
     if estimate * float(context.params.get("min_advantage", MIN_ADVANTAGE)) > direct:
         return Refusal(f"the FFT would cost about {estimate:.3g} FLOPs against {direct:.3g} for the direct conv")
     build = _Graph(context, context.opset)
-    result = build.fft_conv(x, plan, spec)
-    return Rewrite(
-        build.nodes,
-        [(output, result)],
-        f"{'x'.join(map(str, spec.kernel_shape))} conv as an FFT convolution of size {'x'.join(map(str, plan.sizes))}",
-        direct,
-        estimate,
-    )
+    kernel, sizes = "x".join(map(str, spec.kernel_shape)), "x".join(map(str, plan.sizes))
+    if context.device == "cuda" and min(plan.sizes) >= 2:
+        result = build.rfft_conv(x, plan, spec)
+        note = (
+            f"{kernel} conv as an FFT convolution of size {sizes} (com.microsoft Rfft/Irfft, for ORT's CUDA provider)"
+        )
+    else:
+        result = build.fft_conv(x, plan, spec)
+        note = f"{kernel} conv as an FFT convolution of size {sizes}"
+    return Rewrite(build.nodes, [(output, result)], note, direct, estimate)
 
 
 def _known_shape(tensor) -> tuple[int, ...] | None:
@@ -73,11 +81,12 @@ class _Graph:
     def __init__(self, context, opset: int):
         self.context, self.opset, self.nodes = context, opset, []
 
-    def node(self, op, inputs, attrs=None, outputs=1, base="fft"):
+    def node(self, op, inputs, attrs=None, outputs=1, base="fft", domain=None):
         made = [ir.Variable(self.context.fresh(base), dtype=np.float32) for _ in range(outputs)]
-        self.nodes.append(
-            ir.Node(op, self.context.fresh(base + "_" + op.lower()), dict(attrs or {}), list(inputs), made)
-        )
+        node = ir.Node(op, self.context.fresh(base + "_" + op.lower()), dict(attrs or {}), list(inputs), made)
+        if domain:
+            node.domain = domain
+        self.nodes.append(node)
         return made[0] if outputs == 1 else made
 
     def const(self, value, base="fft_const"):
@@ -118,6 +127,49 @@ class _Graph:
         result = self.node("Scan", [x], {"body": body, "num_scan_inputs": 1})  # [B, O, *out]
         if spec.has_bias and np.any(spec.bias):
             bias = self.const(spec.bias.reshape(1, -1, *[1] * spec.nd).astype(np.float32), "fft_bias")
+            result = self.node("Add", [result, bias])
+        return result
+
+    def rfft_conv(self, x, plan, spec):
+        """x [B, I, *L] -> y [B, O, *out] with com.microsoft Rfft/Irfft over the spatial axes:
+        X = Rfft(x padded to the plan's sizes) [B, I, *N', 2] (N' the one-sided sizes), then per
+        frequency Y[b, o] = sum_i X[b, i] * K[o, i] in complex arithmetic (K the plan's conj
+        kernel spectrum; four Einsums over the flattened frequencies F), y = Irfft(Y) [B, O, *N]
+        sliced to the outputs with the strides."""
+        nd = spec.nd
+        half = (*plan.sizes[:-1], plan.half)
+        frequencies = int(np.prod(half))
+        kernel = plan.spectrum.reshape(spec.out_channels, spec.in_channels, frequencies)
+        k_real = self.const(kernel.real.astype(np.float32), "fft_kernel_real")
+        k_imag = self.const(kernel.imag.astype(np.float32), "fft_kernel_imag")
+        end = {
+            2 + i: size - length - a
+            for i, (size, length, a) in enumerate(zip(plan.sizes, spatial_shape(x), spec.pads_begin))
+        }
+        padded = self.pad(x, nd + 2, {2 + i: a for i, a in enumerate(spec.pads_begin)}, end)
+        ms = {"signal_ndim": nd, "onesided": 1, "normalized": 0}
+        spectrum = self.node("Rfft", [padded], ms, domain=MICROSOFT)  # [B, I, *N', 2]
+        flat = self.node("Reshape", [spectrum, self.ints([0, spec.in_channels, frequencies, 2])])
+        x_real, x_imag = (self.node("Gather", [flat, self.const(np.array(i, np.int64))], {"axis": -1}) for i in (0, 1))
+
+        def product(a, b):
+            return self.node("Einsum", [a, b], {"equation": "bif,oif->bof"})
+
+        y_real = self.node("Sub", [product(x_real, k_real), product(x_imag, k_imag)])
+        y_imag = self.node("Add", [product(x_real, k_imag), product(x_imag, k_real)])
+        last = self.ints([-1])
+        joined = self.node(
+            "Concat", [self.node("Unsqueeze", [y_real, last]), self.node("Unsqueeze", [y_imag, last])], {"axis": -1}
+        )  # [B, O, F, 2]
+        shaped = self.node("Reshape", [joined, self.ints([0, spec.out_channels, *half, 2])])
+        signal = self.node("Irfft", [shaped], ms, domain=MICROSOFT)  # [B, O, *N]
+        axes = list(range(2, 2 + nd))
+        ends = [(count - 1) * step + 1 for count, step in zip(plan.output, plan.strides)]
+        result = self.node(
+            "Slice", [signal, self.ints([0] * nd), self.ints(ends), self.ints(axes), self.ints(list(plan.strides))]
+        )
+        if spec.has_bias and np.any(spec.bias):
+            bias = self.const(spec.bias.reshape(1, -1, *[1] * nd).astype(np.float32), "fft_bias")
             result = self.node("Add", [result, bias])
         return result
 

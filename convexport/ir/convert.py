@@ -7,6 +7,7 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.logger import G_LOGGER
 
 from .naming import name_nodes
+from .scopes import all_graphs
 
 # onnx-graphsurgeon warns (on stderr, several lines) whenever a bfloat16 constant is read as
 # float32, which is exact; convexport keeps stderr for its one-line messages.
@@ -63,7 +64,7 @@ def _inputs_with_defaults_stay_inputs(graph: gs.Graph, model: onnx.ModelProto) -
 def export_graph(graph: gs.Graph, template: onnx.ModelProto) -> onnx.ModelProto:
     """gs.Graph -> ModelProto with the template's IR version, opsets, producer and metadata,
     and the template's initializers for the inputs that have one."""
-    model = gs.export_onnx(graph, do_type_check=False, opset_imports=list(template.opset_import))
+    model = gs.export_onnx(graph, do_type_check=False, opset_imports=_opset_imports(graph, template))
     input_names = {t.name for t in graph.inputs}
     model.graph.initializer.extend(init for init in overridable_initializers(template) if init.name in input_names)
     model.ir_version = template.ir_version
@@ -72,6 +73,15 @@ def export_graph(graph: gs.Graph, template: onnx.ModelProto) -> onnx.ModelProto:
     del model.metadata_props[:]
     model.metadata_props.extend(template.metadata_props)
     return model
+
+
+def _opset_imports(graph: gs.Graph, template: onnx.ModelProto) -> list[onnx.OperatorSetIdProto]:
+    """The template's opset imports, and version 1 of any domain a rewrite brought in (the
+    com.microsoft FFT ops): ONNX Runtime refuses a node of a domain the model does not import."""
+    imports = list(template.opset_import)
+    known = {entry.domain or "" for entry in imports} | {"ai.onnx"}
+    used = {node.domain or "" for scope in all_graphs(graph) for node in scope.nodes}
+    return imports + [onnx.helper.make_opsetid(domain, 1) for domain in sorted(used - known)]
 
 
 def nodes_as_model(

@@ -37,20 +37,24 @@ class Device:
     host_ops: frozenset = frozenset()  # ops this device leaves to the CPU
     host_link_bytes_per_s: float = 0.0
     copy_bytes_per_s: float | None = None  # ops that only move data (COPY_OPS), where faster
+    large_kernel_flops_per_s: float | None = None  # a Conv of LARGE_KERNEL_AREA taps or more, where slower
 
 
 # CPU: fitted to ONNX Runtime 1.31 on 2 cores (AVX2) timing a depthwise 3x3 + pointwise 1x1 pair
 # against the dense 3x3 it folds to, and nested Concats against one (--strategy measure's
 # numbers; bench/RESULTS.md, "Measurements behind the code").
 CPU = Device("cpu", flops_per_s=80e9, bytes_per_s=4e9, seconds_per_node=5e-6, copy_bytes_per_s=20e9)
-# CUDA: round figures for an H100 under ONNX Runtime (cuDNN fp32 convs, HBM3), not measured here.
+# CUDA: fitted to ONNX Runtime 1.31's CUDA provider on an H200 (TF32 on, as ORT's default;
+# bench/device_constants.py over 53 graphs, bench/RESULTS.md "Device constants"), and the
+# FLOP rate of convs with large kernels from seed 003's 135x135 direct conv there.
 CUDA = Device(
     "cuda",
-    flops_per_s=25e12,
-    bytes_per_s=1.5e12,
-    seconds_per_node=8e-6,
+    flops_per_s=3.9e14,
+    bytes_per_s=1.9e12,
+    seconds_per_node=2.1e-6,
     host_ops=frozenset({"DFT"}),
     host_link_bytes_per_s=20e9,
+    large_kernel_flops_per_s=1.8e12,
 )
 DEVICES = {"cpu": CPU, "cuda": CUDA}
 
@@ -69,6 +73,12 @@ class NodeWork(NamedTuple):
     bytes: float  # the tensors it is the first of the nodes to touch
     on_host: bool  # the device leaves it to the CPU
     copy: bool  # an op that only moves data (COPY_OPS)
+    large_kernel: bool = False  # a Conv of LARGE_KERNEL_AREA taps or more
+
+
+# A Conv kernel of this many taps or more (11x11): cuDNN has no fast algorithm for it (seed
+# 003's 135x135 ran at 1.8 TFLOP/s on an H200, where convs of 3x3 reach hundreds).
+LARGE_KERNEL_AREA = 121
 
 
 def estimate(
@@ -81,12 +91,12 @@ def estimate(
     counted = sum([w.flops for w in work])
     factor = flops / counted if flops is not None and counted > 0 else 1.0
     seconds = flops / device.flops_per_s if flops is not None and counted == 0 else 0.0
-    for node_flops, node_bytes, on_host, copy in work:
+    for node_flops, node_bytes, on_host, copy, large_kernel in work:
         if on_host:
             seconds += _seconds(CPU, node_flops * factor, node_bytes, copy)
             seconds += 2 * node_bytes / device.host_link_bytes_per_s
         else:
-            seconds += _seconds(device, node_flops * factor, node_bytes, copy)
+            seconds += _seconds(device, node_flops * factor, node_bytes, copy, large_kernel)
     return Estimate(seconds, counted if flops is None else flops, sum([w.bytes for w in work]), len(work))
 
 
@@ -107,6 +117,7 @@ def node_work(nodes: list[ir.Node], device: Device, replaced: dict[int, ir.Tenso
                 sum([_bytes(t, node, replaced) for t in fresh]),
                 bool(device.host_ops) and _runs_on_host(node, device),
                 node.op in COPY_OPS,
+                _large_kernel(node),
             )
         )
     return work
@@ -119,7 +130,8 @@ def terms(nodes: list[ir.Node], device: Device) -> dict[str, float]:
     work = node_work(nodes, device, {})
     on_device = [w for w in work if not w.on_host]
     return {
-        "flops": sum([w.flops for w in on_device]),
+        "flops": sum([w.flops for w in on_device if not w.large_kernel]),
+        "large_kernel_flops": sum([w.flops for w in on_device if w.large_kernel]),
         "bytes": sum([w.bytes for w in on_device if not w.copy]),
         "copy_bytes": sum([w.bytes for w in on_device if w.copy]),
         "nodes": len(on_device),
@@ -152,9 +164,17 @@ def _runs_on_host(node: ir.Node, device: Device) -> bool:
     return any(_runs_on_host(inner, device) for sub in node_subgraphs(node) for inner in sub.nodes)
 
 
-def _seconds(device: Device, flops: float, moved: float, copy: bool = False) -> float:
+def _large_kernel(node: ir.Node) -> bool:
+    weight = node.inputs[1].shape if node.op == "Conv" and len(node.inputs) > 1 else None
+    return weight is not None and math.prod(flops.counted(weight)[2:]) >= LARGE_KERNEL_AREA
+
+
+def _seconds(device: Device, flops: float, moved: float, copy: bool = False, large_kernel: bool = False) -> float:
     rate = device.copy_bytes_per_s if copy and device.copy_bytes_per_s else device.bytes_per_s
-    return flops / device.flops_per_s + moved / rate + device.seconds_per_node
+    flop_rate = (
+        device.large_kernel_flops_per_s if large_kernel and device.large_kernel_flops_per_s else device.flops_per_s
+    )
+    return flops / flop_rate + moved / rate + device.seconds_per_node
 
 
 # Ops that only move data: their traffic runs at memcpy speed, not at the rate the compute
