@@ -157,10 +157,9 @@ class _Graph:
 
         y_real = self.node("Sub", [product(x_real, k_real), product(x_imag, k_imag)])
         y_imag = self.node("Add", [product(x_real, k_imag), product(x_imag, k_real)])
-        last = self.ints([-1])
-        joined = self.node(
-            "Concat", [self.node("Unsqueeze", [y_real, last]), self.node("Unsqueeze", [y_imag, last])], {"axis": -1}
-        )  # [B, O, F, 2]
+        column = self.ints([0, spec.out_channels, frequencies, 1])  # [B, O, 1, F] as [B, O, F, 1]: the same order
+        parts = [self.node("Reshape", [part, column]) for part in (y_real, y_imag)]
+        joined = self.node("Concat", parts, {"axis": -1})  # [B, O, F, 2]
         shaped = self.node("Reshape", [joined, self.ints([0, spec.out_channels, *half, 2])])
         signal = self.node("Irfft", [shaped], ms, domain=MICROSOFT)  # [B, O, *N]
         axes = list(range(2, 2 + nd))

@@ -44,17 +44,21 @@ class Device:
 # against the dense 3x3 it folds to, and nested Concats against one (--strategy measure's
 # numbers; bench/RESULTS.md, "Measurements behind the code").
 CPU = Device("cpu", flops_per_s=80e9, bytes_per_s=4e9, seconds_per_node=5e-6, copy_bytes_per_s=20e9)
-# CUDA: fitted to ONNX Runtime 1.31's CUDA provider on an H200 (TF32 on, as ORT's default;
-# bench/device_constants.py over 53 graphs, bench/RESULTS.md "Device constants"), and the
-# FLOP rate of convs with large kernels from seed 003's 135x135 direct conv there.
+# CUDA: fitted to ONNX Runtime 1.31's CUDA provider on an H200 (TF32 on, ORT's default) by
+# bench/device_constants.py over 100 graphs of two runs (bench/RESULTS.md, "Device
+# constants"): median error x1.31. Convs of LARGE_KERNEL_AREA taps or more at the rate of a
+# 16-channel kernel sweep (11x11 to 63x63); with fewer channels they run slower still (seed
+# 003's 1 -> 3 channels at 1.8 TFLOP/s), which this underestimates. Copy ops' bytes fitted
+# nearly free beside their nodes' own time.
 CUDA = Device(
     "cuda",
     flops_per_s=3.9e14,
-    bytes_per_s=1.9e12,
-    seconds_per_node=2.1e-6,
+    bytes_per_s=1.85e12,
+    seconds_per_node=1.5e-6,
     host_ops=frozenset({"DFT"}),
     host_link_bytes_per_s=20e9,
-    large_kernel_flops_per_s=1.8e12,
+    copy_bytes_per_s=4.1e13,
+    large_kernel_flops_per_s=2.35e13,
 )
 DEVICES = {"cpu": CPU, "cuda": CUDA}
 
@@ -73,12 +77,15 @@ class NodeWork(NamedTuple):
     bytes: float  # the tensors it is the first of the nodes to touch
     on_host: bool  # the device leaves it to the CPU
     copy: bool  # an op that only moves data (COPY_OPS)
-    large_kernel: bool = False  # a Conv of LARGE_KERNEL_AREA taps or more
+    large_kernel: float = 0.0  # a Conv of LARGE_KERNEL_AREA taps or more: its share of the large-kernel rate
 
 
-# A Conv kernel of this many taps or more (11x11): cuDNN has no fast algorithm for it (seed
-# 003's 135x135 ran at 1.8 TFLOP/s on an H200, where convs of 3x3 reach hundreds).
+# A Conv kernel of this many taps or more (11x11): cuDNN has no fast algorithm for it (an H200
+# ran 16-channel kernels of 11x11 to 63x63 at 23.5 TFLOP/s, where 3x3 ones reach hundreds),
+# and with fewer than FULL_CHANNELS output channels per group it runs slower in proportion
+# (seed 003's 1 -> 3 channels 135x135: 1.8 TFLOP/s; the proportion puts it at 4.4).
 LARGE_KERNEL_AREA = 121
+FULL_CHANNELS = 16
 
 
 def estimate(
@@ -131,7 +138,7 @@ def terms(nodes: list[ir.Node], device: Device) -> dict[str, float]:
     on_device = [w for w in work if not w.on_host]
     return {
         "flops": sum([w.flops for w in on_device if not w.large_kernel]),
-        "large_kernel_flops": sum([w.flops for w in on_device if w.large_kernel]),
+        "large_kernel_flops": sum([w.flops / w.large_kernel for w in on_device if w.large_kernel]),
         "bytes": sum([w.bytes for w in on_device if not w.copy]),
         "copy_bytes": sum([w.bytes for w in on_device if w.copy]),
         "nodes": len(on_device),
@@ -164,16 +171,21 @@ def _runs_on_host(node: ir.Node, device: Device) -> bool:
     return any(_runs_on_host(inner, device) for sub in node_subgraphs(node) for inner in sub.nodes)
 
 
-def _large_kernel(node: ir.Node) -> bool:
+def _large_kernel(node: ir.Node) -> float:
+    """For a Conv of LARGE_KERNEL_AREA taps or more, the share of the large-kernel FLOP rate
+    its output channels per group reach (1 from FULL_CHANNELS on); 0 for any other node."""
     weight = node.inputs[1].shape if node.op == "Conv" and len(node.inputs) > 1 else None
-    return weight is not None and math.prod(flops.counted(weight)[2:]) >= LARGE_KERNEL_AREA
+    if weight is None or math.prod(flops.counted(weight)[2:]) < LARGE_KERNEL_AREA:
+        return 0.0
+    per_group = flops.counted(weight)[0] / max(int(node.attrs.get("group", 1)), 1)
+    return min(1.0, per_group / FULL_CHANNELS)
 
 
-def _seconds(device: Device, flops: float, moved: float, copy: bool = False, large_kernel: bool = False) -> float:
+def _seconds(device: Device, flops: float, moved: float, copy: bool = False, large_kernel: float = 0.0) -> float:
     rate = device.copy_bytes_per_s if copy and device.copy_bytes_per_s else device.bytes_per_s
-    flop_rate = (
-        device.large_kernel_flops_per_s if large_kernel and device.large_kernel_flops_per_s else device.flops_per_s
-    )
+    flop_rate = device.flops_per_s
+    if large_kernel and device.large_kernel_flops_per_s:
+        flop_rate = device.large_kernel_flops_per_s * large_kernel
     return flops / flop_rate + moved / rate + device.seconds_per_node
 
 
