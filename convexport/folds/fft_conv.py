@@ -134,8 +134,9 @@ class _Graph:
         """x [B, I, *L] -> y [B, O, *out] with com.microsoft Rfft/Irfft over the spatial axes:
         X = Rfft(x padded to the plan's sizes) [B, I, *N', 2] (N' the one-sided sizes), then per
         frequency Y[b, o] = sum_i X[b, i] * K[o, i] in complex arithmetic (K the plan's conj
-        kernel spectrum; four Einsums over the flattened frequencies F), y = Irfft(Y) [B, O, *N]
-        sliced to the outputs with the strides."""
+        kernel spectrum; broadcast products over the flattened frequencies F, summed over I: on
+        the CUDA provider an Einsum there took 1.2 of seed 003's 1.37 ms), y = Irfft(Y)
+        [B, O, *N] sliced to the outputs with the strides."""
         nd = spec.nd
         half = (*plan.sizes[:-1], plan.half)
         frequencies = int(np.prod(half))
@@ -149,11 +150,13 @@ class _Graph:
         padded = self.pad(x, nd + 2, {2 + i: a for i, a in enumerate(spec.pads_begin)}, end)
         ms = {"signal_ndim": nd, "onesided": 1, "normalized": 0}
         spectrum = self.node("Rfft", [padded], ms, domain=MICROSOFT)  # [B, I, *N', 2]
-        flat = self.node("Reshape", [spectrum, self.ints([0, spec.in_channels, frequencies, 2])])
+        flat = self.node("Reshape", [spectrum, self.ints([0, 1, spec.in_channels, frequencies, 2])])
         x_real, x_imag = (self.node("Gather", [flat, self.const(np.array(i, np.int64))], {"axis": -1}) for i in (0, 1))
+        summed = self.ints([2])
 
-        def product(a, b):
-            return self.node("Einsum", [a, b], {"equation": "bif,oif->bof"})
+        def product(a, b):  # [B, 1, I, F] * [O, I, F] -> [B, O, 1, F]: broadcast products summed over I
+            times = self.node("Mul", [a, b])
+            return times if spec.in_channels == 1 else self.node("ReduceSum", [times, summed], {"keepdims": 1})
 
         y_real = self.node("Sub", [product(x_real, k_real), product(x_imag, k_imag)])
         y_imag = self.node("Add", [product(x_real, k_imag), product(x_imag, k_real)])
