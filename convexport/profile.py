@@ -106,7 +106,9 @@ def profile_models(
     if runs is None:
         slowest = max(session.settled_s for session in sessions.values())
         runs = int(min(MAX_RUNS, max(MIN_RUNS, TIME_BUDGET_S / max(slowest, 1e-6))))
+    timed_began = time.perf_counter()
     latencies = _block_latency(sessions, runs, progress)
+    timed_s = time.perf_counter() - timed_began
     result = {
         "device": device,
         "provider": CUDA if device == "cuda" else CPU,
@@ -114,6 +116,7 @@ def profile_models(
         "runs": runs,
         "warmup": max(session.warmup_runs for session in sessions.values()),
         "batch": batch,
+        "timed_s": round(timed_s, 3),
     }
     for label, model in models.items():
         latency = _latency(latencies[label])
@@ -124,7 +127,10 @@ def profile_models(
             **sessions[label].measured,
         }
         if memory and device != "cuda":
+            memory_began = time.perf_counter()
             entry.update(_peak_memory(model, feeds, MEMORY_RUNS))
+            entry["phases_s"]["memory"] = time.perf_counter() - memory_began
+        entry["phases_s"] = {phase: round(seconds, 3) for phase, seconds in entry["phases_s"].items()}
         if "op_time_ms" in entry:
             entry.update(_op_time_check(entry["op_time_ms"], latency["median"]))
         result[label] = entry
@@ -151,11 +157,16 @@ def _warmed_session(model, label, feeds, device, warmup, hint, per_op, device_me
     before = device_memory_used() if device_memory else None
     with tempfile.TemporaryDirectory(prefix="convexport-profile-") as folder:
         profile_path = os.path.join(folder, "ort") if per_op else None
+        began = time.perf_counter()
         session = create_session(model, device, profile_path=profile_path, what=what)
         run = session_runner(session, feeds, device)
+        made = time.perf_counter()
         times = warm_up(lambda: checked_run(run, feeds, what, hint), warmup)
         warmed = _Session(run, float(np.median(times[1:][-WARM_WINDOW:])), len(times))
+        # where a profile's time goes besides its timed runs, for the report (phases_s)
+        warmed.measured["phases_s"] = {"session": made - began, "first_run": times[0], "warm_up": sum(times[1:])}
         if per_op:
+            per_op_began = time.perf_counter()
             per_op_runs = int(min(PER_OP_RUNS, max(1, PER_OP_BUDGET_S / max(warmed.settled_s, 1e-6))))
             for _ in range(per_op_runs):
                 run()
@@ -163,6 +174,7 @@ def _warmed_session(model, label, feeds, device, warmup, hint, per_op, device_me
                 events = json.load(stream)
             warmed.measured["op_time_ms"] = op_times(events, len(times), model)
             warmed.measured["profiled_run_ms"] = profiled_run_ms(events, len(times))
+            warmed.measured["phases_s"]["per_op"] = time.perf_counter() - per_op_began
     if before is not None:
         warmed.measured["peak_memory_bytes"] = max(device_memory_used() - before, 0)
     return warmed

@@ -134,9 +134,9 @@ class _Graph:
         """x [B, I, *L] -> y [B, O, *out] with com.microsoft Rfft/Irfft over the spatial axes:
         X = Rfft(x padded to the plan's sizes) [B, I, *N', 2] (N' the one-sided sizes), then per
         frequency Y[b, o] = sum_i X[b, i] * K[o, i] in complex arithmetic (K the plan's conj
-        kernel spectrum; broadcast products over the flattened frequencies F, summed over I: on
-        the CUDA provider an Einsum there took 1.2 of seed 003's 1.37 ms), y = Irfft(Y)
-        [B, O, *N] sliced to the outputs with the strides."""
+        kernel spectrum; broadcast products over the flattened frequencies F, summed over I: an
+        Einsum there ran 15x slower on the CUDA provider, bench/RESULTS.md "Seed 003 three
+        ways"), y = Irfft(Y) [B, O, *N] sliced to the outputs with the strides."""
         nd = spec.nd
         half = (*plan.sizes[:-1], plan.half)
         frequencies = int(np.prod(half))

@@ -45,19 +45,18 @@ class Device:
 # numbers; bench/RESULTS.md, "Measurements behind the code").
 CPU = Device("cpu", flops_per_s=80e9, bytes_per_s=4e9, seconds_per_node=5e-6, copy_bytes_per_s=20e9)
 # CUDA: fitted to ONNX Runtime 1.31's CUDA provider on an H200 (TF32 on, ORT's default) by
-# bench/device_constants.py over 100 graphs of two runs (bench/RESULTS.md, "Device
-# constants"): median error x1.31. Convs of LARGE_KERNEL_AREA taps or more at the rate of a
-# 16-channel kernel sweep (11x11 to 63x63); with fewer channels they run slower still (seed
-# 003's 1 -> 3 channels at 1.8 TFLOP/s), which this underestimates. Copy ops' bytes fitted
-# nearly free beside their nodes' own time.
+# `bench/device_constants.py fit bench/data/h200-points.json` (63 graphs, median error x1.42;
+# bench/RESULTS.md, "Device constants"). Convs of LARGE_KERNEL_AREA taps or more at the rate of
+# a 16-channel kernel sweep (11x11 to 63x63). Copy ops' bytes fit nearly free beside their
+# nodes' own time.
 CUDA = Device(
     "cuda",
-    flops_per_s=3.9e14,
-    bytes_per_s=1.85e12,
+    flops_per_s=3.7e14,
+    bytes_per_s=1.7e12,
     seconds_per_node=1.5e-6,
     host_ops=frozenset({"DFT"}),
     host_link_bytes_per_s=20e9,
-    copy_bytes_per_s=4.1e13,
+    copy_bytes_per_s=5.0e13,
     large_kernel_flops_per_s=2.35e13,
 )
 DEVICES = {"cpu": CPU, "cuda": CUDA}
@@ -80,10 +79,9 @@ class NodeWork(NamedTuple):
     large_kernel: float = 0.0  # a Conv of LARGE_KERNEL_AREA taps or more: its share of the large-kernel rate
 
 
-# A Conv kernel of this many taps or more (11x11): cuDNN has no fast algorithm for it (an H200
-# ran 16-channel kernels of 11x11 to 63x63 at 23.5 TFLOP/s, where 3x3 ones reach hundreds),
-# and with fewer than FULL_CHANNELS output channels per group it runs slower in proportion
-# (seed 003's 1 -> 3 channels 135x135: 1.8 TFLOP/s; the proportion puts it at 4.4).
+# A Conv kernel of this many taps or more (11x11): cuDNN has no fast algorithm for it, and with
+# fewer than FULL_CHANNELS output channels per group it runs slower in proportion (bench/RESULTS.md,
+# "Device constants": a 16-channel kernel sweep and seed 003's 1 -> 3 channels).
 LARGE_KERNEL_AREA = 121
 FULL_CHANNELS = 16
 
