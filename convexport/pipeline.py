@@ -248,6 +248,8 @@ def _optimize(
     if validate:
         say("validating")
         labels = (f"{loaded.source} (as exported)", "the optimized graph")
+        # the float64 reference may add 40% to what the work took so far (exact_check.py)
+        float64_budget = max(FLOAT64_MIN_S, FLOAT64_SHARE * stages.elapsed())
         try:
             result = compare_models(
                 exported.reference,
@@ -257,13 +259,21 @@ def _optimize(
                 tolerances,
                 extra_feeds=real_data,
                 labels=labels,
+                exact_budget_s=float64_budget,
             )
         except NoMadeUpInputs as unsuitable:
             if not real_data:
                 raise ConvexportError(f"{unsuitable}; or give real inputs with --inputs DATA.npz") from None
             made_up_runs = 0  # the caller's arrays alone, said in the report
             result = compare_models(
-                exported.reference, outcome.model, inputs_for_check, 0, tolerances, extra_feeds=real_data, labels=labels
+                exported.reference,
+                outcome.model,
+                inputs_for_check,
+                0,
+                tolerances,
+                extra_feeds=real_data,
+                labels=labels,
+                exact_budget_s=float64_budget,
             )
             report["made_up_inputs"] = f"not used: {unsuitable}"
         report["validation"] = result.to_report()
@@ -280,9 +290,11 @@ def _optimize(
                 real_data,
                 labels,
                 report["validation"],
+                result.exact,
             )
         if not result.passed:
             say("finding the rewrite that broke it")
+            exact = result.exact  # the float64 reference, computed once, for every step of the bisection
             culprit = find_bad_rewrite(
                 outcome.applied,
                 lambda candidate: (
@@ -294,6 +306,7 @@ def _optimize(
                         tolerances,
                         extra_feeds=real_data,
                         device=failed_on,
+                        exact=exact or False,
                     ).passed
                 ),
                 lambda limit: (
@@ -328,6 +341,11 @@ def _optimize(
     report["timings_s"] = stages.finish()
     return OptimizeResult(report, outcome.model, exported.reference, destination)
 
+
+# The float64 reference's time budget: this share of what optimize spent before validating, and
+# at least this many seconds (a small model's whole run takes a few).
+FLOAT64_SHARE = 0.4
+FLOAT64_MIN_S = 0.5
 
 # Peak memory or file size this much above the original's is flagged as a regression.
 REGRESSION_RATIO = 1.05
@@ -420,6 +438,10 @@ class Stages:
         if self.progress is not None:
             self.progress(step if note is None else f"{step} ({note})")
 
+    def elapsed(self) -> float:
+        """Seconds since the first step began."""
+        return time.perf_counter() - self.began
+
     def finish(self) -> dict[str, float]:
         """{step: seconds, ..., "total": seconds} (a step's key is its name's first word)."""
         self._close()
@@ -456,17 +478,33 @@ def _check_well_formed(original: onnx.ModelProto, rewritten: onnx.ModelProto, so
         ) from None
 
 
-def _validated_on_device(reference, optimized, inputs, runs, tolerances, real_data, labels, validation: dict):
+def _validated_on_device(reference, optimized, inputs, runs, tolerances, real_data, labels, validation: dict, exact):
     """The check on the CUDA provider the model is deployed on, beside the CPU reference check:
     original and optimized on CUDA with TF32 off, so that only the rewrite can differ; its
     result goes to validation["on_device"], with TF32's own effect on the optimized graph (on
     against off: what a deployment with ORT's defaults sees besides the rewrite). The device
     check's result is returned: a graph that fails it fails validation."""
     on_device = compare_models(
-        reference, optimized, inputs, runs, tolerances, extra_feeds=real_data, labels=labels, device="cuda"
+        reference,
+        optimized,
+        inputs,
+        runs,
+        tolerances,
+        extra_feeds=real_data,
+        labels=labels,
+        device="cuda",
+        exact=exact or False,
     )
     tf32 = compare_models(
-        optimized, optimized, inputs, runs, tolerances, extra_feeds=real_data, device="cuda", tf32=(False, True)
+        optimized,
+        optimized,
+        inputs,
+        runs,
+        tolerances,
+        extra_feeds=real_data,
+        device="cuda",
+        tf32=(False, True),
+        exact=False,
     )
     validation["on_device"] = {
         **on_device.to_report(),

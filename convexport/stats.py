@@ -30,6 +30,19 @@ def graph_stats(model: onnx.ModelProto) -> dict:
     }
 
 
+def node_flops(model: onnx.ModelProto, count=None) -> float:
+    """The FLOPs of the model's main-graph nodes as `count(node, op, shapes, integers)` counts
+    them (flops.py's count where it returns None), for an estimate of other work than ORT's
+    (the float64 reference's, exact_check.py)."""
+    scopes = proto_scopes(model.graph)
+    shapes, integers = _known_shapes(scopes), _small_integers(scopes)
+    total = 0.0
+    for node in model.graph.node:
+        own = count(node, node.op_type, shapes) if count is not None else None
+        total += own if own is not None else _node_flops(node, node.op_type, shapes, integers)
+    return total
+
+
 def _graph_flops(graph: onnx.GraphProto, shapes, integers, nested: bool) -> float:
     """The FLOPs of graph's nodes, and (when `nested`: the model has subgraphs) of their subgraphs."""
     total = 0.0

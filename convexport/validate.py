@@ -30,8 +30,11 @@ import numpy as np
 import onnx
 
 from .errors import ConvexportError
+from .exact_check import ExactReference, exact_reference, judge
+from .float64 import Float64Evaluator, Float64Unavailable
 from .inputs import InputSpec, dynamic_dims_note, random_inputs, with_overrides
 from .runtime import MissingKernel, RunFailure, checked_run, create_session
+from .stats import graph_stats
 
 DEFAULT_RTOL = 1e-4
 DEFAULT_ATOL = 1e-5
@@ -68,6 +71,11 @@ class Tolerances:
         rtol = dict(self.rtol_by_output).get(name, rtol if self.rtol is None else self.rtol)
         atol = dict(self.atol_by_output).get(name, atol if self.atol is None else self.atol)
         return rtol, atol
+
+    def explicit_for(self, name: str) -> bool:
+        """Whether the user bounded this output's error (--rtol/--atol, for all or for it)."""
+        named = {output for output, _ in (*self.rtol_by_output, *self.atol_by_output)}
+        return self.rtol is not None or self.atol is not None or name in named
 
     def check_outputs(self, outputs: list[str], model: str) -> None:
         """A ConvexportError for a per-output tolerance naming no output of the model."""
@@ -117,14 +125,24 @@ class OutputError:
     cosine: float = 1.0
     mismatches: int = 0
     elements: int = 0
-    rtol: float = DEFAULT_RTOL
-    atol: float = DEFAULT_ATOL
+    rtol: float | None = DEFAULT_RTOL  # None: no fixed tolerance (judged against the exact result)
+    atol: float | None = DEFAULT_ATOL
+    # against the exact (float64) result, where it was computed (exact_check.py): the
+    # original's own float32 error (its noise floor), the optimized graph's, the optimized
+    # graph's in float64, and the bound the optimized graph's had to meet
+    exact_error_original: float | None = None
+    exact_error: float | None = None
+    exact_error_float64: float | None = None
+    exact_bound: float | None = None
 
     def merge(self, other: OutputError) -> OutputError:
         elements = self.elements + other.elements
 
         def mean(a, b):
             return (a * self.elements + b * other.elements) / max(elements, 1)
+
+        def most(a, b):
+            return b if a is None else a if b is None else max(a, b)
 
         return OutputError(
             max(self.max_abs, other.max_abs),
@@ -136,6 +154,10 @@ class OutputError:
             elements,
             self.rtol,
             self.atol,
+            most(self.exact_error_original, other.exact_error_original),
+            most(self.exact_error, other.exact_error),
+            most(self.exact_error_float64, other.exact_error_float64),
+            most(self.exact_bound, other.exact_bound),
         )
 
 
@@ -147,16 +169,22 @@ class ValidationResult:
     outputs: dict[str, OutputError] = field(default_factory=dict)
     problem: str | None = None  # a structural mismatch (missing output, shape) if any
     inputs: list[str] = field(default_factory=list)
+    reference: str = "float32"  # what the outputs were judged against: float64 (the exact result) or float32
+    reference_note: str | None = None  # input sets without a float64 reference, and why
+    exact: ExactReference | None = field(default=None, repr=False)  # for another check on the same input sets
 
     def to_report(self) -> dict:
         report = {
             "passed": self.passed,
-            "runs": self.runs,  # rtol/atol null: by each output's dtype
+            "runs": self.runs,  # rtol/atol null: by each output's dtype, or none where judged against float64
             "rtol": self.tolerances.rtol,
             "atol": self.tolerances.atol,
+            "reference": self.reference,
             "inputs": self.inputs,
             "outputs": {name: vars(error) for name, error in self.outputs.items()},
         }
+        if self.reference_note:
+            report["reference_note"] = self.reference_note
         if self.problem:
             report["problem"] = self.problem
         return report
@@ -169,11 +197,16 @@ class ValidationResult:
         if worst is None:
             return "no outputs compared"
         name, error = worst
-        return (
-            f"output {name!r}: max abs error {error.max_abs:.3g}, max rel error {error.max_rel:.3g}, cosine "
-            f"{error.cosine:.9f}, {error.mismatches} of {error.elements} elements outside rtol={error.rtol:g} "
-            f"atol={error.atol:g}"
-        )
+        against = f"max abs error {error.max_abs:.3g}, max rel error {error.max_rel:.3g}, cosine {error.cosine:.9f}"
+        if error.exact_error is not None:
+            beside = "" if error.exact_error_float64 is None else f" (in float64 {error.exact_error_float64:.3g})"
+            return (
+                f"output {name!r}: error against the float64 result {error.exact_error:.3g}{beside} where the "
+                f"original's own is {error.exact_error_original:.3g} (bound {error.exact_bound:.3g}), "
+                f"{error.mismatches} of {error.elements} elements beyond; against the original: {against}"
+            )
+        outside = f"{error.mismatches} of {error.elements} elements outside rtol={error.rtol:g} atol={error.atol:g}"
+        return f"output {name!r}: {against}, {outside}"
 
 
 def compare_models(
@@ -187,12 +220,19 @@ def compare_models(
     labels: tuple[str, str] = ("the reference model", "the candidate"),
     device: str = "cpu",
     tf32: tuple[bool, bool] = (False, False),
+    exact: ExactReference | bool = True,
+    exact_budget_s: float | None = None,
 ) -> ValidationResult:
-    """Run both models on `runs` seeded input sets (and `extra_feeds`), compare every output.
-    The reference failing to run is a RunFailure (the inputs do not suit the model); the
-    candidate failing where the reference runs fails the validation. `labels` name the two
-    models in those messages. On CUDA, `tf32` says for each of the two sessions whether its
-    convolutions and matrix products may round their inputs to TF32 (10-bit mantissas)."""
+    """Run both models on `runs` seeded input sets (and `extra_feeds`), compare every output:
+    against the reference's float64 result where it has one (exact_check.py; `exact`: True to
+    compute it here, within `exact_budget_s` seconds; an ExactReference computed before on the
+    same input sets; False for none),
+    else with the tolerances; explicit tolerances (--rtol/--atol) bound the candidate against
+    the reference's own run besides. The reference failing to run is a RunFailure (the inputs
+    do not suit the model); the candidate failing where the reference runs fails the
+    validation. `labels` name the two models in those messages. On CUDA, `tf32` says for each
+    of the two sessions whether its convolutions and matrix products may round their inputs
+    to TF32 (10-bit mantissas)."""
     tolerances.check_outputs([out.name for out in reference.graph.output], labels[0])
     ref_session = _evaluator(reference, labels[0], device, tf32[0])
     cand_session = _evaluator(candidate, labels[1], device, tf32[1])
@@ -208,7 +248,14 @@ def compare_models(
     except ConvexportError as exc:  # an input of a type convexport makes no data for
         raise NoMadeUpInputs(str(exc)) from None
     hint = dynamic_dims_note(inputs, f"take the sizes 1 to {runs}")
-    for index, feeds in enumerate(made_up + list(extra_feeds)):
+    all_feeds = made_up + list(extra_feeds)
+    if exact is True:
+        exact = exact_reference(reference, all_feeds, graph_stats(candidate)["flops"], exact_budget_s)
+    candidate64 = _float64_or_none(candidate) if exact and exact.candidate_too else None
+    if exact:
+        result.reference = "float64" if exact.available(0) else "float32"
+        result.reference_note, result.exact = exact.note, exact
+    for index, feeds in enumerate(all_feeds):
         is_made_up = index < runs  # the rest are the caller's own arrays: no dims to fix
         try:
             expected = checked_run(
@@ -228,7 +275,12 @@ def compare_models(
                 result.passed = False
                 result.problem = f"output {name!r}: shape {cand.shape} instead of {ref.shape}"
                 return result
-            error = compare_arrays(ref, cand, *tolerances.for_output(name, _dtype_name(ref)))
+            if exact and exact.available(index):
+                exact_values = dict(zip(names, exact.outputs[index]))[name]
+                float64_run = candidate64.run(feeds)[names.index(name)] if candidate64 is not None else None
+                error = compare_exactly(ref, cand, exact_values, float64_run, tolerances, name)
+            else:
+                error = compare_arrays(ref, cand, *tolerances.for_output(name, _dtype_name(ref)))
             result.outputs[name] = result.outputs[name].merge(error) if name in result.outputs else error
     result.passed = all(error.mismatches == 0 for error in result.outputs.values())
     return result
@@ -297,6 +349,32 @@ def compare_arrays(ref: np.ndarray, cand: np.ndarray, rtol: float, atol: float) 
         rtol=rtol,
         atol=atol,
     )
+
+
+def compare_exactly(
+    ref: np.ndarray, cand: np.ndarray, exact: np.ndarray, cand64: np.ndarray | None, tolerances: Tolerances, name: str
+) -> OutputError:
+    """One output judged against the exact result (exact_check.judge); the statistics of the
+    candidate against the reference's own run as compare_arrays gives them; explicit
+    tolerances, where given, as a bound on that difference besides."""
+    if ref.dtype.kind in "USO" or ref.size == 0:  # strings: equal or not; nothing to compare
+        return compare_arrays(ref, cand, *tolerances.for_output(name, _dtype_name(ref)))
+    explicit = tolerances.explicit_for(name)
+    rtol, atol = tolerances.for_output(name, _dtype_name(ref)) if explicit else (None, None)
+    error = compare_arrays(ref, cand, rtol or 0.0, atol or 0.0)
+    verdict = judge(ref, cand, exact, cand64, _dtype_name(ref))
+    error.rtol, error.atol = rtol, atol
+    error.mismatches = verdict.beyond + (error.mismatches if explicit else 0)
+    error.exact_error_original, error.exact_error = verdict.error_original, verdict.error
+    error.exact_error_float64, error.exact_bound = verdict.error_float64, verdict.bound
+    return error
+
+
+def _float64_or_none(model: onnx.ModelProto) -> Float64Evaluator | None:
+    try:
+        return Float64Evaluator(model)
+    except Float64Unavailable:
+        return None
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:

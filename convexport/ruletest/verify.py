@@ -25,12 +25,13 @@ from hypothesis.errors import NoSuchExample
 from ..errors import ConvexportError, first_line
 from ..export import graph_input_specs
 from ..files import write_atomically
+from ..float64 import Float64Evaluator, Float64Unavailable
 from ..inputs import random_inputs
 from ..rewrite.engine import rewrite_model
 from ..rewrite.primitives import Primitive
 from ..rewrite.rulefile import Rule
 from ..runtime import create_session, ort
-from ..validate import Tolerances, compare_arrays
+from ..validate import Tolerances, ValidationResult, compare_arrays, compare_exactly
 from .instances import Instance, instances, unsupported_ops
 from .samplers import SAMPLERS
 
@@ -146,26 +147,48 @@ def check_instance(instance: Instance, rule: Rule, primitives: dict[str, Primiti
         return Checked("the rewrite modified its input model in place", outcome.model)
     if not outcome.applied:
         return Checked(NOT_APPLIED, outcome.model, _why_not(outcome.explained.get(rule.name, {})))
-    return Checked(_compare(expected, outcome.model, instance.feeds), outcome.model)
+    return Checked(_compare(expected, instance.model, outcome.model, instance.feeds), outcome.model)
 
 
-def _compare(expected: dict[str, np.ndarray], rewritten: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> str | None:
+def _compare(
+    expected: dict[str, np.ndarray], original: onnx.ModelProto, rewritten: onnx.ModelProto, feeds: dict
+) -> str | None:
+    """What is wrong with the rewritten instance, judged as optimize judges a model: against
+    the instance's float64 result, the rewritten graph in float32 and in float64 (an instance is
+    small), with the tolerances where no float64 run is to be had."""
     try:
         actual = _run(rewritten, feeds)
     except Exception as exc:
         return f"the rewritten model does not run in ONNX Runtime: {first_line(exc)}"
+    exact, rewritten64 = _float64_runs(original, rewritten, feeds)
     for name, reference in expected.items():
         if name not in actual:
             return f"the rewritten model lacks output {name!r}"
         if actual[name].shape != reference.shape:
             return f"output {name!r} has shape {actual[name].shape} instead of {reference.shape}"
-        error = compare_arrays(reference, actual[name], *Tolerances().for_output(name, str(reference.dtype)))
-        if error.mismatches:
-            return (
-                f"output {name!r} differs: max abs error {error.max_abs:.3g}, max rel error {error.max_rel:.3g}, "
-                f"{error.mismatches} of {error.elements} elements outside rtol={error.rtol:g} atol={error.atol:g}"
+        if exact is not None and name in exact:
+            error = compare_exactly(
+                reference, actual[name], exact[name], rewritten64.get(name) if rewritten64 else None, Tolerances(), name
             )
+        else:
+            error = compare_arrays(reference, actual[name], *Tolerances().for_output(name, str(reference.dtype)))
+        if error.mismatches:
+            return f"differs: {ValidationResult(False, 1, Tolerances(), {name: error}).summary()}"
     return None
+
+
+def _float64_runs(original, rewritten, feeds) -> tuple[dict | None, dict | None]:
+    """The original's and the rewritten graph's outputs in float64 by name (None where the
+    float64 evaluator cannot run them)."""
+    runs = []
+    for model in (original, rewritten):
+        try:
+            values = Float64Evaluator(model).run(feeds)
+        except Float64Unavailable:
+            runs.append(None)
+            continue
+        runs.append(dict(zip([output.name for output in model.graph.output], values)))
+    return runs[0], runs[1]
 
 
 def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -1,0 +1,135 @@
+"""Validation judged against the exact result: the optimized graph passes when its error
+against the model's float64 result is no larger than the original graph's own error against
+it, FACTOR times over, plus FLOOR_ULPS units of roundoff of the output's scale.
+
+    |cand - exact| <= FACTOR * max|orig - exact| + FLOOR_ULPS * u * rms(exact)
+
+per element, where orig and cand are the original's and the optimized graph's runs in their
+own precision (float32, float16, bfloat16: u is its unit roundoff) and exact the original's
+float64 run (float64.py). A model whose float32 result is far from its exact one (a small
+difference of large terms; a detection head that amplifies rounding) sets its own noise floor:
+a rewrite that is as close to the exact result as the original passes, however far both are
+from each other, and one that is more accurate passes too. A well-conditioned model's floor
+is its float32 rounding, about 1e-7 of the scale: an algebraic mistake of 1e-4 stands out.
+
+FACTOR is 4: folding reassociates float32 sums, which moves the rounding error by a factor
+that, over the 2,000-case random-graph fuzz, ... (bench/RESULTS.md, "Validation against
+float64"); 4 leaves room for that without hiding anything the size of a wrong weight.
+FLOOR_ULPS is 32: where the original happens to be exact (an identity, integers in floats)
+the optimized graph may still round, a few units of the output's scale.
+
+Where time allows, the optimized graph also runs in float64 and must meet the same bound:
+without float32 rounding its error is only its weights' rounding, so a mistake in the algebra
+shows at its own size however ill-conditioned the model is. The float64 runs fit in a time
+budget (the caller's: optimize gives them 40% of what it has spent so far, so that they add at
+most that much): a larger model gets its float64 reference on fewer input sets, or none (then
+validation compares float32 runs with rtol/atol as before), and the report says which.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from .float64 import Float64Evaluator, Float64Unavailable
+
+FACTOR = 4.0
+FLOOR_ULPS = 32
+UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8, "float64": 2.0**-53}
+# Time the float64 runs may take, when the caller gives none; a run is not started where its
+# FLOPs at FLOAT64_FLOPS_PER_S (numpy's float64 convs on 2 cores, the slow end) would take over
+# FIRST_RUN_OVER_BUDGET times that, nor for weights over FLOAT64_WEIGHT_BYTES (they double).
+FLOAT64_BUDGET_S = 2.0
+FLOAT64_FLOPS_PER_S = 2e9
+FIRST_RUN_OVER_BUDGET = 4
+FLOAT64_WEIGHT_BYTES = 2 << 30
+
+
+@dataclass
+class ExactReference:
+    """The original model's float64 outputs on each input set (None where the budget left it
+    out), whether the optimized graph may also run in float64 on them, and what was left out."""
+
+    outputs: list[list[np.ndarray] | None]
+    candidate_too: bool = False
+    note: str | None = None  # why some or all input sets have no float64 reference
+
+    def available(self, index: int) -> bool:
+        return index < len(self.outputs) and self.outputs[index] is not None
+
+
+def exact_reference(
+    model: onnx.ModelProto, all_feeds: list[dict], candidate_flops: float | None = None, budget_s: float | None = None
+) -> ExactReference:
+    """The float64 reference of `model` on as many of `all_feeds`, in order, as `budget_s`
+    allows (the first always, unless its estimate is far over), and whether the optimized
+    graph's float64 runs (of `candidate_flops`) fit in what is left."""
+    from .float64 import conv_work
+    from .ir.large import weight_bytes
+    from .stats import node_flops
+
+    budget_s = FLOAT64_BUDGET_S if budget_s is None else budget_s
+    none = [None] * len(all_feeds)
+    flops = max(node_flops(model, conv_work), 1.0)
+    if weight_bytes(model) > FLOAT64_WEIGHT_BYTES:
+        return ExactReference(none, note=f"skipped: {weight_bytes(model) / 2**30:.1f} GiB of weights, twice in float64")
+    if flops / FLOAT64_FLOPS_PER_S > FIRST_RUN_OVER_BUDGET * budget_s:
+        return ExactReference(none, note=f"skipped: the model takes {flops:.3g} FLOPs a run, over its time budget")
+    try:
+        evaluator = Float64Evaluator(model)
+        outputs, began = [], time.perf_counter()
+        for feeds in all_feeds:
+            spent = time.perf_counter() - began
+            outputs.append(evaluator.run(feeds) if not outputs or spent < budget_s else None)
+    except Float64Unavailable as exc:
+        return ExactReference(none, note=f"unavailable: {exc}")
+    ran = sum(value is not None for value in outputs)
+    per_run = (time.perf_counter() - began) / ran
+    candidate_too = candidate_flops is not None and ran * per_run * candidate_flops / flops < budget_s
+    note = None if ran == len(all_feeds) else f"on {ran} of {len(all_feeds)} input sets ({per_run:.2g} s a run)"
+    return ExactReference(outputs, candidate_too, note)
+
+
+@dataclass
+class ExactJudgement:
+    """One output in one run, against the exact result."""
+
+    error_original: float  # max |orig - exact|: the model's own noise floor
+    error: float  # max |cand - exact|
+    error_float64: float | None  # max |cand in float64 - exact|, where it ran
+    bound: float
+    beyond: int  # elements over the bound
+
+
+def judge(original, candidate, exact, candidate64, dtype: str) -> ExactJudgement:
+    """The criterion of the module doc for one output (NaN must meet NaN, an infinity the same
+    infinity, in the exact result)."""
+    exact = exact.astype(np.float64)
+    finite = np.isfinite(exact)
+    scale = float(np.sqrt(np.mean(np.square(exact[finite])))) if finite.any() else 0.0
+    floor = FLOOR_ULPS * UNIT_ROUNDOFF.get(dtype, UNIT_ROUNDOFF["float32"]) * (scale if scale > 0 else 1.0)
+    own = _errors(original, exact, finite)
+    bound = FACTOR * float(own.max(initial=0.0)) + floor
+    beyond, worst = _beyond(candidate, exact, finite, bound)
+    worst64 = None
+    if candidate64 is not None:
+        extra, worst64 = _beyond(candidate64, exact, finite, bound)
+        beyond += extra
+    return ExactJudgement(float(own.max(initial=0.0)), worst, worst64, bound, beyond)
+
+
+def _errors(values, exact, finite) -> np.ndarray:
+    return np.abs(np.where(finite, values.astype(np.float64) - np.where(finite, exact, 0.0), 0.0))
+
+
+def _beyond(values, exact, finite, bound: float) -> tuple[int, float]:
+    """Elements of `values` over `bound` from the exact result (or not the same special value
+    where it is NaN or infinite), and the largest error at a finite one."""
+    values = values.astype(np.float64)
+    errors = _errors(values, exact, finite)
+    special = ~finite & ~((np.isnan(exact) & np.isnan(values)) | (np.isinf(exact) & (exact == values)))
+    over = (finite & ~(errors <= bound)) | special
+    return int(np.count_nonzero(over)), float(errors.max(initial=0.0))

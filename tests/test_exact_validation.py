@@ -1,0 +1,166 @@
+"""Validation judged against the exact (float64) result: a rewrite that is closer to it than the
+original passes however far the two float32 graphs are from each other; a rewrite that is wrong
+by one part in a thousand fails, on a well-conditioned model and inside an ill-conditioned one."""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import convexport
+from convexport.exact_check import FACTOR, exact_reference
+from convexport.float64 import Float64Evaluator, as_float64
+from helpers import IR_VERSION, op_counts
+
+RNG = np.random.default_rng(30)
+
+
+def conv(name, x, weight, out, pads=0):
+    return helper.make_node("Conv", [x, weight], [out], pads=[pads] * 4, name=name)
+
+
+def ill_conditioned(scale_node: bool = False) -> onnx.ModelProto:
+    """y = b(a(x)) - c(x), where c's 3x3 kernel is the composition b o a to within 1e-5 of it:
+    y is a small difference of large terms, which float32 computes to a few per cent. a is an
+    unpadded bias-free 1x1 (16 -> 32), b a padded 3x3 (32 -> 8), so b o a is one exact 3x3 conv.
+    With `scale_node`, b's output goes through a Mul by a scalar first (for a user rule that
+    folds it, wrongly)."""
+    a = RNG.standard_normal((32, 16, 1, 1)) * 30
+    b = RNG.standard_normal((8, 32, 3, 3)) * 30
+    composed = np.einsum("omhw,mi->oihw", b, a[:, :, 0, 0])
+    c = composed * (1 + 1e-5 * RNG.standard_normal(composed.shape))
+    weights = {"a": a, "b": b, "c": c, "s": np.array(1.0)}
+    nodes = [conv("a", "x", "a", "h"), conv("b", "h", "b", "ba", pads=1)]
+    if scale_node:
+        nodes.append(helper.make_node("Mul", ["ba", "s"], ["bas"], name="scale"))
+    nodes += [conv("c", "x", "c", "cx", pads=1), helper.make_node("Sub", ["bas" if scale_node else "ba", "cx"], ["y"])]
+    return model_of(nodes, [1, 16, 12, 12], [1, 8, 12, 12], weights)
+
+
+def well_conditioned() -> onnx.ModelProto:
+    """y = Mul(Conv(x), 0.5) + x-independent nothing: a plain conv and a scale."""
+    weights = {"w": RNG.standard_normal((8, 4, 3, 3)), "s": np.array(0.5)}
+    nodes = [conv("conv", "x", "w", "h", pads=1), helper.make_node("Mul", ["h", "s"], ["y"], name="scale")]
+    return model_of(nodes, [1, 4, 10, 10], [1, 8, 10, 10], weights)
+
+
+def model_of(nodes, input_shape, output_shape, weights) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, input_shape)],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, output_shape)],
+        [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])
+    return onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=IR_VERSION))
+
+
+def exact_error(model: onnx.ModelProto, reference: onnx.ModelProto, feeds: dict) -> float:
+    """max |model's float32 run - reference's float64 run|."""
+    from helpers import run
+
+    exact = Float64Evaluator(reference).run(feeds)[0]
+    return float(np.abs(run(model, feeds)[0].astype(np.float64) - exact).max())
+
+
+def test_the_float64_graph_is_the_model_in_double():
+    model = ill_conditioned()
+    wide = as_float64(model)
+    assert all(init.data_type == onnx.TensorProto.DOUBLE for init in wide.graph.initializer)
+    assert wide.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.DOUBLE
+    x = RNG.standard_normal((1, 16, 12, 12)).astype(np.float32)
+    (exact,) = Float64Evaluator(model).run({"x": x})
+    assert exact.dtype == np.float64
+    # the float32 run is a few per cent off the exact result: the model amplifies rounding
+    from helpers import run
+    rounded = run(model, {"x": x})[0]
+    assert np.abs(rounded - exact).max() > 1e-3 * np.sqrt(np.mean(exact ** 2))
+
+
+def test_an_ill_conditioned_model_is_written_and_no_further_from_float64(tmp_path):
+    model = ill_conditioned()
+    result = convexport.optimize(model, output=tmp_path / "o.onnx", profile=False)
+    validation = result.report["validation"]
+    assert validation["passed"] and validation["reference"] == "float64"
+    assert op_counts(result.model) == {"Conv": 1}  # b o a - c folded into one conv
+    (error,) = validation["outputs"].values()
+    assert error["exact_error"] <= error["exact_error_original"]
+    feeds = {"x": RNG.standard_normal((1, 16, 12, 12)).astype(np.float32)}
+    assert exact_error(onnx.load(tmp_path / "o.onnx"), model, feeds) <= exact_error(model, model, feeds)
+    # and the float32-to-float32 comparison it used to fail says they are far apart
+    assert error["max_rel"] > 1e-2
+
+
+WRONG_PRIMITIVE = textwrap.dedent("""
+    import numpy as np
+    from convexport.primitive import Constant, Node, Refusal, Rewrite, Variable, constant_value
+
+    def scaled_conv(match, context):
+        '''Conv(x, w) * s -> Conv(x, w * s), except that it scales by 1.001 too much.'''
+        conv, scale = match.nodes["h"], constant_value(match.values["s"])
+        if scale.size != 1:
+            return Refusal("not a scalar", reported=False)
+        weight = constant_value(conv.inputs[1]) * float(scale) * 1.001
+        out = Variable(context.fresh("scaled"), np.float32, match.root.outputs[0].shape)
+        node = Node("Conv", context.fresh("scaled_conv"), dict(conv.attrs),
+                    [conv.inputs[0], Constant(context.fresh("w"), weight.astype(np.float32))], [out])
+        return Rewrite([node], [(match.root.outputs[0], out)], "conv and scale as one conv")
+""")
+
+WRONG_RULE = textwrap.dedent("""
+    rules:
+      - name: conv-times-scalar-off-by-a-thousandth
+        doc: Conv(x) * s as one Conv, its weights scaled by 1.001 too much.
+        match:
+          - h = Conv(x, w:const)
+          - y = Mul(h, s:const)
+        require:
+          private: [h]
+        apply: wrong.py:scaled_conv
+""")
+
+
+@pytest.fixture
+def wrong_rule(tmp_path):
+    (tmp_path / "wrong.py").write_text(WRONG_PRIMITIVE)
+    (tmp_path / "wrong.yaml").write_text(WRONG_RULE)
+    return tmp_path / "wrong.yaml"
+
+
+@pytest.mark.parametrize("model", [well_conditioned, lambda: ill_conditioned(scale_node=True)],
+                         ids=["well-conditioned", "inside an ill-conditioned model"])
+def test_a_rewrite_wrong_by_a_thousandth_is_refused_and_named(model, wrong_rule, tmp_path):
+    with pytest.raises(convexport.ValidationError, match="conv-times-scalar-off-by-a-thousandth") as failed:
+        convexport.optimize(model(), output=tmp_path / "o.onnx", profile=False, rules=[wrong_rule],
+                            builtin_rules=False)
+    assert not (tmp_path / "o.onnx").exists()
+    validation = failed.value.report["validation"]
+    assert validation["reference"] == "float64" and validation["culprit"]["rule"] == "conv-times-scalar-off-by-a-thousandth"
+    (error,) = validation["outputs"].values()
+    assert error["exact_error"] > FACTOR * error["exact_error_original"]
+    assert error["exact_error_float64"] > error["exact_bound"]  # the float64 run shows it at its own size
+
+
+def test_explicit_tolerances_are_a_bound_besides(tmp_path):
+    """--rtol/--atol keep their meaning: the optimized graph against the original's own run."""
+    with pytest.raises(convexport.ValidationError):
+        convexport.optimize(ill_conditioned(), write=False, profile=False, rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_over_the_budget_is_checked_against_float32_and_says_so(monkeypatch):
+    monkeypatch.setattr("convexport.exact_check.FLOAT64_FLOPS_PER_S", 1.0)
+    result = convexport.optimize(well_conditioned(), write=False, profile=False)
+    validation = result.report["validation"]
+    assert validation["passed"] and validation["reference"] == "float32" and "skipped" in validation["reference_note"]
+    (error,) = validation["outputs"].values()
+    assert error["exact_error"] is None and error["rtol"] == 1e-4  # judged as before, by the tolerances
+
+
+def test_the_budget_takes_what_fits():
+    model = well_conditioned()
+    feeds = [{"x": RNG.standard_normal((1, 4, 10, 10)).astype(np.float32)} for _ in range(3)]
+    assert [exact_reference(model, feeds).available(i) for i in range(3)] == [True] * 3
+    reference = exact_reference(model, feeds, budget_s=1e-4)  # the first set always, if its estimate fits
+    assert [reference.available(i) for i in range(3)] == [True, False, False] and "1 of 3" in reference.note
