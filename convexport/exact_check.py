@@ -113,23 +113,22 @@ def judge(original, candidate, exact, candidate64, dtype: str) -> ExactJudgement
     floor = FLOOR_ULPS * UNIT_ROUNDOFF.get(dtype, UNIT_ROUNDOFF["float32"]) * (scale if scale > 0 else 1.0)
     own = _errors(original, exact, finite)
     bound = FACTOR * float(own.max(initial=0.0)) + floor
-    beyond, worst = _beyond(candidate, exact, finite, bound)
+    over, worst = _beyond(candidate, exact, finite, bound)
     worst64 = None
     if candidate64 is not None:
-        extra, worst64 = _beyond(candidate64, exact, finite, bound)
-        beyond += extra
-    return ExactJudgement(float(own.max(initial=0.0)), worst, worst64, bound, beyond)
+        over64, worst64 = _beyond(candidate64, exact, finite, bound)
+        over |= over64
+    return ExactJudgement(float(own.max(initial=0.0)), worst, worst64, bound, int(np.count_nonzero(over)))
 
 
 def _errors(values, exact, finite) -> np.ndarray:
     return np.abs(np.where(finite, values.astype(np.float64) - np.where(finite, exact, 0.0), 0.0))
 
 
-def _beyond(values, exact, finite, bound: float) -> tuple[int, float]:
-    """Elements of `values` over `bound` from the exact result (or not the same special value
-    where it is NaN or infinite), and the largest error at a finite one."""
+def _beyond(values, exact, finite, bound: float) -> tuple[np.ndarray, float]:
+    """Which elements of `values` are over `bound` from the exact result (or not the same
+    special value where it is NaN or infinite), and the largest error at a finite one."""
     values = values.astype(np.float64)
     errors = _errors(values, exact, finite)
     special = ~finite & ~((np.isnan(exact) & np.isnan(values)) | (np.isinf(exact) & (exact == values)))
-    over = (finite & ~(errors <= bound)) | special
-    return int(np.count_nonzero(over)), float(errors.max(initial=0.0))
+    return (finite & ~(errors <= bound)) | special, float(errors.max(initial=0.0))

@@ -243,25 +243,42 @@ def _skipped(entries) -> str:
 
 
 def _validation(validation) -> str:
+    """Per output: against the float64 result, the optimized graph's error, the original's own
+    (its noise floor) and the bound; against the original's run, the differences; the
+    tolerances where they bound it."""
+
+    def exact(o, key):
+        return f"{o[key]:.3g}" if o.get(key) is not None else "–"
+
+    def tolerance(o):
+        return "–" if o.get("rtol") is None else f"{o['rtol']:g} / {o['atol']:g}"
+
     rows = "".join(
-        f"<tr><td><code>{_e(name)}</code></td><td class=num>{o['max_abs']:.3g}</td><td class=num>{o['max_rel']:.3g}</td>"
+        f"<tr><td><code>{_e(name)}</code></td><td class=num>{exact(o, 'exact_error')}</td>"
+        f"<td class=num>{exact(o, 'exact_error_original')}</td><td class=num>{exact(o, 'exact_bound')}</td>"
+        f"<td class=num>{exact(o, 'exact_error_float64')}</td><td class=num>{o['max_abs']:.3g}</td>"
         f"<td class=num>{o['cosine']:.9f}</td><td class=num>{o['mismatches']} / {o['elements']}</td>"
-        f"<td class=num>{o['rtol']:g} / {o['atol']:g}</td></tr>"
+        f"<td class=num>{tolerance(o)}</td></tr>"
         for name, o in validation["outputs"].items()
     )
     culprit = validation.get("culprit")
-    blame = (
-        ""
-        if not culprit
-        else (
+    blame = ""
+    if culprit and culprit.get("rule"):
+        blame = (
             f"<p class=badges><span class=bad>first bad rewrite: #{culprit['index']} "
             f"{_e(culprit['rule'])} ({_e(culprit['file'])})</span></p>"
         )
-    )
+    elif culprit:
+        blame = "<p class=badges><span class=bad>it fails before any rewrite</span></p>"
+    against = "the float64 result" if validation.get("reference") == "float64" else "the original's float32 run"
+    note = f" ({_e(validation['reference_note'])})" if validation.get("reference_note") else ""
     return (
-        f"{blame}<p>{validation['runs']} runs.</p><table><tr><th>output</th><th class=num>max abs</th>"
-        f"<th class=num>max rel</th><th class=num>cosine</th><th class=num>failing</th>"
-        f"<th class=num>rtol / atol</th></tr>{rows}</table>"
+        f"{blame}<p>{validation['runs']} runs, judged against {against}{note}: the optimized graph's largest error "
+        "there, the original's own (its noise floor), the bound the first had to meet (4x the second and 32 units "
+        "of roundoff), and the optimized graph's in float64; then its largest difference from the original's run."
+        "</p><table><tr><th>output</th><th class=num>error</th><th class=num>original's error</th>"
+        "<th class=num>bound</th><th class=num>in float64</th><th class=num>vs original, max abs</th>"
+        f"<th class=num>cosine</th><th class=num>beyond</th><th class=num>rtol / atol</th></tr>{rows}</table>"
     )
 
 

@@ -102,7 +102,7 @@ WRONG_PRIMITIVE = textwrap.dedent("""
         conv, scale = match.nodes["h"], constant_value(match.values["s"])
         if scale.size != 1:
             return Refusal("not a scalar", reported=False)
-        weight = constant_value(conv.inputs[1]) * float(scale) * 1.001
+        weight = constant_value(conv.inputs[1]) * float(scale.reshape(-1)[0]) * 1.001
         out = Variable(context.fresh("scaled"), np.float32, match.root.outputs[0].shape)
         node = Node("Conv", context.fresh("scaled_conv"), dict(conv.attrs),
                     [conv.inputs[0], Constant(context.fresh("w"), weight.astype(np.float32))], [out])
@@ -164,3 +164,15 @@ def test_the_budget_takes_what_fits():
     assert [exact_reference(model, feeds).available(i) for i in range(3)] == [True] * 3
     reference = exact_reference(model, feeds, budget_s=1e-4)  # the first set always, if its estimate fits
     assert [reference.available(i) for i in range(3)] == [True, False, False] and "1 of 3" in reference.note
+
+
+def test_rules_test_fails_a_rule_wrong_by_a_ten_thousandth(tmp_path):
+    """rules test judges its instances as optimize does: a fold whose weights are 1e-4 off,
+    which a tolerance of 1e-4 of the scale let through, fails against the float64 result."""
+    from helpers import invoke
+
+    (tmp_path / "wrong.py").write_text(WRONG_PRIMITIVE.replace("1.001", "1.0001"))
+    (tmp_path / "wrong.yaml").write_text(WRONG_RULE)
+    result = invoke("rules", "test", tmp_path / "wrong.yaml", "--examples", "30", "--out", tmp_path / "cx")
+    assert result.exit_code == 3, result.output
+    assert "error against the float64 result" in result.stdout and "is not exact" in result.stderr

@@ -196,7 +196,9 @@ def test_a_bfloat16_model_is_validated_without_cpu_kernels(tmp_path):
     assert "profile: skipped: ONNX Runtime's CPUExecutionProvider has no kernel" in result.stdout
     import json
     written = json.loads(report.read_text())
-    assert written["validation"]["passed"] and written["validation"]["outputs"]["y"]["rtol"] == 4e-2
+    validation = written["validation"]
+    assert validation["passed"] and validation["reference"] == "float64"  # judged in bfloat16's own roundoff
+    assert validation["outputs"]["y"]["exact_error"] <= validation["outputs"]["y"]["exact_bound"]
     assert written["profile"] is None and "Gemm" in written["profile_skipped"]
 
 
