@@ -317,7 +317,7 @@ def rules_show(name: Annotated[str, typer.Argument(help="A rule name.")], rules:
 @rules_app.command("check")
 def rules_check(files: Annotated[list[Path], typer.Argument(help="Rule files to check.")]):
     """Parse rule files and report every error as file:line:col: message."""
-    from .rewrite.primitives import builtin_primitives
+    from .folds import builtin_primitives
     from .rewrite.rulefile import rule_file_errors, rule_files
 
     def run():
@@ -346,7 +346,7 @@ def rules_test(
 ):
     """Rewrite random instances of each rule's pattern and check them with ONNX Runtime; a
     failing instance is shrunk and saved as a small ONNX model (exit 3)."""
-    from .rewrite.primitives import builtin_primitives
+    from .folds import builtin_primitives
     from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
     from .ruletest.verify import CRASHED, verify_rule
 
@@ -434,7 +434,7 @@ def _shown_path(path: str) -> str:
 
 
 def _all_rules(extra):
-    from .rewrite.primitives import builtin_primitives
+    from .folds import builtin_primitives
     from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
 
     return load_rules(builtin_rule_files() + rule_files(list(extra or [])), set(builtin_primitives()))

@@ -27,13 +27,13 @@ from .files import (
     temporary_beside,
     write_atomically,
 )
+from .folds import builtin_primitives
 from .inputs import InputSpec, input_specs
 from .ir import needs_external_data, save_with_external_data
 from .loading import LoadedModel, load_model
 from .onnx_route import overridable_input_count
 from .profile import profile_models
 from .rewrite.engine import STRATEGIES, rewrite_model
-from .rewrite.primitives import builtin_primitives
 from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
 from .runtime import CUDA, MissingKernel, custom_op_libraries, provider_options, resolve_device
 from .stats import graph_stats

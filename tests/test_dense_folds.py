@@ -26,7 +26,7 @@ from convexport.algebra.dense import (
     low_rank_refusal,
     sum_dense,
 )
-from convexport.rewrite.primitives import builtin_primitives
+from convexport.folds import builtin_primitives
 from convexport.rewrite.rulefile import parse_rule_file
 
 RTOL = 1e-5

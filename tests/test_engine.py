@@ -8,7 +8,7 @@ import pytest
 from onnx import helper
 
 from convexport.rewrite.engine import rewrite_model
-from convexport.rewrite.primitives import builtin_primitives
+from convexport.folds import builtin_primitives
 from convexport.rewrite.rulefile import builtin_rule_files, load_rules
 from helpers import make_model, op_counts, run, tensor
 

@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 from convexport.rewrite.engine import rewrite_model
-from convexport.rewrite.primitives import builtin_primitives
+from convexport.folds import builtin_primitives
 from graphs import RULES, GraphBuilder, rewrite
 from helpers import all_op_counts, op_counts, run
 

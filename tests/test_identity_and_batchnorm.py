@@ -13,7 +13,7 @@ from onnx import helper
 
 import onnx
 from convexport.rewrite.engine import rewrite_model
-from convexport.rewrite.primitives import builtin_primitives
+from convexport.folds import builtin_primitives
 from graphs import RULES, assert_same_outputs
 from helpers import make_model, op_counts, tensor
 from test_random_graphs import FUZZ_EXAMPLES, random_graph

@@ -12,7 +12,7 @@ import pytest
 from onnx import helper
 
 from convexport.rewrite.engine import rewrite_model
-from convexport.rewrite.primitives import builtin_primitives
+from convexport.folds import builtin_primitives
 from graphs import RULES, GraphBuilder, assert_same_outputs, fold, rewrite
 from helpers import all_op_counts, op_counts
 

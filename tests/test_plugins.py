@@ -9,7 +9,7 @@ from onnx import helper
 import convexport
 from convexport.errors import ConvexportError
 from convexport.rewrite.engine import rewrite_model
-from convexport.rewrite.primitives import builtin_primitives
+from convexport.folds import builtin_primitives
 from convexport.rewrite.rulefile import parse_rule_file
 from helpers import make_model, op_counts, run, tensor
 

@@ -12,7 +12,7 @@ from convexport.rewrite import decisions, engine
 from convexport.algebra import Refusal
 from convexport.rewrite.engine import RewriteContext, rewrite_model
 from convexport.rewrite.matcher import PatternMatcher
-from convexport.rewrite.primitives import builtin_primitives
+from convexport.folds import builtin_primitives
 from graphs import RULES, GraphBuilder, fold
 
 CONV_CONV = next(rule for rule in RULES if rule.name == "conv-conv")

@@ -14,7 +14,7 @@ import pytest
 import torch
 from onnx import helper
 
-from convexport.rewrite.primitives import builtin_primitives
+from convexport.folds import builtin_primitives
 from convexport.rewrite.rulefile import RuleFileError, load_rules
 from convexport.ir import fold_constants, infer_shapes
 import graphs

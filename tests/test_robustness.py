@@ -13,7 +13,7 @@ from onnx.reference import ReferenceEvaluator
 import convexport
 from convexport.errors import ConvexportError
 from convexport.rewrite.engine import rewrite_model
-from convexport.rewrite.primitives import builtin_primitives
+from convexport.folds import builtin_primitives
 from convexport.rewrite.rulefile import parse_rule_file
 from convexport.validate import Tolerances, compare_arrays
 from graphs import RULES

@@ -64,7 +64,7 @@ def test_rules_test_writes_some_constants_as_constant_nodes():
 
     from hypothesis import HealthCheck, find, settings
 
-    from convexport.rewrite.primitives import builtin_primitives
+    from convexport.folds import builtin_primitives
     from convexport.rewrite.rulefile import builtin_rule_files, load_rules
     from convexport.ruletest.instances import instances
 

@@ -8,7 +8,7 @@ import pytest
 
 from convexport.errors import ConvexportError
 from convexport.rewrite.pattern import PatternSyntaxError, parse_pattern_line
-from convexport.rewrite.primitives import builtin_primitives
+from convexport.folds import builtin_primitives
 from convexport.rewrite.rulefile import builtin_rule_files, load_rules, parse_rule_file
 
 PRIMITIVES = set(builtin_primitives())

@@ -58,7 +58,7 @@ def test_the_built_in_rules_check_clean():
 
 def test_rule_files_run_in_file_name_order_built_ins_included(tmp_path):
     """A user file named to sort between two built-in ones runs between them."""
-    from convexport.rewrite.primitives import builtin_primitives
+    from convexport.folds import builtin_primitives
     from convexport.rewrite.rulefile import builtin_rule_files, load_rules
 
     early = tmp_path / "15_early.yaml"
@@ -74,7 +74,7 @@ def test_override_replaces_a_built_in_rule_in_its_place(tmp_path):
     import pytest
 
     from convexport.errors import ConvexportError
-    from convexport.rewrite.primitives import builtin_primitives
+    from convexport.folds import builtin_primitives
     from convexport.rewrite.rulefile import builtin_rule_files, load_rules
 
     mine = tmp_path / "mine.yaml"

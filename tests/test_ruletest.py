@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from typer.testing import CliRunner
 
 from convexport.cli import app
-from convexport.rewrite.primitives import builtin_primitives
+from convexport.folds import builtin_primitives
 from convexport.rewrite.rulefile import builtin_rule_files, load_rules, parse_rule_file
 from convexport.ruletest.instances import instances
 from convexport.ruletest.verify import verify_rule

@@ -61,3 +61,8 @@ REGISTRY = {
     "fold_dense_chain": fold_dense_chain,
     "sum_dense_branches": sum_dense_branches,
 }
+
+
+def builtin_primitives() -> dict:
+    """The built-in primitives by the name rule files give them (a copy: a caller may add its own)."""
+    return dict(REGISTRY)

@@ -8,10 +8,7 @@ report lists those whose nodes are still in the final graph).
 The graph is imported once and exported once. Between passes only the shapes of the tensors
 the pass created are inferred (local_shapes.py), and a rule looks again only where the graph
 changed since it last looked (changes.py): a match none of whose nodes, nor the nodes its
-primitive reads around it, changed would come out as it did. The first rule's first look at
-the main graph, and the next rules' while each made its whole look, may be made on the proto
-before the import by their primitives' proto forms (proto_look.py: drop-identity's and
-conv-batchnorm's), with the same rewrites and report entries.
+primitive reads around it, changed would come out as it did (docs/architecture.md).
 """
 
 from __future__ import annotations

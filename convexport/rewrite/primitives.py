@@ -68,9 +68,3 @@ def _declaring(attribute: str, value) -> Callable[[Primitive], Primitive]:
         return primitive
 
     return declare
-
-
-def builtin_primitives() -> dict[str, Primitive]:
-    from ..folds import REGISTRY
-
-    return dict(REGISTRY)

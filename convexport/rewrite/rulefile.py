@@ -486,7 +486,8 @@ _ATTRIBUTE_VALUES = {
 
 def _accepted_params(apply: str) -> frozenset[str]:
     """The `with:` keys a built-in primitive reads (none where it declares none)."""
-    from .primitives import accepted_params, builtin_primitives
+    from ..folds import builtin_primitives  # the registry sits below the rules: it imports no rule code
+    from .primitives import accepted_params
 
     return accepted_params(builtin_primitives()[apply]) or frozenset()
 
