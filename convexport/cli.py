@@ -117,7 +117,9 @@ def optimize(
     explain: Annotated[
         list[str] | None,
         typer.Option(
-            "--explain", help="Say, for each node the rule looked at, why it did or did not fire (repeatable)."
+            "--explain",
+            help="RULE[@MODULE]: say, for each node the rule looked at (in that PyTorch module), why it did or "
+            "did not fire (repeatable).",
         ),
     ] = None,
     custom_ops_library: LibraryOpt = None,
@@ -168,7 +170,7 @@ def optimize(
             write_html(result.report, html)
         if not quiet and not _is_stdout(report):  # the JSON is what stdout carries then
             print_optimize_summary(result.report, stdout)
-            print_explanations(result.report.get("explain", {}), stdout)
+            print_explanations(result.report, stdout)
 
     _guarded(run)
 

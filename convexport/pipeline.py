@@ -18,6 +18,7 @@ import onnx
 
 from . import __version__, ir
 from .errors import ConvexportError, InternalError, ValidationError, first_line
+from .explain import ExplainRequest, explanations
 from .export import ExportResult, export_model
 from .files import (
     check_not_an_input,
@@ -98,8 +99,9 @@ def optimize(
     model example tensors as torch.onnx.export takes them (a tensor, or a tuple of them).
     `inputs` and `rules` take one value or a sequence of them. `disable_rules`: rules not to
     run (by name); `explain`: rules whose verdict at every node is kept in the report's
-    `explain` (why a rule did not fire). `custom_ops_libraries`: ONNX Runtime kernel libraries
-    of the model's custom operators, registered in every session. `input_data`: an .npz of real
+    `explain` (why a rule did not fire), `RULE@MODULE` for the nodes of one PyTorch module.
+    `custom_ops_libraries`: ONNX Runtime kernel libraries of the model's custom operators,
+    registered in every session. `input_data`: an .npz of real
     input arrays, validated on besides the random ones. `other_outputs`: (option, path)
     of the files the caller will write (reports), checked with OUT against every file the model
     is read from before any work.
@@ -208,7 +210,8 @@ def _optimize(
     loaded = _load(model, trust_pickle)
     if examples is not None:
         _use_examples(loaded, examples)
-    rule_list = _rules(rules, builtin_rules, disable_rules, explain)
+    explain = [ExplainRequest.parse(given) for given in explain]
+    rule_list = _rules(rules, builtin_rules, disable_rules, [request.rule for request in explain])
     destination = _destination(loaded, output, other_outputs) if write else None
     if not write:
         check_paths(loaded.files, list(other_outputs))
@@ -229,11 +232,11 @@ def _optimize(
         loaded.source,
         device=device,
         decided=decided,
-        explain=frozenset(explain),
+        explain=frozenset(request.rule for request in explain),
     )
     report = _report(loaded, destination, exported, outcome, device)
     if explain:
-        report["explain"] = {name: outcome.explained.get(name, {}) for name in explain}
+        report["explain"], report["explain_modules"] = explanations(explain, outcome.explained, outcome.provenance)
     report["constant_folding"] = {
         "nodes_before": len(exported.model.graph.node),
         "nodes_after": len(folded.graph.node),
@@ -526,9 +529,11 @@ def _blame(culprit: dict | None, conversions: list[str]) -> str:
     if culprit["index"] == 0:
         before = f"the conversion ({'; '.join(conversions)})" if conversions else "constant folding"
         return f"; it fails before any rewrite, after {before}"
+    module = culprit.get("module") or " + ".join(culprit.get("modules", []))
+    where = f" (in {module})" if module else ""
     return (
         f"; rewrite #{culprit['index']} {culprit['rule']!r} ({culprit['file']}) at "
-        f"{', '.join(culprit['nodes'])} is the first that breaks it"
+        f"{', '.join(culprit['nodes'])}{where} is the first that breaks it"
     )
 
 
@@ -552,7 +557,8 @@ def find_bad_rewrite(
             low = middle
         else:
             high = middle
-    return {"index": high, **{key: applied[high - 1][key] for key in ("rule", "file", "nodes", "reason")}}
+    kept = ("rule", "file", "nodes", "reason", "modules", "module")
+    return {"index": high, **{key: value for key, value in applied[high - 1].items() if key in kept}}
 
 
 def export_only(

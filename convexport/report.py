@@ -102,12 +102,19 @@ def print_optimize_summary(report: dict, console: Console) -> None:
             markup=False,
         )
     console.print(f"rewrites: {applied}")
+    for line in module_lines(report["rewrites"]):
+        console.print(f"  {line}", markup=False, highlight=False)
     if report["skipped"]:
         count = len(report["skipped"])
         shown = "" if count <= 5 else "; the first 5:"
         console.print(f"skipped: {count} (--report lists each with its reason){shown}")
         for entry in report["skipped"][:5]:
-            console.print(f"  {entry['rule']} at {', '.join(entry['nodes'][:3])}: {entry['reason']}")
+            where = f" in {entry['module']}" if entry.get("module") else ""
+            console.print(
+                f"  {entry['rule']} at {', '.join(entry['nodes'][:3])}{where}: {entry['reason']}",
+                markup=False,
+                highlight=False,
+            )
     validation = report.get("validation")
     if validation:
         console.print(validation_line(validation))
@@ -135,6 +142,22 @@ def print_optimize_summary(report: dict, console: Console) -> None:
         console.print(f"done in {timings['total']:.1f} s ({steps})", markup=False)
 
 
+def module_lines(rewrites: list[dict], most: int = 12) -> list[str]:
+    """The rewrites by the PyTorch module they folded inside (the innermost one holding all
+    their nodes), one line each: `block (Block): conv-batchnorm x1, conv-mul x1`; at most
+    `most` lines, the rest counted."""
+    by_module: dict[str, dict[str, int]] = {}
+    for entry in rewrites:
+        module = entry.get("module") or (" + ".join(entry["modules"]) if entry.get("modules") else None)
+        if module:
+            rules = by_module.setdefault(module, {})
+            rules[entry["rule"]] = rules.get(entry["rule"], 0) + 1
+    lines = [f"{module}: {', '.join(f'{r} x{n}' for r, n in rules.items())}" for module, rules in by_module.items()]
+    if len(lines) > most:
+        lines = lines[:most] + [f"... and {len(lines) - most} more modules (--report lists each rewrite's)"]
+    return lines
+
+
 def validation_line(validation: dict) -> str:
     """The validation's verdict in one line: against the exact (float64) result, the
     optimized graph's error and the original's own (its noise floor), each the largest over
@@ -155,14 +178,20 @@ def validation_line(validation: dict) -> str:
     )
 
 
-def print_explanations(explained: dict, console: Console, most: int = 40) -> None:
-    """--explain: for each rule asked about, each node it looked at and what happened there."""
-    for rule, verdicts in explained.items():
+def print_explanations(report: dict, console: Console, most: int = 40) -> None:
+    """--explain: for each rule asked about, each node it looked at (and its module, where the
+    model records it) and what happened there."""
+    modules = report.get("explain_modules", {})
+    for rule, verdicts in report.get("explain", {}).items():
+        if "(module)" in verdicts:
+            console.print(f"explain {rule}: {verdicts['(module)']}", markup=False, highlight=False)
+            continue
         console.print(f"explain {rule}: {len(verdicts)} node(s) looked at", markup=False, highlight=False)
         if not verdicts:
             console.print("  none: an op of its pattern is not in the graph", markup=False)
         for node, verdict in list(verdicts.items())[:most]:
-            console.print(f"  {node}: {verdict}", markup=False, highlight=False)
+            where = f" in {modules[node]}" if node in modules else ""
+            console.print(f"  {node}{where}: {verdict}", markup=False, highlight=False)
         if len(verdicts) > most:
             console.print(f"  ... and {len(verdicts) - most} more (--report lists them all)", markup=False)
 

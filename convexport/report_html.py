@@ -15,7 +15,7 @@ h1{font-size:1.4rem;margin:0 0 .2rem}h2{font-size:1.1rem;margin:2rem 0 .6rem;bor
 .sub{color:#616e7c;margin:0 0 1rem}.badges span{display:inline-block;border-radius:4px;padding:.15rem .55rem;margin-right:.4rem;font-weight:600}
 .ok{background:#e3f9e5;color:#05400a}.bad{background:#ffe3e3;color:#610404}.info{background:#e6f0ff;color:#0b3b8c}
 table{border-collapse:collapse;width:100%;margin:.3rem 0}th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid #eef0f2;vertical-align:top;overflow-wrap:anywhere}td code{white-space:nowrap}
-th{color:#52606d;font-weight:600}td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+th{color:#52606d;font-weight:600}td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}td:first-child{white-space:nowrap}
 .legend span{display:inline-block;width:.8rem;height:.8rem;border-radius:2px;margin:0 .3rem 0 1rem;vertical-align:-1px}
 svg text{font:12px system-ui,sans-serif;fill:#323f4b}code{font-size:12px}
 """
@@ -185,15 +185,31 @@ def _latency_chart(profile) -> str:
 
 
 def _rewrites(entries) -> str:
+    """The rewrites grouped by the PyTorch module they folded inside (where the exporter said
+    which: docs/commands.md, provenance), in the order of each group's first rewrite."""
     if not entries:
         return "<p>none</p>"
-    body = "".join(
-        f"<tr><td>{index}</td><td><code>{_e(e['rule'])}</code><br><small>{_e(e.get('file', ''))}</small></td>"
-        f"<td>{_region(e)}<br><small>{_e(', '.join(e['nodes'][:4]))}{' …' if len(e['nodes']) > 4 else ''}</small></td>"
-        f"<td>{_e(e['reason'])}{_decision(e.get('decision'))}</td></tr>"
-        for index, e in enumerate(entries, 1)
-    )
-    return f"<table><tr><th>#</th><th>rule</th><th>region: before → after</th><th>what was done</th></tr>{body}</table>"
+    groups: dict[str, list[tuple[int, dict]]] = {}
+    for index, entry in enumerate(entries, 1):
+        module = entry.get("module") or " + ".join(entry.get("modules", [])) or ""
+        groups.setdefault(module, []).append((index, entry))
+    rows = []
+    for module, members in groups.items():
+        if module:
+            rows.append(f"<tr><th colspan=4><code>{_e(module)}</code></th></tr>")
+        rows += [
+            f"<tr><td>{index}</td><td><code>{_e(e['rule'])}</code><br><small>{_e(e.get('file', ''))}</small></td>"
+            f"<td>{_region(e)}<br><small>{_e(_nodes_and_modules(e))}</small></td>"
+            f"<td>{_e(e['reason'])}{_decision(e.get('decision'))}</td></tr>"
+            for index, e in members
+        ]
+    return f"<table><tr><th>#</th><th>rule</th><th>region: before → after</th><th>what was done</th></tr>{''.join(rows)}</table>"
+
+
+def _nodes_and_modules(entry) -> str:
+    nodes = ", ".join(entry["nodes"][:4]) + (" …" if len(entry["nodes"]) > 4 else "")
+    modules = entry.get("modules", [])
+    return f"{nodes} · {', '.join(modules[:4])}{' …' if len(modules) > 4 else ''}" if modules else nodes
 
 
 def _region(entry) -> str:
@@ -235,8 +251,7 @@ def _skipped(entries) -> str:
     if not entries:
         return "<p>none</p>"
     body = "".join(
-        f"<tr><td><code>{_e(e['rule'])}</code></td><td>{_e(', '.join(e['nodes'][:4]))}</td>"
-        f"<td>{_e(e['reason'])}</td></tr>"
+        f"<tr><td><code>{_e(e['rule'])}</code></td><td>{_e(_nodes_and_modules(e))}</td><td>{_e(e['reason'])}</td></tr>"
         for e in entries
     )
     return f"<table><tr><th>rule</th><th>nodes</th><th>why not</th></tr>{body}</table>"

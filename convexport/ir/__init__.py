@@ -12,6 +12,7 @@ outputs' producers as it is made.
     scopes.py    subgraphs, topological order, clean-up
     shapes.py    shape inference, and whether a model needs it
     large.py     models of 1 GiB of weights or more: external data, the weightless skeleton
+    provenance.py  what the exporter wrote about nodes, values and scopes, kept; the modules a rewrite folded
     folding.py   constant folding before the rules (onnxscript's) and between them (one node at a time)
 """
 
@@ -21,6 +22,7 @@ from .convert import IR_VERSION, export_graph, import_graph, nodes_as_model, ove
 from .folding import constant_node_values, fold_constants
 from .large import external_data_files, needs_external_data, save_with_external_data, serialized_bytes
 from .naming import NameGenerator
+from .provenance import Provenance
 from .query import (
     DEFAULT_OPSET,
     NOT_IN_SCHEMA,
@@ -55,6 +57,7 @@ __all__ = [
     "save_with_external_data",
     "serialized_bytes",
     "NameGenerator",
+    "Provenance",
     "DEFAULT_OPSET",
     "NOT_IN_SCHEMA",
     "attribute",

@@ -7,6 +7,7 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.logger import G_LOGGER
 
 from .naming import name_nodes
+from .provenance import Provenance
 from .scopes import all_graphs
 
 # onnx-graphsurgeon warns (on stderr, several lines) whenever a bfloat16 constant is read as
@@ -18,14 +19,17 @@ IR_VERSION = 10  # of the models convexport builds itself: ONNX Runtime 1.14 and
 
 def import_graph(model: onnx.ModelProto) -> gs.Graph:
     """The model's graph, every node named (reports name nodes), its overridable initializers
-    kept as the graph inputs they are (see below). The graph owns a copy of the model: gs's
-    exporter renames an imported initializer's proto in place, which must never reach the
-    caller's model."""
+    kept as the graph inputs they are (see below), and, as `graph.provenance`, what the model
+    says of its nodes, values and scopes that gs does not keep (provenance.py: export_graph
+    puts it back). The graph owns a copy of the model: gs's exporter renames an imported
+    initializer's proto in place, which must never reach the caller's model."""
     own = onnx.ModelProto()
     own.CopyFrom(model)
     graph = gs.import_onnx(own)
     _inputs_with_defaults_stay_inputs(graph, model)
+    given = [[node.name for node in scope.nodes] for scope in all_graphs(graph)]
     name_nodes(graph)
+    graph.provenance = Provenance.record(model, graph, given)
     return graph
 
 
@@ -62,16 +66,21 @@ def _inputs_with_defaults_stay_inputs(graph: gs.Graph, model: onnx.ModelProto) -
 
 
 def export_graph(graph: gs.Graph, template: onnx.ModelProto) -> onnx.ModelProto:
-    """gs.Graph -> ModelProto with the template's IR version, opsets, producer and metadata,
-    and the template's initializers for the inputs that have one."""
+    """gs.Graph -> ModelProto with the template's IR version, opsets, producer, doc and
+    metadata, the template's initializers for the inputs that have one, and the provenance
+    import_graph recorded put back on its nodes, values and scopes."""
     model = gs.export_onnx(graph, do_type_check=False, opset_imports=_opset_imports(graph, template))
     input_names = {t.name for t in graph.inputs}
     model.graph.initializer.extend(init for init in overridable_initializers(template) if init.name in input_names)
     model.ir_version = template.ir_version
     model.producer_name = template.producer_name or "convexport"
     model.producer_version = template.producer_version
+    model.doc_string = template.doc_string
     del model.metadata_props[:]
     model.metadata_props.extend(template.metadata_props)
+    provenance = getattr(graph, "provenance", None)
+    if provenance is not None:
+        provenance.restore(model)
     return model
 
 

@@ -26,6 +26,7 @@ from onnx_ir.passes.common import LiftConstantsToInitializersPass
 from onnxscript import ir as onnx_ir  # onnx-ir, as onnxscript installs and uses it
 
 from ..quiet import quiet_libraries
+from .scopes import proto_scopes
 
 FOLD_LIMIT_ELEMENTS = 1 << 22  # 16 MiB of float32, as inputs or outputs of one folded node
 
@@ -47,7 +48,11 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     and its Constant nodes made initializers (the TorchScript exporter writes every constant
     as a node; as an initializer it is the same value, and no node to count or to run): a new
     model, or `model` itself when there is nothing to do."""
-    graph = onnx_ir.serde.deserialize_model(model)
+    nameless = _mark_nameless_nodes(model)
+    try:
+        graph = onnx_ir.serde.deserialize_model(model)
+    finally:
+        _unmark_nameless_nodes(model, nameless)
     with quiet_libraries():  # onnxscript logs each node it will not fold
         result = onnxscript.optimizer.fold_constants(
             graph,
@@ -60,7 +65,37 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     if not (result.modified or lifted.modified):
         return model
     onnxscript.optimizer.remove_unused_nodes(graph)
-    return onnx_ir.serde.serialize_model(graph)
+    folded = onnx_ir.serde.serialize_model(graph)
+    _unmark_nameless_nodes(folded, nameless)
+    return folded
+
+
+_NAMELESS = "\x00convexport-nameless"  # no exporter writes a NUL into a node name
+
+
+def _mark_nameless_nodes(model: onnx.ModelProto) -> int:
+    """Give each nameless node a marker name, and return how many there were: onnx-ir names
+    every nameless node ('node', 'node_1') it holds, and a node's name is the user's (the
+    report and other tools key on it), so the marker lets _unmark_nameless_nodes give those
+    nodes their name back: none, or an empty one where the model wrote one."""
+    count = 0
+    for scope in proto_scopes(model.graph):
+        for node in scope.node:
+            if not node.name:
+                node.name = f"{_NAMELESS}{'=' if node.HasField('name') else '-'}{count}"
+                count += 1
+    return count
+
+
+def _unmark_nameless_nodes(model: onnx.ModelProto, marked: int) -> None:
+    if not marked:
+        return
+    for scope in proto_scopes(model.graph):
+        for node in scope.node:
+            if node.name.startswith(_NAMELESS + "="):
+                node.name = ""
+            elif node.name.startswith(_NAMELESS):
+                node.ClearField("name")
 
 
 def constant_node_values(node, opset: int) -> list[np.ndarray] | None:

@@ -55,6 +55,7 @@ class RewriteOutcome:
     passes: int = 0
     explained: dict[str, dict[str, str]] = field(default_factory=dict)  # --explain: rule -> node -> why
     folded: int = 0  # nodes of constants computed between passes
+    provenance: ir.Provenance = field(default_factory=ir.Provenance)  # where each node comes from
 
 
 @dataclass
@@ -70,6 +71,7 @@ class _Run:
     explain: frozenset[str] = frozenset()  # rules whose every verdict is kept (--explain)
     explained: dict[str, dict[str, str]] = field(default_factory=dict)  # rule -> anchor -> its last verdict
     folded: int = 0  # nodes of constants computed between passes (_fold_constant_nodes)
+    provenance: ir.Provenance | None = None  # the main graph's (import_graph): made nodes derive from replaced ones
 
     def explaining(self, rule: Rule, anchor, verdict: str) -> None:
         if rule.name in self.explain:
@@ -122,7 +124,7 @@ def _rewrite(model, rules, primitives, strategy, source, limit, device, decided,
     decided = {} if decided is None else decided
     graph = ir.import_graph(model)
     base = RewriteContext(graph, opset, ir.NameGenerator(graph), {}, strategy, device, decided)
-    state = _Run(primitives, ChangeLog(), [], {}, limit, explain=explain)
+    state = _Run(primitives, ChangeLog(), [], {}, limit, explain=explain, provenance=graph.provenance)
     passes, changed_at_all = 0, False
     for passes in range(1, MAX_PASSES + 1):  # noqa: B007 (the count of passes made is reported)
         state.created = []
@@ -139,17 +141,19 @@ def _rewrite(model, rules, primitives, strategy, source, limit, device, decided,
         state.changes.touch(infer_new_shapes(alive, opset))
         for scope in ir.all_graphs(graph):
             ir.toposort(scope)
-    # unchanged, the graph is `model` again (nothing to export), and every refusal still stands,
-    # under the names import_graph gave the nodes
+    # unchanged, the graph is `model` again (nothing to export), and every refusal still stands;
+    # the report names nodes as import_graph did (the exported model gives a nameless node its
+    # empty name back), so what still stands is found in the graph, not in the exported model
     current, still_there = model, list(state.skipped.values())
     if changed_at_all:
-        current = ir.export_graph(ir.cleaned_up(graph), model)
+        graph = ir.cleaned_up(graph)
+        current = ir.export_graph(graph, model)
         if not ir.fully_shaped(current):  # else its value_info already holds all inference would give
             current = ir.infer_shapes(current, source)
         if still_there:
-            final_nodes = {node.name for scope in ir.proto_scopes(current.graph) for node in scope.node}
+            final_nodes = {node.name for scope in ir.all_graphs(graph) for node in scope.nodes}
             still_there = [entry for entry in still_there if set(entry["nodes"]) <= final_nodes]
-    return RewriteOutcome(current, state.applied, still_there, passes, state.explained, state.folded)
+    return RewriteOutcome(current, state.applied, still_there, passes, state.explained, state.folded, state.provenance)
 
 
 def _fold_constant_nodes(scope: ir.Graph, opset: int, fresh: ir.NameGenerator, changes: ChangeLog) -> int:
@@ -222,6 +226,7 @@ def _run_scope(graph: ir.Graph, rules: list[Rule], base: RewriteContext, state: 
                 state.explaining(rule, anchor, f"{kind}: {verdict.reason}")
                 continue
             state.explaining(rule, anchor, f"rewritten: {verdict.note}")
+            state.provenance.derive(verdict.nodes, match.node_list(), rule.name)
             _apply(graph, verdict, base.fresh, state.changes, members)
             state.created.extend(verdict.nodes)
             changed = True
@@ -239,6 +244,10 @@ def _record(state: _Run, rule: Rule, nodes: list[ir.Node], verdict: Rewrite | Re
     that is not to be reported: nowhere)."""
     node_names = [node.name for node in nodes]
     entry = {"rule": rule.name, "file": rule.shown_file, "nodes": node_names}
+    modules = state.provenance.modules(node_names) if state.provenance else []
+    if modules:
+        entry["modules"] = modules
+        entry["module"] = state.provenance.enclosing_module(node_names)
     if isinstance(verdict, Refusal):
         if not verdict.reported:
             return
