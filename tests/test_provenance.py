@@ -113,6 +113,14 @@ def test_the_report_names_the_modules_folded(route, expected):
     assert set(folded["modules"]) == expected and folded["module"].startswith("block")
 
 
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_fold_across_modules_names_each(route):
+    result = convexport.optimize(exported(route), write=False, profile=False)
+    (folded,) = [entry for entry in result.report["rewrites"] if entry["rule"] == "conv-mul"]
+    head, model = ("head", "(the model)") if route == "torchscript" else ("head (Conv2d)", "(the model) (Net)")
+    assert folded["modules"] == [head, model] and folded.get("module") is None  # no module holds both
+
+
 def test_the_summary_has_a_line_per_module(tmp_path):
     from helpers import invoke
 

@@ -216,6 +216,6 @@ def _module(origin: Origin | None, name: str) -> str | None:
         kind = classes[-2] if isinstance(classes, list) and len(classes) == len(scopes) else None
         return f"{path} ({kind.rsplit('.', 1)[-1]})" if kind else path
     given = origin.name if origin else name
-    if given.startswith("/") and given.count("/") >= 2:
-        return ".".join(given.strip("/").split("/")[:-1])
+    if given.startswith("/"):
+        return ".".join(given.strip("/").split("/")[:-1]) or "(the model)"
     return None
