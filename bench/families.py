@@ -15,7 +15,7 @@ route, each pair (convexport beside the original, the hand graph beside convexpo
 process taking turns in blocks of runs (bench/peers.py's timed_pair: three sessions in one
 2-core process gave one of them the second core in some runs and not in others; bench/RESULTS.md,
 "Measurements behind the code"); and the
-"exact" strategy against the default one on the largest exported graph.
+"all" strategy against the default one on the largest exported graph.
 
 `--write FILE` replaces the section "## Real model families (own re-implementations)" of FILE,
 or appends it at the end: after "## Measurements behind the code", which bench/peers.py keeps
@@ -51,7 +51,7 @@ from convexport.quiet import quiet_libraries  # noqa: E402
 ROUTES = ("dynamo", "dynamo unoptimized", "torchscript unfolded")
 TIMED_ROUTE = "dynamo"
 DEFAULT_STRATEGY = "cost"
-STRATEGY_CALLS = 3  # exact against the default: the median of this many calls each
+STRATEGY_CALLS = 3  # "all" against the default: the median of this many calls each
 HEADING = "## Real model families (own re-implementations)"
 
 
@@ -168,9 +168,9 @@ def latency_row(family: dict) -> str:
 
 
 def strategy_runs(original: onnx.ModelProto) -> dict[str, list[Folded]]:
-    """"exact" against the default strategy on one graph, STRATEGY_CALLS calls each,
+    """"all" against the default strategy on one graph, STRATEGY_CALLS calls each,
     alternating so that machine noise hits both."""
-    runs = {"exact": [], DEFAULT_STRATEGY: []}
+    runs = {"all": [], DEFAULT_STRATEGY: []}
     for _ in range(STRATEGY_CALLS):
         for strategy, calls in runs.items():
             calls.append(fold(original, strategy))
@@ -251,7 +251,7 @@ def section(families: list[dict], latency: list[str], largest: str, largest_node
         "hand vs training |",
         "|---|---:|---:|---:|---:|---:|---:|",
         *latency,
-        "", f"### Strategy exact against {DEFAULT_STRATEGY} on the largest graph: {largest}", "",
+        "", f"### Strategy all against {DEFAULT_STRATEGY} on the largest graph: {largest}", "",
         f"The exported graph with the most nodes ({largest_nodes}); median of {STRATEGY_CALLS} calls each, "
         "alternating.", "",
         "| strategy | nodes after | Conv after | convexport s | rewriting s |",

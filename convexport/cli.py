@@ -89,7 +89,9 @@ def optimize(
     input: InputOpt = None,
     rules: Annotated[list[Path] | None, typer.Option("--rules", help="Rule file or folder (repeatable).")] = None,
     no_builtin_rules: Annotated[bool, typer.Option("--no-builtin-rules", help="Use only the --rules given.")] = False,
-    strategy: Annotated[str, typer.Option("--strategy", help="exact | cost | measure.")] = "cost",
+    strategy: Annotated[
+        str, typer.Option("--strategy", help="all | cost | measure (all: every exact rewrite, whatever it costs).")
+    ] = "cost",
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda (profiling).")] = "auto",
     report: Annotated[Path | None, typer.Option("--report", help="Write the JSON report here.")] = None,
     html: Annotated[Path | None, typer.Option("--html", help="Write an HTML report here.")] = None,

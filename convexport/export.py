@@ -76,7 +76,7 @@ def export_model(
         dynamic = dynamic_batch or any(spec.is_dynamic for spec in input_specs)
     if dynamic:
         args = tuple(_at_least_two_in_batch(t) for t in args)
-    opset = opset or ir.DEFAULT_OPSET
+    opset = opset or exporter_default_opset()
     model, exporter, tracer_warnings = _run_exporter(loaded, args, names, opset, dynamic)
     written = ir.onnx_opset(model)
     if written != opset:
@@ -87,6 +87,16 @@ def export_model(
     if loaded.kind == "exported_program":
         _name_torch_symbols(model, input_specs)
     return ExportResult(ir.infer_shapes(model, loaded.source), graph_input_specs(model), exporter, tracer_warnings)
+
+
+def exporter_default_opset() -> int:
+    """The opset the installed torch's ONNX exporters write when not told (20 on torch 2.13:
+    Gelu is one op there, five below 20), within what the installed onnx knows; torch names it
+    only in a private module, so an older or newer torch without it gets ir.DEFAULT_OPSET."""
+    import torch.onnx._constants as torch_onnx_constants
+
+    default = getattr(torch_onnx_constants, "ONNX_DEFAULT_OPSET", ir.DEFAULT_OPSET)
+    return min(int(default), onnx.defs.onnx_opset_version())
 
 
 def _program_arguments(

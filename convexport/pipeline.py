@@ -34,7 +34,7 @@ from .ir import needs_external_data, save_with_external_data
 from .loading import LoadedModel, load_model
 from .onnx_route import overridable_input_count
 from .profile import profile_models
-from .rewrite.engine import STRATEGIES, rewrite_model
+from .rewrite.engine import STRATEGIES, STRATEGY_ALIASES, rewrite_model
 from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
 from .runtime import CUDA, MissingKernel, custom_op_libraries, provider_options, resolve_device
 from .stats import graph_stats
@@ -202,6 +202,7 @@ def _optimize(
     stages = Stages(progress if progress is not None else _notebook_progress())
     say = stages.start
     tolerances = Tolerances.parse(rtol, atol)
+    strategy = STRATEGY_ALIASES.get(strategy, strategy)
     if strategy not in STRATEGIES:
         raise ConvexportError(f"--strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
     device = resolve_device(device)  # where the model will run: what cost and measure decide for
@@ -234,7 +235,7 @@ def _optimize(
         decided=decided,
         explain=frozenset(request.rule for request in explain),
     )
-    report = _report(loaded, destination, exported, outcome, device)
+    report = _report(loaded, destination, exported, outcome, device, strategy)
     if explain:
         report["explain"], report["explain_modules"] = explanations(explain, outcome.explained, outcome.provenance)
     report["constant_folding"] = {
@@ -642,7 +643,9 @@ def _validation_inputs(exported: ExportResult, specs: list[InputSpec]) -> list[I
     return resolved
 
 
-def _report(loaded: LoadedModel, destination: Path | None, exported: ExportResult, outcome, device: str) -> dict:
+def _report(
+    loaded: LoadedModel, destination: Path | None, exported: ExportResult, outcome, device: str, strategy: str
+) -> dict:
     before = {**graph_stats(exported.reference), "model_bytes": ir.serialized_bytes(exported.reference)}
     after = (
         before
@@ -662,6 +665,8 @@ def _report(loaded: LoadedModel, destination: Path | None, exported: ExportResul
         "before": before,
         "after": after,
         "size_regression": after["model_bytes"] > REGRESSION_RATIO * before["model_bytes"],
+        "strategy": strategy,
+        "growth": {key: after[key] / before[key] if before[key] else None for key in ("flops", "params")},
         "outputs": [_output_spec(value) for value in exported.reference.graph.output],
         "environment": _environment(device),
         "rewrites": outcome.applied,

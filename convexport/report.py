@@ -129,6 +129,9 @@ def print_optimize_summary(report: dict, console: Console) -> None:
             f"[red]model file larger: {size(before['model_bytes'])} -> {size(after['model_bytes'])}[/red]"
             " (the rewritten weights take more room than the original ones)"
         )
+    grown = growth_line(report)
+    if grown:
+        console.print(f"[yellow]{grown}[/yellow]")
     environment = report.get("environment")
     if environment and profile:  # what the timings above were measured with
         console.print(
@@ -156,6 +159,21 @@ def module_lines(rewrites: list[dict], most: int = 12) -> list[str]:
     if len(lines) > most:
         lines = lines[:most] + [f"... and {len(lines) - most} more modules (--report lists each rewrite's)"]
     return lines
+
+
+def growth_line(report: dict) -> str | None:
+    """FLOPs and parameters that grew by more than 5% (a fold can trade them for fewer, larger
+    ops; `--strategy all` takes every such trade), in words; None where neither did."""
+    growth = report.get("growth") or {}
+    grown = [
+        f"{label} {si(report['before'][key])} -> {si(report['after'][key])} ({growth[key]:.3g}x)"
+        for key, label in (("flops", "FLOPs"), ("params", "parameters"))
+        if growth.get(key) and growth[key] > 1.05
+    ]
+    if not grown:
+        return None
+    why = " under --strategy all (every exact rewrite, whatever it costs)" if report.get("strategy") == "all" else ""
+    return f"grew: {', '.join(grown)}{why}"
 
 
 def validation_line(validation: dict) -> str:

@@ -6,7 +6,7 @@ import html
 from pathlib import Path
 
 from .files import write_text_atomically
-from .report import si, size, tracer_warning
+from .report import growth_line, si, size, tracer_warning
 
 BEFORE, AFTER = "#9aa5b1", "#2f7de1"
 STYLE = """
@@ -114,6 +114,9 @@ def _badges(report) -> str:
         badges.append(
             f"<span class=bad>model file {report['before']['model_bytes']:,} → {report['after']['model_bytes']:,} bytes</span>"
         )
+    grown = growth_line(report)
+    if grown:
+        badges.append(f"<span class=bad>{_e(grown)}</span>")
     badges.append(f"<span class=info>{report['before']['nodes']} → {report['after']['nodes']} nodes</span>")
     return f"<p class=badges>{''.join(badges)}</p>"
 

@@ -74,7 +74,7 @@ class GraphBuilder:
         return make_model(self.nodes, [tensor("x", shape)], [tensor(name, None) for name in outputs], self.initializers)
 
 
-def rewrite(model, strategy="exact", rules=RULES):
+def rewrite(model, strategy="all", rules=RULES):
     return rewrite_model(model, rules, builtin_primitives(), strategy)
 
 
@@ -87,7 +87,7 @@ def assert_same_outputs(original, rewritten, input_shape, seed=0, rtol=1e-4, ato
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol * scale)
 
 
-def fold(builder, outputs, strategy="exact", dynamic_batch=False, rules=RULES, rtol=1e-4):
+def fold(builder, outputs, strategy="all", dynamic_batch=False, rules=RULES, rtol=1e-4):
     """Rewrite the builder's graph, check it against the original, return (outcome, op counts)."""
     model = builder.model(outputs, dynamic_batch)
     outcome = rewrite(model, strategy, rules)

@@ -82,7 +82,7 @@ def test_bad_factories(small_net_path, factory, fragment):
 
 
 def test_bad_option_values(small_net_path):
-    assert_user_error(invoke("optimize", f"{small_net_path}:build", "--strategy", "fastest"), "--strategy")
+    assert_user_error(invoke("optimize", f"{small_net_path}:build", "--strategy", "fastest"), "expected one of all, cost, measure")
     assert_user_error(invoke("optimize", f"{small_net_path}:build", "--device", "tpu"), "--device")
 
 

@@ -140,7 +140,7 @@ def test_a_node_a_pass_leaves_reading_only_constants_is_folded_before_the_next_p
              helper.make_node("Mul", ["h", "k"], ["y"])]
     k1, k2 = np.full([3, 1, 1], 3.0, np.float32), np.full([3, 1, 1], 2.0, np.float32)
     model = make_model(nodes, [x], [tensor("y", None)], {"w": w, "k1": k1, "k2": k2})
-    outcome = rewrite(model, "exact")
+    outcome = rewrite(model, "all")
     assert op_counts(outcome.model) == {"Conv": 1} and outcome.folded == 1
     feeds = {"x": np.random.default_rng(1).standard_normal([1, 2, 5, 5]).astype(np.float32)}
     from helpers import run
@@ -160,7 +160,7 @@ def test_a_node_of_constants_folded_between_passes_may_be_read_inside_a_subgraph
              helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other)]
     model = make_model(nodes, [tensor("x", [2]), tensor("cond", [], onnx.TensorProto.BOOL)], [tensor("y", [2])],
                        {"k1": np.ones(2, np.float32), "k2": np.full(2, 2.0, np.float32)})
-    outcome = rewrite(model, "exact")
+    outcome = rewrite(model, "all")
     assert outcome.folded == 1 and op_counts(outcome.model) == {"If": 1}
     onnx.checker.check_model(outcome.model, full_check=True)
     feeds = {"x": np.array([1.0, -2.0], np.float32), "cond": np.array(True)}

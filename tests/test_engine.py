@@ -16,7 +16,7 @@ RNG = np.random.default_rng(0)
 RULES = load_rules(builtin_rule_files(), set(builtin_primitives()))
 
 
-def rewrite(model, strategy="exact"):
+def rewrite(model, strategy="all"):
     return rewrite_model(model, RULES, builtin_primitives(), strategy)
 
 

@@ -340,7 +340,7 @@ def test_cost_strategy_keeps_a_quarter_width_bottleneck():
                           for s in costly)
     # exact folds it to one dense 3x3 of rank 24 (8 channels x 3 taps), which low-rank-kernel
     # then splits into 3x1 and 1x3 convs through 24 channels
-    exact = rewrite(model, "exact")
+    exact = rewrite(model, "all")
     assert [entry["rule"] for entry in exact.applied] == ["conv-conv", "conv-conv", "low-rank-kernel"]
     assert exact.applied[-1]["rank"] == 24 and op_counts(exact.model)["Conv"] == 2
 

@@ -241,3 +241,29 @@ def test_an_opset_below_13_is_converted_and_said(tmp_path):
     assert onnx.load(tmp_path / "new.onnx").opset_import[0].version == 18
 
 
+
+
+class GeluNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.conv(x))
+
+
+@pytest.mark.parametrize("route", ["module", "torchscript"])
+def test_the_default_opset_is_the_installed_exporters(route, tmp_path):
+    from convexport.export import exporter_default_opset
+
+    model, inputs = GeluNet().eval(), (torch.randn(1, 3, 8, 8),)
+    if route == "torchscript":
+        path = tmp_path / "net.pt"
+        torch.jit.trace(model, inputs).save(str(path))
+        model, inputs = str(path), ["x:1x3x8x8"]
+    default = convexport.optimize(model, inputs=inputs, write=False, profile=False)
+    assert default.report["opset"] == exporter_default_opset() == torch.onnx._constants.ONNX_DEFAULT_OPSET
+    if exporter_default_opset() >= 20:  # Gelu is an ONNX op from opset 20
+        assert op_counts(default.model).get("Gelu") == 1 and "Erf" not in op_counts(default.model)
+    older = convexport.optimize(model, inputs=inputs, opset=18, write=False, profile=False)
+    assert older.report["opset"] == 18 and "Gelu" not in op_counts(older.model)

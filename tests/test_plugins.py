@@ -57,7 +57,7 @@ def rule_file(tmp_path, apply):
 def test_file_plugin_applies(tmp_path):
     rules = parse_rule_file(rule_file(tmp_path, "my_primitives.py:drop_double_negation"), set(builtin_primitives()))
     model = double_negation_model()
-    outcome = rewrite_model(model, rules, builtin_primitives(), "exact")
+    outcome = rewrite_model(model, rules, builtin_primitives(), "all")
     assert op_counts(outcome.model) == {"Relu": 1}
     feeds = {"x": np.array([-1, 0, 2], np.float32)}
     np.testing.assert_array_equal(run(outcome.model, feeds)[0], run(model, feeds)[0])
@@ -102,4 +102,4 @@ def test_a_builtin_primitive_on_a_pattern_it_cannot_read_names_the_rule(tmp_path
                        {"w": np.ones((2, 2, 1, 1), np.float32), "k": np.ones((2, 1, 1), np.float32)})
     with pytest.raises(ConvexportError, match=r"misfit.yaml:2: rule 'misfit': primitive sum_branches raised "
                                               r"IndexError.*does the pattern bind the names sum_branches reads"):
-        rewrite_model(model, rules, builtin_primitives(), "exact")
+        rewrite_model(model, rules, builtin_primitives(), "all")

@@ -44,7 +44,7 @@ def test_a_prospect_the_estimate_refuses_is_never_built(monkeypatch):
 
 def test_exact_and_measure_build_the_composite_itself():
     builder, y = depthwise_then_pointwise(channels=4, out_channels=6, size=8)
-    outcome, counts = fold(builder, [y], strategy="exact")
+    outcome, counts = fold(builder, [y], strategy="all")
     assert counts == {"Conv": 1} and [entry["rule"] for entry in outcome.applied] == ["conv-conv"]
 
 
@@ -81,7 +81,7 @@ def _decide_at_the_pointwise_conv(builder, y, strategy):
     return verdict, [node.name for node in x.outputs]
 
 
-@pytest.mark.parametrize("strategy", ["cost", "exact"])
+@pytest.mark.parametrize("strategy", ["cost", "all"])
 def test_nodes_built_for_a_decision_do_not_stay_readers_of_the_graph(strategy):
     """gs adds a new node to its inputs' readers: a stand-in, or a rewrite refused, would count
     as a second reader of x (and `private: [x]` would fail) if it were not unhooked."""
@@ -107,3 +107,24 @@ def test_the_refused_decision_is_what_the_built_composite_would_get():
     judged = [decisions.by_estimate(r, 18, "cpu", outputs).numbers for r in (prospect, built)]
     assert judged[0] == judged[1]
     assert np.prod(built.nodes[0].inputs[1].shape) == np.prod(prospect.nodes[0].inputs[1].shape)
+
+
+@pytest.mark.parametrize("name", ["all", "exact"])  # exact: the strategy's old name, still accepted
+def test_strategy_all_applies_the_costly_fold_and_says_what_grew(name, tmp_path):
+    import onnx
+
+    import convexport
+    from helpers import invoke
+
+    builder, y = depthwise_then_pointwise()
+    model = builder.model([y])
+    result = convexport.optimize(model, strategy=name, write=False, profile=False)
+    assert result.report["strategy"] == "all" and result.report["after"]["ops"] == {"Conv": 1}
+    assert result.report["growth"]["flops"] > 5  # nine times the pointwise FLOPs, plus the depthwise's
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    said = invoke("optimize", path, "--strategy", name, "--no-profile", "-o", tmp_path / "o.onnx")
+    assert said.exit_code == 0, said.output
+    assert "grew: FLOPs " in said.stdout and "under --strategy all" in said.stdout
+    default = invoke("optimize", path, "--no-profile", "-o", tmp_path / "d.onnx")
+    assert "grew:" not in default.stdout

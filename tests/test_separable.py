@@ -45,7 +45,7 @@ def test_low_rank_kernel_splits_exactly(strides, dilations, pads, bias, rank):
     shape = [2, 6, 24, 20]
     weight = low_rank(8, 6, 7, 5, rank)
     model = separable_model(shape, weight, bias, strides=list(strides), dilations=list(dilations), pads=list(pads))
-    outcome = rewrite(model, "exact")
+    outcome = rewrite(model, "all")
     (applied,) = [entry for entry in outcome.applied if entry["rule"] == "low-rank-kernel"]
     assert applied["rank"] == rank and op_counts(outcome.model)["Conv"] == 2
     assert applied["flops_after"] < applied["flops_before"]
@@ -58,7 +58,7 @@ def test_low_rank_kernel_splits_exactly(strides, dilations, pads, bias, rank):
 def test_auto_pad_splits_exactly(auto_pad):
     shape = [1, 4, 17, 16]
     model = separable_model(shape, low_rank(4, 4, 5, 3, 1), auto_pad=auto_pad)
-    outcome = rewrite(model, "exact")
+    outcome = rewrite(model, "all")
     assert op_counts(outcome.model)["Conv"] == 2
     check_equal(model, outcome.model, shape)
 
@@ -69,7 +69,7 @@ def test_auto_pad_splits_exactly(auto_pad):
 ])
 def test_kernels_that_do_not_pay_stay_whole(weight, attrs, reason):
     shape = [1, weight.shape[1], 12, 12]
-    outcome = rewrite(separable_model(shape, weight, **attrs), "exact")
+    outcome = rewrite(separable_model(shape, weight, **attrs), "all")
     assert op_counts(outcome.model)["Conv"] == 1
     reasons = [entry["reason"] for entry in outcome.skipped if entry["rule"] == "low-rank-kernel"]
     assert (reasons == []) if reason is None else any(reason in text for text in reasons)
@@ -82,7 +82,7 @@ def test_kernels_that_do_not_pay_stay_whole(weight, attrs, reason):
     ([1, 4, 20, 20], low_rank(4, 4, 7, 1, 1), {}),                            # already a column
 ])
 def test_other_convs_are_not_split(shape, weight, attrs):
-    outcome = rewrite(separable_model(shape, weight, **attrs), "exact")
+    outcome = rewrite(separable_model(shape, weight, **attrs), "all")
     assert "low-rank-kernel" not in [entry["rule"] for entry in outcome.applied]
 
 
@@ -91,7 +91,7 @@ def test_the_split_is_not_composed_back():
     it declines, so `exact` reaches a fixed point instead of alternating."""
     shape = [1, 6, 24, 24]
     model = separable_model(shape, low_rank(8, 6, 9, 9, 1), pads=[4, 4, 4, 4])
-    outcome = rewrite(model, "exact")
+    outcome = rewrite(model, "all")
     assert outcome.passes == 2 and op_counts(outcome.model)["Conv"] == 2
     assert any(entry["rule"] == "conv-conv" and "stays split" in entry["reason"] for entry in outcome.skipped)
 
@@ -108,7 +108,7 @@ def test_a_split_that_would_not_reproduce_the_kernel_is_refused_with_its_reason(
     report says why (rather than saying nothing, as for a full-rank kernel)."""
     monkeypatch.setattr("convexport.algebra.separable.RECONSTRUCTION_TOLERANCE", 0.0)
     shape = [1, 6, 24, 24]
-    outcome = rewrite(separable_model(shape, low_rank(8, 6, 9, 9, 1), pads=[4, 4, 4, 4]), "exact")
+    outcome = rewrite(separable_model(shape, low_rank(8, 6, 9, 9, 1), pads=[4, 4, 4, 4]), "all")
     assert op_counts(outcome.model)["Conv"] == 1
     assert any(entry["rule"] == "low-rank-kernel" and "does not reproduce the kernel" in entry["reason"]
                for entry in outcome.skipped)
@@ -134,7 +134,7 @@ def test_a_split_is_made_exactly_up_to_the_rank_where_it_pays(rank, splits):
     20,480 per unit of rank: rank 7 saves 30% and splits; rank 8 saves 20%, under the
     quarter a split must save (SPLIT_SAVING), and rank 10 costs as much as the conv."""
     shape = [1, 4, 16, 16]
-    outcome = rewrite(separable_model(shape, low_rank(4, 4, 5, 5, rank), pads=[2, 2, 2, 2]), "exact")
+    outcome = rewrite(separable_model(shape, low_rank(4, 4, 5, 5, rank), pads=[2, 2, 2, 2]), "all")
     assert (op_counts(outcome.model)["Conv"] == 2) is splits
     assert not [entry for entry in outcome.skipped if entry["rule"] == "low-rank-kernel"]
 
@@ -198,7 +198,7 @@ def test_a_low_rank_kernel_splits_exactly_from_a_sketch_of_its_columns():
 
 def test_factoring_beyond_the_budget_is_not_tried(monkeypatch):
     """A kernel the screen lets through is factored only within FACTOR_BUDGET_FLOPS: past it,
-    an unreported refusal and no SVD (--strategy exact on composed kernels took minutes)."""
+    an unreported refusal and no SVD (--strategy all on composed kernels took minutes)."""
     from convexport.algebra import separable
 
     monkeypatch.setattr(separable, "FACTOR_BUDGET_FLOPS", 1e3)
@@ -219,9 +219,9 @@ def test_a_full_rank_kernel_is_screened_on_its_raw_weight_before_any_conv_spec(m
     monkeypatch.setattr(fold, "conv_spec", lambda node: built.append(node.name) or original(node))
     shape = [1, 8, 16, 16]
     full = np.random.default_rng(3).standard_normal([8, 8, 5, 5]).astype(np.float32)
-    outcome = rewrite(separable_model(shape, full, pads=[2, 2, 2, 2]), "exact")
+    outcome = rewrite(separable_model(shape, full, pads=[2, 2, 2, 2]), "all")
     assert op_counts(outcome.model)["Conv"] == 1 and not built
-    outcome = rewrite(separable_model(shape, low_rank(8, 8, 5, 5, 2), pads=[2, 2, 2, 2]), "exact")
+    outcome = rewrite(separable_model(shape, low_rank(8, 8, 5, 5, 2), pads=[2, 2, 2, 2]), "all")
     assert op_counts(outcome.model)["Conv"] == 2 and built
 
 

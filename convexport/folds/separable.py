@@ -62,7 +62,7 @@ def conv_as_separable(match, context) -> Rewrite | Refusal:
 
 # A split must save at least this fraction of the conv's FLOPs: one more node and an
 # intermediate tensor are not free, and a kernel whose rank only just pays (a 1x1 reduction
-# composed with a 3x3 under --strategy exact: rank 3M of a [3I, 3O] matrix) would be factored
+# composed with a 3x3 under --strategy all: rank 3M of a [3I, 3O] matrix) would be factored
 # for nothing (bench/RESULTS.md, "Measurements behind the code").
 SPLIT_SAVING = 0.25
 

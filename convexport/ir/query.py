@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-DEFAULT_OPSET = 18  # what convexport exports at, and assumes of a model that declares none
+DEFAULT_OPSET = 18  # what an older ONNX model is converted to, and assumed of one that declares none
 
 
 def onnx_opset(model: onnx.ModelProto) -> int | None:

@@ -1,5 +1,5 @@
 """Whether an exact candidate rewrite is worth applying: `--strategy cost` estimates both sides
-on the target device (cost.py), `--strategy measure` times them there (measure.py); `exact`
+on the target device (cost.py), `--strategy measure` times them there (measure.py); `all`
 applies every exact rewrite. Each decision keeps its numbers for the report."""
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def estimated_decision(before: Estimate, after: Estimate, device: str) -> Decisi
         else (
             f"estimated {after.seconds * 1e6:.3g} us on {device} instead of {before.seconds * 1e6:.3g} us "
             f"(FLOPs {before.flops:.3g} -> {after.flops:.3g}, bytes {before.bytes:.3g} -> {after.bytes:.3g}, "
-            f"nodes {before.nodes} -> {after.nodes}); --strategy exact applies it"
+            f"nodes {before.nodes} -> {after.nodes}); --strategy all applies it"
         )
     )
     return Decision(apply, numbers, reason)

@@ -31,7 +31,8 @@ from .primitives import Primitive, Rewrite, reach_of
 from .rulefile import Rule
 
 MAX_PASSES = 32
-STRATEGIES = ("exact", "cost", "measure")
+STRATEGIES = ("all", "cost", "measure")
+STRATEGY_ALIASES = {"exact": "all"}  # its old name: every strategy applies only exact rewrites
 
 
 @dataclass
@@ -120,6 +121,8 @@ def _collector_paused():
 
 
 def _rewrite(model, rules, primitives, strategy, source, limit, device, decided, explain) -> RewriteOutcome:
+    if strategy not in STRATEGIES:  # the caller resolves aliases: an unknown one would mean "cost"
+        raise ValueError(f"strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
     opset = ir.onnx_opset(model) or ir.DEFAULT_OPSET
     decided = {} if decided is None else decided
     graph = ir.import_graph(model)
@@ -296,8 +299,8 @@ def _judged(
     result: Rewrite, rule: Rule, node_names: list[str], context: RewriteContext, members: set[int]
 ) -> Rewrite | Refusal:
     """The rewrite with its decision's numbers, or the Refusal that the decision gives (under
-    --strategy exact, the rewrite as it is)."""
-    if context.strategy == "exact":
+    --strategy all, the rewrite as it is)."""
+    if context.strategy == "all":
         return result
     key = (rule.name, tuple(node_names))
     judge = by_measurement if context.strategy == "measure" else by_estimate

@@ -137,7 +137,7 @@ def check_instance(instance: Instance, rule: Rule, primitives: dict[str, Primiti
     before = instance.model.SerializeToString()
     try:
         outcome = rewrite_model(
-            instance.model, [rule], primitives, strategy="exact", source="rule instance", explain=frozenset({rule.name})
+            instance.model, [rule], primitives, strategy="all", source="rule instance", explain=frozenset({rule.name})
         )
     except ConvexportError as exc:
         return Checked(f"{CRASHED}the rewrite failed: {exc}", None)
