@@ -19,7 +19,7 @@ from convexport.rewrite.rulefile import RuleFileError, load_rules
 from convexport.ir import fold_constants, infer_shapes
 import graphs
 from graphs import RULES, GraphBuilder, rewrite
-from helpers import op_counts
+from helpers import op_counts, run
 
 torch.manual_seed(0)
 RTOL = 1e-5  # fp32: every output within 1e-5 relative (and 1e-5 of its largest magnitude)
@@ -313,13 +313,99 @@ def test_levit_linear_bn_through_its_reshapes_is_one_matmul_and_its_bias(tmp_pat
     assert op_counts(outcome.model) == {"MatMul": 1, "Add": 1, "HardSwish": 1}
 
 
-def test_a_reshape_that_does_not_give_back_the_dense_shape_keeps_the_batchnorm():
+def reshaped_linear_bn(builder, dense, bias, affine, final, allowzero=None):
+    """x [2, 3, 4] -> dense to 6 -> Reshape [-1, 6] -> a per-feature map -> Reshape `final`."""
+    if dense == "Gemm":  # a Gemm takes 2-D data: the chain starts from x flattened
+        x = builder.node("Reshape", ["x", builder.const(np.array([6, 4]), dtype=np.int64)])
+        h = builder.node("Gemm", [x, builder.const(builder.rng.standard_normal([4, 6]))]
+                         + ([builder.const(builder.rng.standard_normal(6))] if bias else []))
+    else:
+        h = builder.node("MatMul", ["x", builder.const(builder.rng.standard_normal([4, 6]))])
+        if bias:
+            h = builder.node("Add", [h, builder.const(builder.rng.standard_normal(6))])
+    flat = builder.node("Reshape", [h, builder.const(np.array([-1, 6]), dtype=np.int64)])
+    mapped = builder.batchnorm(flat) if affine == "BatchNormalization" else builder.node(
+        affine, [flat, builder.const(builder.rng.uniform(0.5, 2, 6))])
+    attrs = {} if allowzero is None else {"allowzero": allowzero}
+    y = builder.node("Reshape", [mapped, builder.const(np.array(final), dtype=np.int64)], **attrs)
+    return builder.node("Relu", [y])
+
+
+@pytest.mark.parametrize("dense, bias", [("MatMul", False), ("Gemm", False), ("Gemm", True)])
+@pytest.mark.parametrize("affine", ["BatchNormalization", "Mul", "Add"])
+@pytest.mark.parametrize("final", [
+    [2, 3, 6],      # the MatMul's output shape again
+    [6, 6],         # the Gemm's
+    [2, 3, 2, 3],   # LeViT's head split
+    [3, 2, 6],      # another order of the same rows
+    [2, -1, 2, 3],  # -1 resolves alike from either shape
+    [0, 2, 3],      # 0 copies the flattened input's 6: the static shape serves
+    [36],           # all in one row
+])
+def test_a_dense_chain_through_reshapes_is_one_dense_and_one_reshape(dense, bias, affine, final):
+    builder = GraphBuilder([2, 3, 4])
+    y = reshaped_linear_bn(builder, dense, bias, affine, final)
+    outcome, counts = fold(builder, [y], rules=only("dense-reshaped-affine"))
+    dense_shape = [2, 3, 6] if dense == "MatMul" else [6, 6]
+    expected = {dense: 1, "Relu": 1, "Reshape": (final != dense_shape) + (dense == "Gemm")}
+    if dense == "MatMul" and affine != "Mul":  # the shift: MatMul's bias
+        expected["Add"] = 1
+    assert counts == {op: n for op, n in expected.items() if n}, outcome.skipped
+    assert [entry["rule"] for entry in outcome.applied] == ["dense-reshaped-affine"]
+
+
+def test_a_reshape_that_copies_a_dim_of_an_unknown_shape_is_reported():
+    builder = GraphBuilder([2, 3, 4])
+    y = reshaped_linear_bn(builder, "MatMul", False, "BatchNormalization", [0, 2, 3])
+    outcome, counts = fold(builder, [y], dynamic_batch=True, rules=only("dense-reshaped-affine"))
+    assert counts["BatchNormalization"] == 1
+    (skipped,) = outcome.skipped
+    assert "copies a dim (0) of its input" in skipped["reason"]
+
+
+def test_a_zero_with_allowzero_is_a_zero_dim_and_folds_as_given():
+    builder = GraphBuilder([0, 3, 4])  # an empty batch: allowzero keeps its 0
+    y = reshaped_linear_bn(builder, "MatMul", False, "Mul", [0, 3, 2, 3], allowzero=1)
+    model = builder.model([y])
+    outcome = rewrite(model, "all", only("dense-reshaped-affine"))
+    assert op_counts(outcome.model) == {"MatMul": 1, "Reshape": 1, "Relu": 1}
+    feeds = {"x": np.zeros([0, 3, 4], np.float32)}
+    assert run(outcome.model, feeds)[0].shape == run(model, feeds)[0].shape == (0, 3, 2, 3)
+
+
+def test_a_first_reshape_that_moves_the_features_keeps_the_map_and_says_why():
     builder = GraphBuilder([2, 3, 4])
     h = builder.node("MatMul", ["x", builder.const(builder.rng.standard_normal([4, 6]))])
-    flat = builder.node("Reshape", [h, builder.const(np.array([6, 6]), dtype=np.int64)])
-    y = builder.node("Reshape", [builder.batchnorm(flat), builder.const(np.array([3, 2, 6]), dtype=np.int64)])
-    _, counts = fold(builder, [builder.node("Relu", [y])], rules=only("dense-reshaped-affine"))
+    flat = builder.node("Reshape", [h, builder.const(np.array([4, 9]), dtype=np.int64)])  # rows of 9 mix features
+    y = builder.node("Reshape", [builder.batchnorm(flat), builder.const(np.array([2, 3, 6]), dtype=np.int64)])
+    outcome, counts = fold(builder, [builder.node("Relu", [y])], rules=only("dense-reshaped-affine"))
     assert counts["BatchNormalization"] == 1
+    (skipped,) = outcome.skipped
+    assert "does not keep the last axis" in skipped["reason"]
+
+
+class LeViTQKV(torch.nn.Module):
+    """LeViT's qkv: Linear_BN, then a view straight to heads (dynamo's optimizer merges the
+    reshape back and the view into one Reshape that splits the features)."""
+
+    def __init__(self, dim=16, heads=4, per_head=8):
+        super().__init__()
+        self.linear_bn, self.heads = LinearBN(dim, heads * per_head), heads
+
+    def forward(self, x):
+        batch, tokens, _ = x.shape
+        y = self.linear_bn.linear(x)
+        y = self.linear_bn.bn(y.flatten(0, 1)).reshape_as(y)
+        return torch.relu(y.view(batch, tokens, self.heads, -1).permute(0, 2, 1, 3))
+
+
+@pytest.mark.parametrize("route", ["dynamo", "dynamo-unoptimized", "torchscript"])
+def test_levit_qkv_split_into_heads_keeps_no_batchnorm(tmp_path, route):
+    model = folded(export(LeViTQKV(), (2, 5, 16), tmp_path / "qkv.onnx", route))
+    outcome = rewrite(model, "cost")
+    assert_same_outputs(model, outcome.model, [2, 5, 16])
+    counts = op_counts(outcome.model)
+    assert "BatchNormalization" not in counts and counts["MatMul"] == 1, counts
 
 
 @pytest.mark.parametrize("op,constant,first,dropped", [

@@ -44,24 +44,46 @@ def fold_dense_chain(match, context) -> Rewrite | Refusal:
     chain = _chain(root.outputs[0], x, match.node_list())
     if isinstance(chain, Refusal):
         return chain
-    layout = _layout(x, [chain], len(chain), context.opset)
+    final_shape = _final_reshape(x, chain, context)
+    if isinstance(final_shape, Refusal):
+        return final_shape
+    mapped = chain[:-1] if root.op == "Reshape" else chain  # a last Reshape is applied again after the fold
+    layout = _layout(x, [mapped], len(chain) - (final_shape is not None), context.opset)
     if isinstance(layout, Refusal):
         return layout
-    dense = _branch_map(chain, context.opset, keep_low_rank=True)
+    dense = _branch_map(mapped, context.opset, keep_low_rank=True)
     if isinstance(dense, Refusal):
         return dense
-    if any(node.op in ("Reshape", "Flatten") for node in chain) and not _shape_kept(x, root, dense):
-        return Refusal(f"{root.name}: the Reshapes do not give back the shape of the dense output")
     note = " -> ".join(node.op for node in chain) + " folded into one"
-    return _emitted(context, x, dense, layout, root, note)
+    return _emitted(context, x, dense, layout, root, note, final_shape)
 
 
-def _shape_kept(x, root: ir.Node, dense: Dense) -> bool:
-    """Whether root's output has the shape of the dense output of x: x's leading dims and D."""
-    x_shape, out_shape = getattr(x, "shape", None), root.outputs[0].shape
-    if x_shape is None or out_shape is None or not all(isinstance(d, int) for d in (*x_shape, *out_shape)):
-        return False
-    return list(out_shape) == [*x_shape[:-1], dense.weight.shape[1]]
+def _final_reshape(x, chain: list[ir.Node], context) -> ir.Tensor | Refusal | None:
+    """What the folded dense output is reshaped to: None where the chain ends in the dense
+    output's shape (x's leading dims and D), the shape input to give a Reshape where it ends in
+    a Reshape to another shape (LeViT's Linear_BN reshaped straight to heads, [B*N, D] ->
+    [B, N, H, D/H]). The chain is then Reshape(g(Reshape(dense(x), s1)), s2) with g per
+    feature: g commutes with the Reshapes that keep the last axis, and a Reshape of a Reshape
+    is the last one's where its shape copies no dim of its input (a 0 without allowzero); else
+    the output's static shape serves, or the fold is refused."""
+    last, output = chain[-1], chain[-1].outputs[0]
+    features = chain[0].outputs[0].shape[-1] if chain[0].outputs[0].shape else None
+    x_shape = getattr(x, "shape", None)
+    known = x_shape is not None and all(isinstance(dim, int) or dim for dim in (*x_shape, features))
+    if known and output.shape is not None and list(output.shape) == [*x_shape[:-1], features]:
+        return None  # (a symbolic dim is the same dim where shape inference gives it the same name)
+    if not any(node.op in ("Reshape", "Flatten") for node in chain):
+        return None
+    if last.op != "Reshape":
+        return Refusal(f"{last.name}: the Reshapes do not give back the shape of the dense output")
+    target = constant_value(last.inputs[1])
+    if target is None:
+        return Refusal(f"{last.name}: its shape is computed at run time")
+    if attribute_or(last, "allowzero", context.opset, 0) or not np.any(np.asarray(target) == 0):
+        return last.inputs[1]
+    if output.shape is None or not all(isinstance(dim, int) for dim in output.shape):
+        return Refusal(f"{last.name}: its shape copies a dim (0) of its input, and its output's shape is not static")
+    return ir.Constant(context.fresh(output.name + "_shape"), np.array(output.shape, np.int64))
 
 
 @reach(0)
@@ -162,7 +184,7 @@ def _reshape_map(node: ir.Node) -> FeatureAffine | Refusal:
     (fold_dense_chain checks)."""
     before, after = getattr(node.inputs[0], "shape", None), node.outputs[0].shape
     if before is None or after is None or not isinstance(before[-1], int) or before[-1] != after[-1]:
-        return Refusal(f"{node.name}: a {node.op} that does not keep the last axis", reported=False)
+        return Refusal(f"{node.name}: a {node.op} that does not keep the last axis")
     return FeatureAffine(np.ones(before[-1]), np.zeros(before[-1]))
 
 
@@ -236,9 +258,16 @@ def _may_add_bias(node: ir.Node) -> bool:
     return node.op in ("BatchNormalization", "Add", "Sub")
 
 
-def _emitted(context, x, dense: Dense, layout: _Layout, root: ir.Node, note: str) -> Rewrite:
-    """The dense node(s) computing root's output from x: a Gemm, or a MatMul and an Add of the bias."""
+def _emitted(
+    context, x, dense: Dense, layout: _Layout, root: ir.Node, note: str, final_shape: ir.Tensor | None = None
+) -> Rewrite:
+    """The dense node(s) computing root's output from x: a Gemm, or a MatMul and an Add of the
+    bias; then a Reshape to `final_shape` where one is given."""
     output, dtype = root.outputs[0], layout.dtype
+    if final_shape is not None:  # the dense output: x's leading dims and D
+        x_shape = getattr(x, "shape", None)
+        dense_shape = None if x_shape is None else [*x_shape[:-1], dense.weight.shape[1]]
+        output = ir.Variable(output.name, dtype, dense_shape)
     if layout.as_gemm:
         attrs = {key: 1 for key, on in (("transA", layout.trans_a), ("transB", layout.trans_b)) if on}
         inputs = [
@@ -254,6 +283,9 @@ def _emitted(context, x, dense: Dense, layout: _Layout, root: ir.Node, note: str
         if dense.bias is not None:
             bias = _constant(context, output.name + "_bias", dense.bias, dtype)
             nodes.append(_node(context, "Add", [nodes[0].outputs[0], bias], {}, dtype, output))
+    if final_shape is not None:
+        output = root.outputs[0]
+        nodes.append(_node(context, "Reshape", [nodes[-1].outputs[0], final_shape], {}, dtype, output))
     written = " + ".join(node.op for node in nodes)
     return Rewrite(nodes, [(output, nodes[-1].outputs[0])], f"{note} {written}")
 
