@@ -41,11 +41,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import family_blocks  # noqa: E402
+from peers import timed_pair  # noqa: E402
 
 import convexport  # noqa: E402
 from convexport.export import graph_input_specs  # noqa: E402
 from convexport.profile import TIME_BUDGET_S  # noqa: E402
-from peers import timed_pair  # noqa: E402
 from convexport.quiet import quiet_libraries  # noqa: E402
 
 ROUTES = ("dynamo", "dynamo unoptimized", "torchscript unfolded")
@@ -264,24 +264,29 @@ def section(families: list[dict], latency: list[str], largest: str, largest_node
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace the HEADING section of `path` (up to the next level-2 heading) with `text`, or
+def write_section(path: Path, text: str, heading: str = HEADING) -> None:
+    """Replace the `heading` section of `path` (up to the next level-2 heading) with `text`, or
     append it; every other section stays as it is."""
     old = path.read_text() if path.exists() else ""
-    start = old.find(HEADING)
+    start = old.find(heading)
     if start < 0:
         path.write_text(old.rstrip("\n") + "\n\n" + text)
         return
-    end = old.find("\n## ", start + len(HEADING))
+    end = old.find("\n## ", start + len(heading))
     rest = "" if end < 0 else "\n" + old[end + 1:]
     path.write_text(old[:start] + text + rest)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", help="Only the families whose name contains this.")
+def arguments(doc: str, what: str) -> argparse.Namespace:
+    """A benchmark's command line: --only (a name part) and --write (a Markdown file)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--only", help=f"Only the {what} whose name contains this.")
     parser.add_argument("--write", type=Path, help="Put the section into this Markdown file.")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments(__doc__, "families")
     start = time.perf_counter()
     warm_up()
     families = []

@@ -8,7 +8,8 @@ import sys
 def main() -> None:
     try:
         from .cli import main as command_line
+
+        command_line()  # typer builds the command from the signatures first: Ctrl-C may land there too
     except KeyboardInterrupt:
         sys.stderr.write("convexport: interrupted\n")
         raise SystemExit(130) from None
-    command_line()

@@ -220,9 +220,7 @@ def _optimize(
     say("exporting")
     exported = export_model(loaded, specs, opset, dynamic_batch, freeze_input_defaults)
     say("rewriting")
-    folded = ir.fold_constants(exported.model)  # the rules see constants as constants
-    if folded is not exported.model:  # and the shapes those constants decide
-        folded = ir.infer_shapes(folded, loaded.source, forget_unknown_dims=True)
+    folded = ir.fold_to_fixed_point(exported.model, loaded.source)  # the rules see constants as constants
     primitives = builtin_primitives()
     decided: dict = {}  # cost/measure decisions, replayed by the bisection below
     outcome = rewrite_model(

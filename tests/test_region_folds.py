@@ -12,11 +12,13 @@ import numpy as np
 import onnx
 import pytest
 import torch
+
+import convexport
 from onnx import helper
 
 from convexport.folds import builtin_primitives
 from convexport.rewrite.rulefile import RuleFileError, load_rules
-from convexport.ir import fold_constants, infer_shapes
+from convexport.ir import fold_constants, fold_to_fixed_point, infer_shapes
 import graphs
 from graphs import RULES, GraphBuilder, rewrite
 from helpers import op_counts, run
@@ -218,8 +220,8 @@ def export(module, shape, path, route):
 
 
 def folded(model):
-    """Constants folded and the shapes they decide inferred, as the pipeline does before the rules."""
-    return infer_shapes(fold_constants(model), "model", forget_unknown_dims=True)
+    """Constants and shape arithmetic folded to a fixed point, as the pipeline does before the rules."""
+    return fold_to_fixed_point(model, "model")
 
 
 @pytest.mark.parametrize("route", ["dynamo", "dynamo-unoptimized", "torchscript"])
@@ -406,6 +408,24 @@ def test_levit_qkv_split_into_heads_keeps_no_batchnorm(tmp_path, route):
     assert_same_outputs(model, outcome.model, [2, 5, 16])
     counts = op_counts(outcome.model)
     assert "BatchNormalization" not in counts and counts["MatMul"] == 1, counts
+
+
+@pytest.mark.parametrize("module", [LinearBN(16, 32), LeViTQKV()], ids=["linear_bn", "qkv"])
+def test_levit_blocks_with_a_dynamic_batch_keep_no_batchnorm_and_any_batch(tmp_path, module):
+    """The TorchScript export with a dynamic batch: the flatten to [B*N, D] has a size shape
+    inference cannot give, reshape_as reads Shape(y) and the view to heads B = x.shape[0]; the
+    targets become constants (0 or -1), the chain folds under the default cost strategy (which
+    counts the flattened tensor's elements, not 1 for its unknown dim), and the batch stays dynamic."""
+    path = tmp_path / "levit.onnx"
+    torch.onnx.export(module.eval(), (torch.randn(2, 5, 16),), str(path), dynamo=False, do_constant_folding=False,
+                      input_names=["x"], dynamic_axes={"x": {0: "batch"}})
+    result = convexport.optimize(str(path), write=False, profile=False)
+    counts = result.report["after"]["ops"]
+    assert "BatchNormalization" not in counts and counts["MatMul"] == 1 and "Shape" not in counts, counts
+    assert counts.get("Reshape", 0) == (1 if isinstance(module, LeViTQKV) else 0), counts  # to heads, or none
+    for batch in (1, 3):
+        feeds = {"x": np.random.default_rng(batch).standard_normal([batch, 5, 16]).astype(np.float32)}
+        np.testing.assert_allclose(run(result.model, feeds)[0], run(result.original, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("op,constant,first,dropped", [

@@ -4,6 +4,11 @@
     drop_whole_slice   y = Slice(x, ...) that keeps all of x -> x
     drop_neutral_constant   y = x + 0, x - 0, x * 1, x / 1 -> x
     drop_empty_pad     y = Pad(x, zeros) -> x
+    drop_same_shape_reshape  y = Reshape(x) of x's own shape -> x
+    merge_reshapes     y = Reshape(Reshape(x, s1), s2) -> Reshape(x, s2)
+    merge_transposes   y = Transpose(Transpose(x)) -> one Transpose, or x
+    drop_identity_transpose  y = Transpose(x) keeping every axis -> x
+    slices_as_split    parts[] = Slice(x) cutting one axis into consecutive parts -> one Split
     compose_linear     h = first(x); y = second(h)  ->  one Conv of x (names: h, root)
     compose_conv_transpose   h = ConvTranspose(x); y = affine or pointwise Conv(h) -> one ConvTranspose
     affine_into_concat_parts y = affine(Concat(*parts)) -> Concat of the parts' Convs with it folded in
@@ -35,6 +40,13 @@ from .conv_chain import compose_linear
 from .conv_transpose import compose_conv_transpose
 from .dense_chain import fold_dense_chain, sum_dense_branches
 from .fft_conv import conv_as_fft
+from .layout import (
+    drop_identity_transpose,
+    drop_same_shape_reshape,
+    merge_reshapes,
+    merge_transposes,
+    slices_as_split,
+)
 from .separable import conv_as_separable
 from .sibling_convs import merge_sibling_convs
 
@@ -43,6 +55,11 @@ REGISTRY = {
     "drop_whole_slice": drop_whole_slice,
     "drop_neutral_constant": drop_neutral_constant,
     "drop_empty_pad": drop_empty_pad,
+    "drop_same_shape_reshape": drop_same_shape_reshape,
+    "merge_reshapes": merge_reshapes,
+    "merge_transposes": merge_transposes,
+    "drop_identity_transpose": drop_identity_transpose,
+    "slices_as_split": slices_as_split,
     "compose_linear": compose_linear,
     "compose_conv_transpose": compose_conv_transpose,
     "sum_branches": sum_branches,

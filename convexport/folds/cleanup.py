@@ -12,10 +12,10 @@ from ..rewrite.primitives import Rewrite, reach
 @reach(0)
 def forward_input(match, context) -> Rewrite:
     """The root's output is its first input (Identity, Dropout in inference)."""
-    return _forwarded(match.root, match.root.inputs[0], f"{match.root.op} forwards its input unchanged")
+    return forwarded(match.root, match.root.inputs[0], f"{match.root.op} forwards its input unchanged")
 
 
-def _forwarded(root, tensor, note: str) -> Rewrite:
+def forwarded(root, tensor, note: str) -> Rewrite:
     """No node: the root's output is `tensor`, one of its inputs."""
     return Rewrite(nodes=[], replace=[(root.outputs[0], tensor)], note=note)
 
@@ -38,7 +38,7 @@ def drop_whole_slice(match, context) -> Rewrite | Refusal:
         size = shape[axis]
         if not isinstance(size, int) or step != 1 or start not in (0, -size if size else 0) or end < size:
             return Refusal("it keeps part of its input", reported=False)
-    return _forwarded(root, root.inputs[0], "Slice keeps its whole input")
+    return forwarded(root, root.inputs[0], "Slice keeps its whole input")
 
 
 # The constant that leaves x as it is, per op, and whether x must be the first input.
@@ -62,7 +62,7 @@ def drop_neutral_constant(match, context) -> Rewrite | Refusal:
         return Refusal("the constant changes the values or the shape", reported=False)
     if data.dtype is None or data.dtype != root.outputs[0].dtype:
         return Refusal("the output's type is not the input's", reported=False)
-    return _forwarded(root, data, f"{root.op} by {neutral[0]:g} forwards its input")
+    return forwarded(root, data, f"{root.op} by {neutral[0]:g} forwards its input")
 
 
 @reach(0)
@@ -73,4 +73,4 @@ def drop_empty_pad(match, context) -> Rewrite | Refusal:
     pads = constant_value(root.inputs[1])
     if pads is None or np.any(np.asarray(pads) != 0):
         return Refusal("it pads or crops", reported=False)
-    return _forwarded(root, root.inputs[0], "Pad of zero forwards its input")
+    return forwarded(root, root.inputs[0], "Pad of zero forwards its input")

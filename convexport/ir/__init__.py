@@ -19,7 +19,7 @@ outputs' producers as it is made.
 from onnx_graphsurgeon import Constant, Graph, Node, Tensor, Variable
 
 from .convert import IR_VERSION, export_graph, import_graph, nodes_as_model, overridable_initializers
-from .folding import constant_node_values, fold_constants
+from .folding import constant_node_values, fold_constants, fold_to_fixed_point
 from .large import external_data_files, needs_external_data, save_with_external_data, serialized_bytes
 from .naming import NameGenerator
 from .provenance import Provenance
@@ -52,6 +52,7 @@ __all__ = [
     "overridable_initializers",
     "external_data_files",
     "fold_constants",
+    "fold_to_fixed_point",
     "constant_node_values",
     "needs_external_data",
     "save_with_external_data",

@@ -27,6 +27,8 @@ from onnxscript import ir as onnx_ir  # onnx-ir, as onnxscript installs and uses
 
 from ..quiet import quiet_libraries
 from .scopes import proto_scopes
+from .shapes import infer_shapes
+from .static_dims import constant_reshape_targets, fold_static_dims
 
 FOLD_LIMIT_ELEMENTS = 1 << 22  # 16 MiB of float32, as inputs or outputs of one folded node
 
@@ -68,6 +70,25 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     folded = onnx_ir.serde.serialize_model(graph)
     _unmark_nameless_nodes(folded, nameless)
     return folded
+
+
+MAX_FOLD_ROUNDS = 8  # EfficientViT-M's TorchScript export settles after 2
+
+
+def fold_to_fixed_point(model: onnx.ModelProto, source: str) -> onnx.ModelProto:
+    """Fold, infer shapes, fold again, until a round folds nothing (onnxsim's loop): folding
+    makes a Slice's bounds constant, inference then gives its output a static shape, and the
+    Shape of that output folds in the next round (the TorchScript exporter writes
+    `x.shape`, `chunk` and `view` as such chains). A dim that is dynamic stays symbolic: only
+    what does not depend on it folds (static_dims.py picks the static dims out of a shape
+    that has a dynamic one). `model` itself when nothing folds."""
+    current = model
+    for _ in range(MAX_FOLD_ROUNDS):
+        folded = fold_constants(constant_reshape_targets(fold_static_dims(current)))
+        if folded is current:
+            break
+        current = infer_shapes(folded, source, forget_unknown_dims=True)
+    return current
 
 
 _NAMELESS = "\x00convexport-nameless"  # no exporter writes a NUL into a node name

@@ -192,14 +192,30 @@ def _seconds(device: Device, flops: float, moved: float, copy: bool = False, lar
 COPY_OPS = frozenset({"Concat", "Split", "Slice", "Transpose", "Tile", "Expand", "Gather", "Pad"})
 
 
-def _shape(tensor, node: ir.Node, replaced: dict[int, ir.Tensor]) -> tuple[int, ...] | None:
+# Ops whose output has as many elements as their first input: where shape inference could not
+# give one dim of the output (Flatten of [N, 64, 256] is [N*64, 256], unknown), it is the dim
+# that keeps the count, not the 1 flops.counted takes for an unknown dim (which counted the
+# BatchNormalization after such a Flatten 64 times too cheap).
+SAME_ELEMENTS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "BatchNormalization", "Identity"})
+
+
+def _shape(tensor, node: ir.Node, replaced: dict[int, ir.Tensor], depth: int = 0) -> tuple[int, ...] | None:
     stand_in = replaced.get(id(tensor), tensor)
     shape = stand_in.shape
     if shape is None and any(tensor is out for out in node.outputs):
         inputs = [_shape(t, node, {}) for t in node.inputs if not isinstance(t, ir.Constant)]
         inputs = [s for s in inputs if s is not None]
         return max(inputs, key=lambda s: int(math.prod(s)), default=None)
-    return None if shape is None else flops.counted(shape)
+    if shape is None:
+        return None
+    unknown = [axis for axis, dim in enumerate(shape) if type(dim) is not int]
+    producer = stand_in.inputs[0] if len(unknown) == 1 and stand_in.inputs and depth < 16 else None
+    if producer is not None and producer.op in SAME_ELEMENTS and producer.inputs:
+        source = _shape(producer.inputs[0], producer, {}, depth + 1)
+        known = math.prod(dim for dim in shape if type(dim) is int)
+        if source is not None and known > 0 and math.prod(source) % known == 0:
+            return tuple(math.prod(source) // known if type(dim) is not int else dim for dim in shape)
+    return flops.counted(shape)
 
 
 def tensor_bytes(shape, dtype) -> float:

@@ -24,7 +24,7 @@ from onnx import helper, numpy_helper
 from ..rewrite.pattern import COMMUTATIVE, PatternNode, ValueRef
 from ..rewrite.rulefile import Rule
 from .draws import Draws
-from .samplers import SAMPLERS, Draft, Reject, Slot
+from .samplers import PARTITIONS, SAMPLERS, Draft, Reject, Slot
 
 IR_VERSION = 10  # ONNX Runtime 1.31 reads IR <= 10
 OPSETS = (18, 21)  # both sides of opset 20 (DFT-17 vs DFT-20, AveragePool-19)
@@ -89,6 +89,9 @@ class _InstanceBuilder:
         lowest = max([2, *self.minimums.values()])
         self.count = draws.integer(lowest, max(lowest, 4)) if any(line.is_element for line in rule.pattern) else None
         self.sharing = draws.choice(["same-geometry", "independent", "same-constants"])
+        partitionable = any(line.is_element and line.op_type in PARTITIONS for line in rule.pattern)
+        self.partition = partitionable and draws.flag()  # a group's parts cut their shared input
+        self.partitions: dict[int, list[Draft]] = {}  # line index -> one draft per element
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: dict[str, np.ndarray] = {}
         self.feeds: dict[str, np.ndarray] = {}
@@ -117,8 +120,16 @@ class _InstanceBuilder:
         fixed = dict(line.attributes)
         template = self.templates.get(index)
         slots = [Slot(self._shape(name) if name is not None else None, name != ABSENT) for name in names]
-        reused = template is not None and self.sharing != "independent" and _same_layout(template[0], slots)
-        if reused:
+        partitioned = self.partition and line.is_element and line.op_type in PARTITIONS
+        reused = (
+            not partitioned and template is not None and self.sharing != "independent"
+            and _same_layout(template[0], slots)
+        )  # fmt: skip
+        if partitioned:
+            if element == 0:
+                self.partitions[index] = PARTITIONS[line.op_type](self.draws, slots, fixed, self.count)
+            draft = self.partitions[index][element]
+        elif reused:
             draft = self._reshuffled(template[0])
         else:
             outputs = None if line.outputs[0].variadic else len(line.outputs)
@@ -223,7 +234,7 @@ class _InstanceBuilder:
         return self._add_node(line.op_type, inputs, {**draft.attrs, **_as_lists(dict(line.attributes))}, 1, "nested")[0]
 
     def _present(self, ref: ValueRef, element: int | None) -> bool:
-        if element and self.sharing != "independent":
+        if element and (self.sharing != "independent" or self.partition):
             return self.env.get((ref.name, 0)) != ABSENT
         return self.draws.flag()
 

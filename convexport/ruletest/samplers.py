@@ -433,6 +433,44 @@ def slice_(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
     return Draft({}, _values(slots, produced))
 
 
+def slice_partition(draws: Draws, slots: list[Slot], fixed: dict, count: int) -> list[Draft]:
+    """`count` Slices of one X that cut one axis into consecutive parts covering it (the
+    TorchScript exporter's chunk and split), one Draft per group element, the parts in a drawn
+    order; bounds written as exporters write them (negative from the end, past the end,
+    INT64_MAX). X is drawn with the axis long enough; the first Draft holds X's value."""
+    axes_given = len(slots) > 3 and slots[3].present
+    if slots[0].shape is None:
+        shape = list(draws.data_shape((1, 2, 3, 4)))
+        axis = draws.choice(range(len(shape))) if axes_given else 0
+        shape[axis] = count + draws.integer(0, 3)
+        first = {0: draws.normal(tuple(shape))}
+    else:
+        shape, first = list(slots[0].shape), {}
+        axis = draws.choice(range(len(shape))) if axes_given else 0
+    size = shape[axis]
+    if size < count:
+        raise Reject
+    edges = [0, *sorted(draws.rng.choice(np.arange(1, size), count - 1, replace=False).tolist()), size]
+    drafts = []
+    for element, part in enumerate(draws.rng.permutation(count).tolist()):
+        start, end = edges[part], edges[part + 1]
+        if end == size:
+            end = draws.choice([size, size + 3, int(np.iinfo(np.int64).max)])
+        elif draws.flag():
+            end -= size
+        produced = dict(first) if element == 0 else {}
+        produced[1] = np.array([start - size if start and draws.flag() else start], np.int64)
+        produced[2] = np.array([end], np.int64)
+        if axes_given:
+            produced[3] = np.array([axis - len(shape) if draws.flag() else axis], np.int64)
+        if len(slots) > 4 and slots[4].present:
+            produced[4] = np.array([1], np.int64)
+        values = [produced.get(index) if slot.present and (slot.shape is None or index > 0) else None
+                  for index, slot in enumerate(slots)]  # fmt: skip
+        drafts.append(Draft({}, values))
+    return drafts
+
+
 def _binary(denominator=None, neutral=None) -> Sampler:
     return lambda draws, slots, fixed, outputs: elementwise(draws, slots, fixed, outputs, denominator, neutral)
 
@@ -462,3 +500,6 @@ SAMPLERS: dict[str, Sampler] = {
     "Flatten": flatten,
     **dict.fromkeys(("Identity", "Relu", "Neg", "Abs", "Sigmoid", "Tanh", "LeakyRelu", "Softplus"), unary),
 }
+# Group elements of these ops that read one shared input may be drawn together, as parts that
+# partition it (what a rule turning them into one node needs to see at least once).
+PARTITIONS = {"Slice": slice_partition}
