@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import sys
 import traceback
 from pathlib import Path
@@ -339,13 +340,42 @@ def rules_check(files: Annotated[list[Path], typer.Argument(help="Rule files to 
     _guarded(run)
 
 
+def coverage_lines(result) -> str:
+    """What the rewritten instances exercised of the pattern's ops' cases, what only the
+    instances left alone held, what no instance held; and a warning where every rewritten
+    instance had a node that computes nothing worth checking."""
+    lines = [f"         covered: {_cases(result.exercised)}"]
+    refused_only = result.drawn - result.exercised
+    never = result.possible - result.drawn
+    if refused_only:
+        lines.append(f"         only in instances left alone: {_cases(refused_only)}")
+    if never:
+        lines.append(f"         in no instance: {_cases(never)}")
+    if result.only_degenerate:
+        lines.append("         verified only on degenerate instances (a Pad that pads nothing, a Mul by 1, an "
+                     "identity Transpose, ...): what the rule does elsewhere is untested")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _cases(cases: set[str]) -> str:
+    return "; ".join(sorted(cases)) or "none of the listed cases"
+
+
 @rules_app.command("test")
 def rules_test(
     files: Annotated[list[Path] | None, typer.Argument(help="Rule files or folders to test.")] = None,
     builtin: Annotated[bool, typer.Option("--builtin", help="Also test the built-in rules.")] = False,
     only: Annotated[list[str] | None, typer.Option("--rule", help="Only this rule (repeatable).")] = None,
-    examples: Annotated[int, typer.Option("--examples", min=1, help="Random instances per rule.")] = 100,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the random instances.")] = 0,
+    examples: Annotated[int, typer.Option("--examples", min=1, help="Random instances per round.")] = 100,
+    rewritten: Annotated[
+        int, typer.Option("--rewritten", min=0, help="Draw rounds until this many instances were rewritten.")
+    ] = 30,
+    budget: Annotated[
+        float, typer.Option("--budget", min=0, help="Seconds per rule for further rounds (the first always runs).")
+    ] = 20.0,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="Seed of the random instances (default: a new one, printed).")
+    ] = None,
     out: Annotated[Path, typer.Option("--out", help="Folder for counterexamples.")] = Path("counterexamples"),
 ):
     """Rewrite random instances of each rule's pattern and check them with ONNX Runtime; a
@@ -357,10 +387,13 @@ def rules_test(
     if not files and not builtin:
         raise typer.BadParameter("give rule files or folders, or --builtin", param_hint="FILES")
 
+    seed = random.SystemRandom().randrange(2**31) if seed is None else seed
+
     def run():
         primitives = builtin_primitives()
-        paths = (builtin_rule_files() if builtin else []) + rule_files(list(files or []))
-        rules = [rule for rule in load_rules(paths, set(primitives)) if not only or rule.name in only]
+        # the built-in rules are always loaded, so that a rule that overrides one takes its place
+        loaded = load_rules(builtin_rule_files() + rule_files(list(files or [])), set(primitives))
+        rules = [rule for rule in loaded if (builtin or not rule.builtin) and (not only or rule.name in only)]
         if only and len(rules) < len(set(only)):
             missing = sorted(set(only) - {rule.name for rule in rules})
             raise ConvexportError(f"no rule named {', '.join(missing)} in the files given")
@@ -368,7 +401,7 @@ def rules_test(
         with _progress() as step:
             for rule in rules:
                 step(f"testing {rule.name}")
-                result = verify_rule(rule, primitives, examples, seed, out)
+                result = verify_rule(rule, primitives, examples, seed, out, rewritten, budget)
                 where = f"{_shown_path(rule.file)}:{rule.line}"
                 if result.failure:
                     failed.append(result)
@@ -387,14 +420,18 @@ def rules_test(
                 else:
                     left = result.instances - result.applied
                     why = f"; not in {left}: {result.reasons()}" if left else ""
+                    status = "WARN    " if result.only_degenerate else "ok      "
                     stdout.print(
-                        f"ok       {rule.name:28} {result.instances} instances, rewritten in {result.applied}{why}",
+                        f"{status} {rule.name:28} {result.instances} instances, rewritten in {result.applied}{why}",
                         markup=False,
                         highlight=False,
+                        soft_wrap=True,
                     )
+                    if result.possible or result.drawn:  # (an Identity has no cases to cover)
+                        stdout.print(coverage_lines(result), markup=False, highlight=False, soft_wrap=True)
         stdout.print(
             f"{len(rules)} rule(s): {len(rules) - len(failed) - len(untested)} passed, {len(failed)} failed, "
-            f"{len(untested)} untested",
+            f"{len(untested)} untested (seed {seed}; --seed {seed} repeats these instances)",
             markup=False,
             highlight=False,
         )

@@ -94,7 +94,7 @@ class Float64Evaluator:
         from .reference_ops import REFERENCE_OPS
 
         try:
-            self._evaluator = ReferenceEvaluator(as_float64(model), new_ops=[Conv, *REFERENCE_OPS])
+            self._evaluator = ReferenceEvaluator(as_float64(model), new_ops=[Conv, ConvTranspose, *REFERENCE_OPS])
         except Exception as exc:  # an op the evaluator lacks, a type it refuses
             raise Float64Unavailable(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
 
@@ -109,6 +109,30 @@ class Float64Evaluator:
 
 def _is_float(value: np.ndarray) -> bool:
     return value.dtype.kind == "f" or value.dtype.name == "bfloat16"
+
+
+class ConvTranspose(OpRun):
+    """ONNX's reference ConvTranspose run one group at a time, the bias added after: its own
+    grouped path gives every group the first group's bias and keeps one output channel per
+    group (onnx 1.23: a depthwise ConvTranspose with a bias came out wrong, and validation
+    blamed the rewrite that kept it)."""
+
+    op_domain = ""
+
+    def _run(self, x, w, b=None, group=None, **attributes):
+        from onnx.reference.ops.op_conv_transpose import ConvTranspose as Reference
+
+        group = group or 1
+        inputs, outputs = x.shape[1] // group, w.shape[0] // group
+        parts = [
+            Reference._run(self, x[:, g * inputs : (g + 1) * inputs], w[g * outputs : (g + 1) * outputs], None,
+                           group=1, **attributes)[0]
+            for g in range(group)
+        ]  # fmt: skip
+        y = np.concatenate(parts, axis=1)
+        if b is not None:
+            y = y + b.reshape(1, -1, *([1] * (y.ndim - 2)))
+        return (y.astype(x.dtype),)
 
 
 class Conv(OpRun):

@@ -36,7 +36,15 @@ from .onnx_route import overridable_input_count
 from .profile import profile_models
 from .rewrite.engine import STRATEGIES, STRATEGY_ALIASES, rewrite_model
 from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
-from .runtime import CUDA, MissingKernel, custom_op_libraries, provider_options, resolve_device
+from .runtime import (
+    CUDA,
+    MissingKernel,
+    Unloadable,
+    create_session,
+    custom_op_libraries,
+    provider_options,
+    resolve_device,
+)
 from .stats import graph_stats
 from .validate import DEFAULT_RUNS, NoMadeUpInputs, Tolerances, compare_models, load_npz
 
@@ -241,8 +249,15 @@ def _optimize(
         "nodes_after": len(folded.graph.node),
         "between_rules": outcome.folded,
     }
-    if outcome.model is not exported.reference:
-        _check_well_formed(exported.reference, outcome.model, loaded.source, report)
+
+    def rewritten_with(limit: int) -> onnx.ModelProto:  # the first `limit` rewrites only, for a bisection
+        return rewrite_model(folded, rule_list, primitives, strategy, loaded.source, limit, device, decided).model
+
+    invalid = outcome.invalid or _checker_problem(exported.reference, outcome.model)
+    if invalid is None and not validate and outcome.model is not exported.reference:
+        invalid = _load_problem(outcome.model)  # (validation loads it anyway)
+    if invalid is not None:
+        _refuse_invalid(invalid, exported.reference, outcome.applied, rewritten_with, loaded.source, report, say)
 
     inputs_for_check = _validation_inputs(exported, specs)
     real_data = [load_npz(Path(input_data), inputs_for_check)] if input_data is not None else []
@@ -262,6 +277,12 @@ def _optimize(
                 extra_feeds=real_data,
                 labels=labels,
                 exact_budget_s=float64_budget,
+            )
+        except Unloadable as unloadable:  # valid to onnx's checker, not to ONNX Runtime
+            if _load_problem(exported.reference) is not None:
+                raise  # the model as given: its own problem, said as such
+            _refuse_invalid(
+                first_line(unloadable), exported.reference, outcome.applied, rewritten_with, loaded.source, report, say
             )
         except NoMadeUpInputs as unsuitable:
             if not real_data:
@@ -311,9 +332,7 @@ def _optimize(
                         exact=exact or False,
                     ).passed
                 ),
-                lambda limit: (
-                    rewrite_model(folded, rule_list, primitives, strategy, loaded.source, limit, device, decided).model
-                ),
+                rewritten_with,
             )
             report["validation"]["culprit"] = culprit
             blame = _blame(culprit, exported.conversions)
@@ -459,25 +478,51 @@ class Stages:
 _CHECKER_ERRORS = (onnx.checker.ValidationError, onnx.shape_inference.InferenceError)
 
 
-def _check_well_formed(original: onnx.ModelProto, rewritten: onnx.ModelProto, source: str, report: dict) -> None:
-    """ValidationError unless the rewritten model passes onnx.checker's full check (types and
-    shapes included) wherever the original does: no rewrite may turn a valid model invalid,
-    whether or not it is validated by running it. (A model over 2 GiB is checked by ONNX
-    Runtime when validated; protobuf cannot hand it to the checker whole.)"""
-    if needs_external_data(rewritten):
-        return
+def _checker_problem(original: onnx.ModelProto, rewritten: onnx.ModelProto) -> str | None:
+    """Why onnx.checker's full check (types and shapes included) refuses the rewritten model
+    where it accepts the original, or None: no rewrite may turn a valid model invalid, whether
+    or not it is validated by running it. (A model over 2 GiB is checked by ONNX Runtime when
+    validated; protobuf cannot hand it to the checker whole.)"""
+    if rewritten is original or needs_external_data(rewritten):
+        return None
     try:
         onnx.checker.check_model(rewritten, full_check=True)
     except _CHECKER_ERRORS as problem:
         try:
             onnx.checker.check_model(original, full_check=True)
         except _CHECKER_ERRORS:
-            return  # invalid as exported: the rewrite is not what broke it
-        raise ValidationError(
-            f"{source}: the optimized graph is not a valid ONNX model ({first_line(problem)}); nothing was written "
-            "(please report it)",
-            report,
-        ) from None
+            return None  # invalid as exported: the rewrite is not what broke it
+        return first_line(problem)
+    return None
+
+
+def _refuse_invalid(problem: str, original, applied: list[dict], rewritten_with, source: str, report: dict, say):
+    """ValidationError for an optimized graph that is not a valid model (`problem`), naming the
+    first rewrite after which it is not (the same bisection as for wrong values): a rule whose
+    rewrite breaks the graph's shapes is the rule's fault, told as such (exit 3), not convexport's."""
+    say("finding the rewrite that broke it")
+    culprit = find_bad_rewrite(applied, lambda candidate: _is_valid(original, candidate), rewritten_with)
+    report["validation"] = {"passed": False, "invalid_model": problem, "culprit": culprit}
+    blame = _blame(culprit, [])
+    raise ValidationError(
+        f"{source}: the optimized graph is not a valid ONNX model ({problem}){blame}; nothing was written", report
+    )
+
+
+def _is_valid(original: onnx.ModelProto, candidate: onnx.ModelProto) -> bool:
+    return _checker_problem(original, candidate) is None and _load_problem(candidate) is None
+
+
+def _load_problem(candidate: onnx.ModelProto) -> str | None:
+    """Why ONNX Runtime refuses to load the model, or None (a kernel it lacks for a custom op
+    or a dtype is another matter, which validation and profiling say)."""
+    try:
+        create_session(candidate, "cpu", optimize=False, what="the optimized graph")
+    except Unloadable as problem:
+        return first_line(problem)
+    except ConvexportError:
+        pass
+    return None
 
 
 def _validated_on_device(reference, optimized, inputs, runs, tolerances, real_data, labels, validation: dict, exact):

@@ -16,9 +16,10 @@ Read constants with `constant_value` (an initializer and a Constant node's outpu
 for a run-time tensor), attributes with `attribute_or(node, name, opset, default)` (the ONNX
 schema's default when the node does not set it), an omitted optional input with `is_absent`.
 Build with the graph classes: `Node(op, name, attrs, inputs, outputs)`, `Variable(name, dtype,
-shape)`, `Constant(name, np.asarray(value))` (a NumPy array: a product of 0-d arrays is a
-scalar, which the class refuses). Declare `@reach(n)` when the primitive reads no further than
-n nodes beyond its match.
+shape)`, `Constant(name, value)` (an array, a NumPy scalar or a number). Declare `@reach(n)`
+when the primitive reads no further than n nodes beyond its match, and `@consumes(...)` what
+it reads of the pattern, so that `rules check` refuses a rule whose pattern it would misread.
+docs/rules.md, "The primitive API", has each name with an example.
 """
 
 from .algebra import Refusal
@@ -36,7 +37,7 @@ from .ir import (
 )
 from .rewrite.engine import RewriteContext
 from .rewrite.matcher import Match
-from .rewrite.primitives import Rewrite, reach
+from .rewrite.primitives import Rewrite, consumes, reach
 
 __all__ = [
     "Constant",
@@ -50,6 +51,7 @@ __all__ = [
     "attribute",
     "attribute_or",
     "constant_value",
+    "consumes",
     "is_absent",
     "is_constant",
     "reach",

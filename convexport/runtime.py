@@ -177,7 +177,12 @@ def create_session(
             raise MissingKernel(
                 f"ONNX Runtime's {CUDA if device == 'cuda' else CPU} has no kernel for this model ({ort_reason(exc)})"
             ) from exc
-        raise ConvexportError(f"ONNX Runtime cannot load {what}: {ort_reason(exc)}") from exc
+        raise Unloadable(f"ONNX Runtime cannot load {what}: {ort_reason(exc)}") from exc
+
+
+class Unloadable(ConvexportError):
+    """ONNX Runtime refuses the model itself (a shape or type it cannot reconcile): for an
+    optimized graph, a rewrite made it invalid, and the pipeline finds which."""
 
 
 # ONNX Runtime's words for an operator of a domain no registered library implements

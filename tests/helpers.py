@@ -66,3 +66,10 @@ def assert_user_error(result, *fragments, code=1, quiet_stdout=False):
         assert not result.stdout.strip(), result.stdout
     for fragment in fragments:
         assert fragment in message, message
+
+
+def user_rule(folder, stem: str, primitive: str, rule: str):
+    """A user's rule file `stem.yaml` with its primitive in `stem.py` beside it; the rule file's path."""
+    (folder / f"{stem}.py").write_text(primitive)
+    (folder / f"{stem}.yaml").write_text(rule)
+    return folder / f"{stem}.yaml"

@@ -14,7 +14,7 @@ from onnx import helper, numpy_helper
 import convexport
 from convexport.exact_check import FACTOR, exact_reference
 from convexport.float64 import Float64Evaluator, as_float64
-from helpers import IR_VERSION, op_counts
+from helpers import IR_VERSION, op_counts, user_rule
 
 RNG = np.random.default_rng(30)
 
@@ -124,9 +124,7 @@ WRONG_RULE = textwrap.dedent("""
 
 @pytest.fixture
 def wrong_rule(tmp_path):
-    (tmp_path / "wrong.py").write_text(WRONG_PRIMITIVE)
-    (tmp_path / "wrong.yaml").write_text(WRONG_RULE)
-    return tmp_path / "wrong.yaml"
+    return user_rule(tmp_path, "wrong", WRONG_PRIMITIVE, WRONG_RULE)
 
 
 @pytest.mark.parametrize("model", [well_conditioned, lambda: ill_conditioned(scale_node=True)],
@@ -176,3 +174,25 @@ def test_rules_test_fails_a_rule_wrong_by_a_ten_thousandth(tmp_path):
     result = invoke("rules", "test", tmp_path / "wrong.yaml", "--examples", "30", "--out", tmp_path / "cx")
     assert result.exit_code == 3, result.output
     assert "error against the float64 result" in result.stdout and "is not exact" in result.stderr
+
+
+@pytest.mark.parametrize("group, per_group, stride, output_padding", [(2, 3, 2, 1), (4, 1, 1, 0), (1, 2, 2, 1), (3, 2, 3, 2)])
+def test_the_float64_run_of_a_grouped_conv_transpose_with_bias_is_right(group, per_group, stride, output_padding):
+    """ONNX's reference ConvTranspose (onnx 1.23) gives every group the first group's bias and
+    one output channel per group; the float64 evaluator runs it group by group."""
+    from convexport.runtime import create_session
+
+    rng = np.random.default_rng(group)
+    channels = 2 * group
+    weight = rng.standard_normal([channels, per_group, 3]).astype(np.float32)
+    bias = rng.standard_normal(per_group * group).astype(np.float32)
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], group=group, strides=[stride],
+                            output_padding=[output_padding], pads=[1, 0])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, channels, 5])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    x = rng.standard_normal([2, channels, 5]).astype(np.float32)
+    exact = Float64Evaluator(model).run({"x": x})[0]
+    runtime = create_session(model).run(None, {"x": x})[0]
+    np.testing.assert_allclose(exact, runtime, rtol=1e-5, atol=1e-5)

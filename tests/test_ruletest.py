@@ -19,6 +19,7 @@ from convexport.ruletest.verify import verify_rule
 PRIMITIVES = builtin_primitives()
 BUILTIN = load_rules(builtin_rule_files(), set(PRIMITIVES))
 EXAMPLES = int(os.environ.get("CONVEXPORT_RULETEST_EXAMPLES", "60"))
+REWRITTEN = 10  # rounds of EXAMPLES more until this many instances were rewritten (30 s at most)
 runner = CliRunner()
 
 WRONG_PATTERN = """rules:
@@ -64,10 +65,11 @@ FORGETFUL_RULE = """rules:
 
 @pytest.mark.parametrize("rule", BUILTIN, ids=lambda rule: rule.name)
 def test_builtin_rule_is_exact_on_random_instances(rule, tmp_path):
-    result = verify_rule(rule, PRIMITIVES, EXAMPLES, seed=0, out_dir=tmp_path)
+    result = verify_rule(rule, PRIMITIVES, EXAMPLES, seed=0, out_dir=tmp_path, rewritten=REWRITTEN, budget_s=30)
     assert result.failure is None, result.failure
     assert result.untested is None, result.untested
     assert result.applied >= 1 and result.instances >= EXAMPLES // 2
+    assert not result.only_degenerate, sorted(result.exercised)
 
 
 @pytest.mark.parametrize("rule", [r for r in BUILTIN if r.name in ("concat-linear-branches", "split-branches", "pad-conv",

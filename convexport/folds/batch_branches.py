@@ -17,7 +17,7 @@ from .. import ir
 from ..algebra import Refusal
 from ..algebra.batching import grouped_from_branches, pack_linear_heads, stack_conv_heads
 from ..ir import attribute_or, constant_value, is_absent
-from ..rewrite.primitives import Rewrite, accepts
+from ..rewrite.primitives import Rewrite, accepts, consumes
 from .branch_groups import BranchGroup, Layout, Step, drop_units, find_branch_group, largest_compatible, view_of
 from .conv_chain import output_dtype
 
@@ -52,6 +52,7 @@ class _Builder:
 # --- heads -------------------------------------------------------------------------------------
 
 
+@consumes("heads", "x", heads={"Conv"})
 def batch_conv_heads(match, context) -> Rewrite | Refusal:
     """heads[] = Conv(x, w[], b[]?) with the same attributes and weight shapes -> one Conv whose
     output channels are the heads' stacked, followed by the branches batched."""
@@ -84,6 +85,7 @@ def _conv_key(conv):
 
 
 @accepts("form")
+@consumes("g", "heads", "x", g={"Gather"}, heads={"Gemm"})
 def batch_gathered_linears(match, context) -> Rewrite | Refusal:
     """heads[] = Gemm(Gather[axis=1](x, i[]), w[], b[]?) -> Gather(x, [i...]) and one batched
     contraction "bni,nio->bno" (W [N, I, O] packed) + b [N, O]; x [B, K, I]. `with: {form:
@@ -171,6 +173,7 @@ def _gemm_key(gemm):
     )
 
 
+@consumes("x", root={"Split"})
 def batch_split_branches(match, context) -> Rewrite | Refusal:
     """*parts = Split(x): when every part goes through the same ops, do them once on x."""
     split, x = match.root, match.values["x"]

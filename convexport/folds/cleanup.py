@@ -6,12 +6,15 @@ import numpy as np
 
 from ..algebra import Refusal
 from ..ir import constant_value, is_absent
-from ..rewrite.primitives import Rewrite, reach
+from ..rewrite.pattern import AFFINE
+from ..rewrite.primitives import Rewrite, consumes, reach
 
 
 @reach(0)
+@consumes(every_line=True)
 def forward_input(match, context) -> Rewrite:
-    """The root's output is its first input (Identity, Dropout in inference)."""
+    """The root's output is its first input (Identity, Dropout in inference). Only the root
+    goes: lines before it are context (an Identity after a ConvTranspose), kept as they are."""
     return forwarded(match.root, match.root.inputs[0], f"{match.root.op} forwards its input unchanged")
 
 
@@ -21,6 +24,7 @@ def forwarded(root, tensor, note: str) -> Rewrite:
 
 
 @reach(0)
+@consumes(root={"Slice"})
 def drop_whole_slice(match, context) -> Rewrite | Refusal:
     """A Slice that keeps every element of its input (starts 0, ends at or past the end, steps
     1, on every axis it names; the TorchScript exporter writes `t[:, :c]` on a tensor of c
@@ -46,6 +50,7 @@ _NEUTRAL = {"Add": (0.0, False), "Sub": (0.0, True), "Mul": (1.0, False), "Div":
 
 
 @reach(0)
+@consumes("x", root=AFFINE)
 def drop_neutral_constant(match, context) -> Rewrite | Refusal:
     """x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1 forward x, where the constant changes neither
     the output's shape nor its type (exporters write a sum of branches as 0 + b1 + ... and
@@ -66,6 +71,7 @@ def drop_neutral_constant(match, context) -> Rewrite | Refusal:
 
 
 @reach(0)
+@consumes(root={"Pad"})
 def drop_empty_pad(match, context) -> Rewrite | Refusal:
     """A Pad of zero on every side, in any mode, forwards its input (exporters leave one where
     a padding size came out 0)."""

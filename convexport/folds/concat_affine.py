@@ -14,13 +14,15 @@ import numpy as np
 
 from .. import ir
 from ..algebra import Refusal, scale_shift_onnx_weight
-from ..rewrite.primitives import Rewrite, reach
+from ..rewrite.pattern import AFFINE
+from ..rewrite.primitives import Rewrite, consumes, reach
 from .conv_chain import output_dtype
 from .convnodes import conv_attributes, conv_node, conv_weights
 from .linear_nodes import channel_affine
 
 
 @reach(1)
+@consumes("c", "parts", c={"Concat"}, parts={"Conv"}, root=AFFINE)
 def affine_into_concat_parts(match, context) -> Rewrite | Refusal:
     """y = affine(Concat[axis=1](*parts)) -> Concat(Conv_i'(x_i)): every part that the map
     changes must come from a Conv with constant weights that only this Concat reads (else the

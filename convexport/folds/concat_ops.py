@@ -6,11 +6,12 @@ import numpy as np
 
 from .. import ir
 from ..algebra import Refusal
-from ..rewrite.primitives import Rewrite, reach
+from ..rewrite.primitives import Rewrite, consumes, reach
 from .conv_chain import output_dtype
 
 
 @reach(1)
+@consumes(root={"Concat"})
 def flatten_concats(match, context) -> Rewrite | Refusal:
     """Concat(a, Concat(b, c), d) on one axis -> Concat(a, b, c, d) when the inner one has no
     other reader."""
@@ -43,6 +44,7 @@ def flatten_concats(match, context) -> Rewrite | Refusal:
 
 
 @reach(0)
+@consumes("parts", root={"Concat"})
 def repeat_as_tile(match, context) -> Rewrite | Refusal:
     """Concat(x, x, ..., x) (n times along axis a) -> Tile(x, repeats = n at a, 1 elsewhere)."""
     root, parts = match.root, match.values["parts"]

@@ -12,7 +12,7 @@ import numpy as np
 from .. import ir
 from ..algebra import DEFAULT_BORDER_LIMIT_BYTES, Refusal, apply_conv
 from ..ir import constant_value
-from ..rewrite.primitives import Rewrite, accepts, reach
+from ..rewrite.primitives import Rewrite, accepts, consumes, reach
 from .conv_chain import output_dtype
 from .linear_nodes import linear_spec
 
@@ -31,6 +31,7 @@ def _full_map(value: np.ndarray, shape) -> np.ndarray | Refusal:
 
 @reach(0)
 @accepts("map_limit_bytes")
+@consumes("h", "t", "m", h={"Add"}, root={"Conv"})
 def linear_of_constant_map(match, context) -> Rewrite | Refusal:
     """L(t + m) -> L(t) + L0(m), L0 = L without its bias: a linear node moved before the Add.
 
@@ -71,6 +72,7 @@ def linear_of_constant_map(match, context) -> Rewrite | Refusal:
 
 
 @reach(0)
+@consumes("h", "t", "m1", "m2", h={"Add"}, root={"Add"})
 def merge_constant_adds(match, context) -> Rewrite | Refusal:
     """(t + m1) + m2 -> t + (m1 + m2), the sum taken once in float64."""
     m1, m2 = (constant_value(match.values[name]).astype(np.float64) for name in ("m1", "m2"))

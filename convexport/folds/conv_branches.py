@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import ir
 from ..algebra import Refusal, combine_parallel, concat_parallel, identity_conv
-from ..rewrite.primitives import Rewrite, accepts, reach
+from ..rewrite.primitives import Rewrite, accepts, consumes, reach
 from .conv_chain import output_dtype
 from .convnodes import make_conv, node_flops, output_elements, spatial_shape
 from .linear_nodes import linear_spec
@@ -36,6 +36,7 @@ def _flops(tensors, x) -> float | None:
 
 @reach(0)
 @accepts("signs")
+@consumes("x", every_line=True, root={"Add", "Sub"})
 def sum_branches(match, context) -> Rewrite | Refusal:
     """sum_i sign_i * branch_i(x) -> Conv'(x); `with: {signs: [...]}` (default all +1)."""
     root, x = match.root, match.values["x"]
@@ -53,6 +54,7 @@ def sum_branches(match, context) -> Rewrite | Refusal:
 
 
 @reach(0)
+@consumes("x", "parts", "a?", every_line=True, root={"Concat"})
 def concat_branches(match, context) -> Rewrite | Refusal:
     """Concat(branch_1(x), ..., branch_n(x), axis=1) -> Conv'(x) with the kernels stacked.
 

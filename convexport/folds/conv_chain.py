@@ -16,7 +16,8 @@ from ..algebra import (
 from ..algebra.onnx_conv import conv_geometry
 from ..algebra.outline import composite_outline
 from ..ir import tensor_dtype
-from ..rewrite.primitives import Rewrite, accepts, reach
+from ..rewrite.pattern import LINEAR
+from ..rewrite.primitives import Rewrite, accepts, consumes, reach
 from .convnodes import conv_attributes, conv_node, conv_weights, make_conv, node_flops, spatial_shape
 from .linear_nodes import channel_affine, composed_note, data_input, linear_spec
 
@@ -27,6 +28,7 @@ def output_dtype(node: ir.Node) -> np.dtype:
 
 @reach(0)
 @accepts("border_limit_bytes")
+@consumes("h", h=LINEAR, root=LINEAR)
 def compose_linear(match, context) -> Rewrite | Refusal:
     """second(first(x)) -> Conv'(x) [+ border map]; the algebra is convexport.algebra.compose,
     or, for a Conv then a per-channel affine map, scale_shift_onnx_weight on the Conv's own

@@ -6,12 +6,14 @@ from __future__ import annotations
 from .. import flops, ir
 from ..algebra import Refusal, pointwise_after_transposed, scale_shift_transposed
 from ..ir import attribute_or, tensor_dtype
-from ..rewrite.primitives import Rewrite, reach
+from ..rewrite.pattern import LINEAR
+from ..rewrite.primitives import Rewrite, consumes, reach
 from .convnodes import all_finite, conv_attributes, conv_node, conv_weights
 from .linear_nodes import channel_affine, composed_note
 
 
 @reach(0)
+@consumes("h", h={"ConvTranspose"}, root=LINEAR)
 def compose_conv_transpose(match, context) -> Rewrite | Refusal:
     """second(ConvTranspose(x)) -> ConvTranspose'(x) for second a per-channel affine map
     (BatchNormalization, Mul / Div / Add / Sub by a per-channel constant) or a Conv with a

@@ -29,7 +29,8 @@ from ..algebra.dense import (
     sum_dense,
 )
 from ..ir import attribute_or, constant_value, is_absent
-from ..rewrite.primitives import Rewrite, accepts, reach
+from ..rewrite.pattern import AFFINE, DENSE
+from ..rewrite.primitives import Rewrite, accepts, consumes, reach
 from .convnodes import all_finite
 from .linear_nodes import ELEMENTWISE, data_input
 
@@ -37,6 +38,7 @@ DENSE_OPS = ("Gemm", "MatMul")
 
 
 @reach(0)
+@consumes("x", every_line=True, root=DENSE | AFFINE | {"Reshape"})
 def fold_dense_chain(match, context) -> Rewrite | Refusal:
     """root(...first(x)): a chain of dense and per-feature nodes from x -> one dense node of x.
     Two dense nodes through a narrow r stay where composing costs more (C*D > r*(C+D))."""
@@ -88,6 +90,7 @@ def _final_reshape(x, chain: list[ir.Node], context) -> ir.Tensor | Refusal | No
 
 @reach(0)
 @accepts("signs")
+@consumes("x", every_line=True, root={"Add", "Sub"})
 def sum_dense_branches(match, context) -> Rewrite | Refusal:
     """sum_i sign_i branch_i(x), each branch a chain of dense and per-feature nodes from x (a
     Gemm, a MatMul, LoRA's MatMul(MatMul(x, A), B)) -> one dense node of x with the summed

@@ -15,7 +15,7 @@ from .. import flops, ir
 from ..algebra import Refusal, conv_to_onnx
 from ..algebra.fft_conv import plan_fft_conv
 from ..ir import constant_value
-from ..rewrite.primitives import Rewrite, accepts, reach
+from ..rewrite.primitives import Rewrite, accepts, consumes, reach
 from .convnodes import conv_spec, spatial_shape
 
 MICROSOFT = "com.microsoft"
@@ -25,6 +25,7 @@ MIN_ADVANTAGE = 2.0  # the FFT estimate must be this many times cheaper
 
 @reach(0)
 @accepts("min_advantage", "min_kernel_area")
+@consumes(root={"Conv"})
 def conv_as_fft(match, context) -> Rewrite | Refusal:
     """Conv(x) -> per image (a Scan): Pad, DFT; per output channel (a Scan inside it): complex
     product with the kernel's spectrum, inverse DFT, Slice.

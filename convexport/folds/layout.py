@@ -20,7 +20,7 @@ import numpy as np
 from .. import ir
 from ..algebra import Refusal
 from ..ir import attribute_or, constant_value
-from ..rewrite.primitives import Rewrite, reach
+from ..rewrite.primitives import Rewrite, consumes, reach
 from .cleanup import forwarded
 
 
@@ -35,6 +35,7 @@ def _known(shape) -> bool:
 
 
 @reach(0)
+@consumes(root={"Reshape"})
 def drop_same_shape_reshape(match, context) -> Rewrite | Refusal:
     """A Reshape whose output has its input's shape (static dims, or the same named dims)
     forwards its input."""
@@ -60,6 +61,7 @@ def _keeps_every_dim(root, before, context) -> bool:
 
 
 @reach(0)
+@consumes("h", "x", h={"Reshape"}, root={"Reshape"})
 def merge_reshapes(match, context) -> Rewrite | Refusal:
     """y = Reshape(Reshape(x, s1), s2) -> Reshape(x, s2'), where s2' is s2 with each 0 (a copy
     of the first Reshape's output dim h[i], without allowzero) written as that dim: its static
@@ -111,6 +113,7 @@ def _copies_written(entries: list[int], copied, data, result) -> list[int] | Non
 
 
 @reach(0)
+@consumes("h", "x", h={"Transpose"}, root={"Transpose"})
 def merge_transposes(match, context) -> Rewrite | Refusal:
     """y = Transpose(Transpose(x, p), q) -> Transpose(x, r), r[i] = p[q[i]]; x itself where r is
     the identity."""
@@ -132,6 +135,7 @@ def merge_transposes(match, context) -> Rewrite | Refusal:
 
 
 @reach(0)
+@consumes(root={"Transpose"})
 def drop_identity_transpose(match, context) -> Rewrite | Refusal:
     """A Transpose whose perm keeps every axis in place forwards its input."""
     root = match.root
@@ -142,6 +146,7 @@ def drop_identity_transpose(match, context) -> Rewrite | Refusal:
 
 
 @reach(0)
+@consumes("parts", "x", parts={"Slice"})
 def slices_as_split(match, context) -> Rewrite | Refusal:
     """parts[] = Slice(x, ...) that cut one axis of x into consecutive parts covering all of it
     (the TorchScript exporter's `chunk`; dynamo writes a Split) -> one Split of x. Each Slice

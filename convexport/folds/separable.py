@@ -8,12 +8,13 @@ from .. import flops
 from ..algebra import Refusal
 from ..algebra.separable import rank_at_least, split_separable
 from ..ir import constant_value
-from ..rewrite.primitives import Rewrite, reach
+from ..rewrite.primitives import Rewrite, consumes, reach
 from .conv_chain import output_dtype
 from .convnodes import conv_flops, conv_spec, make_conv, node_flops, spatial_shape
 
 
 @reach(0)
+@consumes(root={"Conv"})
 def conv_as_separable(match, context) -> Rewrite | Refusal:
     """Conv(x) -> Conv_tall(x) [R, I, Kh, 1] -> Conv_wide [O, R, 1, Kw], when the kernel's rank
     R is low enough that the pair costs a quarter fewer FLOPs or more (highest_paying_rank). An unreported

@@ -17,12 +17,13 @@ from .. import ir
 from ..algebra import Refusal
 from ..algebra.batching import stack_conv_heads
 from ..ir import constant_value, is_absent
-from ..rewrite.primitives import Rewrite
+from ..rewrite.primitives import Rewrite, consumes
 from .branch_groups import largest_compatible
 from .conv_chain import output_dtype
 from .convnodes import conv_attributes, conv_node, node_flops
 
 
+@consumes("heads", "x", heads={"Conv"})
 def merge_sibling_convs(match, context) -> Rewrite | Refusal:
     """heads[] = Conv(x, w[], b[]?) -> one Conv of the largest set of ungrouped heads sharing
     attributes and kernel size, then a Split into the heads' outputs. Heads whose outputs meet

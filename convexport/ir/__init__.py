@@ -16,8 +16,9 @@ outputs' producers as it is made.
     folding.py   constant folding before the rules (onnxscript's) and between them (one node at a time)
 """
 
-from onnx_graphsurgeon import Constant, Graph, Node, Tensor, Variable
+from onnx_graphsurgeon import Graph, Node, Tensor, Variable
 
+from .constant import Constant
 from .convert import IR_VERSION, export_graph, import_graph, nodes_as_model, overridable_initializers
 from .folding import constant_node_values, fold_constants, fold_to_fixed_point
 from .large import external_data_files, needs_external_data, save_with_external_data, serialized_bytes

@@ -57,6 +57,7 @@ class RewriteOutcome:
     explained: dict[str, dict[str, str]] = field(default_factory=dict)  # --explain: rule -> node -> why
     folded: int = 0  # nodes of constants computed between passes
     provenance: ir.Provenance = field(default_factory=ir.Provenance)  # where each node comes from
+    invalid: str | None = None  # why shape inference refuses the rewritten model (a rewrite broke it)
 
 
 @dataclass
@@ -147,16 +148,21 @@ def _rewrite(model, rules, primitives, strategy, source, limit, device, decided,
     # unchanged, the graph is `model` again (nothing to export), and every refusal still stands;
     # the report names nodes as import_graph did (the exported model gives a nameless node its
     # empty name back), so what still stands is found in the graph, not in the exported model
-    current, still_there = model, list(state.skipped.values())
+    current, still_there, invalid = model, list(state.skipped.values()), None
     if changed_at_all:
         graph = ir.cleaned_up(graph)
         current = ir.export_graph(graph, model)
         if not ir.fully_shaped(current):  # else its value_info already holds all inference would give
-            current = ir.infer_shapes(current, source)
+            try:
+                current = ir.infer_shapes(current, source)
+            except ConvexportError as problem:  # the caller finds the rewrite that did it
+                invalid = first_line(problem)
         if still_there:
             final_nodes = {node.name for scope in ir.all_graphs(graph) for node in scope.nodes}
             still_there = [entry for entry in still_there if set(entry["nodes"]) <= final_nodes]
-    return RewriteOutcome(current, state.applied, still_there, passes, state.explained, state.folded, state.provenance)
+    return RewriteOutcome(
+        current, state.applied, still_there, passes, state.explained, state.folded, state.provenance, invalid
+    )
 
 
 def _fold_constant_nodes(scope: ir.Graph, opset: int, fresh: ir.NameGenerator, changes: ChangeLog) -> int:

@@ -44,12 +44,10 @@ COMMUTATIVE = frozenset({"Add", "Mul", "Sum", "Max", "Min"})
 #   Dense(x)    a Gemm or MatMul of x by a constant weight
 # Whether the constants fit (a per-channel or per-feature scale, zero padding) is the
 # primitive's to check, and to say.
-_AFFINE = frozenset({"BatchNormalization", "Mul", "Div", "Add", "Sub"})
-OP_CLASSES = {
-    "Affine": _AFFINE,
-    "Linear": _AFFINE | {"Conv", "AveragePool", "Pad"},
-    "Dense": frozenset({"Gemm", "MatMul"}),
-}
+AFFINE = frozenset({"BatchNormalization", "Mul", "Div", "Add", "Sub"})
+LINEAR = AFFINE | {"Conv", "AveragePool", "Pad"}
+DENSE = frozenset({"Gemm", "MatMul"})
+OP_CLASSES = {"Affine": AFFINE, "Linear": LINEAR, "Dense": DENSE}
 
 
 class PatternSyntaxError(ValueError):

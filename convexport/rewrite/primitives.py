@@ -52,6 +52,30 @@ def accepts(*names: str) -> Callable[[Primitive], Primitive]:
     return _declaring("accepts", frozenset(names))
 
 
+@dataclass(frozen=True)
+class Contract:
+    """What a primitive reads of its match, declared with @consumes and checked against a
+    rule's pattern when the rule file is read (rewrite/contracts.py)."""
+
+    names: tuple[str, ...]  # pattern names read besides the root line; "name?" where optional
+    every_line: bool  # it walks the whole match (a chain, the branches of its root)
+    ops: dict  # line name ("root" for the last line) -> the op types it handles there
+
+
+def consumes(*names: str, every_line: bool = False, **ops) -> Callable[[Primitive], Primitive]:
+    """Declare what a primitive reads: the pattern names (`"h"`, `"x"`; `"a?"` where it reads
+    one only if the pattern has it) beside the root line, or `every_line=True` where it reads
+    the whole match; and per line (by its output name, `root` for the last line) the op types
+    it handles, as keywords (`h={"Conv", "BatchNormalization"}`). A rule whose pattern has a
+    line the primitive does not read (what it computes would be dropped), lacks a name it
+    reads, or puts an op it does not handle on a line, is an error in its rule file."""
+    return _declaring("contract", Contract(names, every_line, {line: frozenset(types) for line, types in ops.items()}))
+
+
+def contract_of(primitive: Primitive) -> Contract | None:
+    return getattr(primitive, "contract", None)
+
+
 def accepted_params(primitive: Primitive) -> frozenset[str] | None:
     return getattr(primitive, "accepts", None)
 

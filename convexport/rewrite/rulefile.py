@@ -28,9 +28,12 @@ import onnx
 import yaml
 
 from ..errors import ConvexportError
+from ..folds import builtin_primitives
 from .conditions import CONDITIONS
+from .contracts import contract_problems
 from .pattern import PatternNode, PatternSyntaxError, parse_pattern_line
 from .plugins import is_plugin_name, load_plugin
+from .primitives import contract_of
 
 RULE_KEYS = {"name", "doc", "match", "where", "require", "apply", "with", "override", "samplers", "examples"}
 
@@ -247,7 +250,7 @@ def _check_nesting(file: str, text: str) -> None:
 
 def rule_file_errors(paths: list[Path], primitives: set[str]) -> tuple[int, list[str]]:
     """`rules check`: (the number of rules that parse, every error in every file): each rule's
-    first error, a name defined twice, a name that a built-in rule already has."""
+    mistakes (all of them), a name defined twice, a name that a built-in rule already has."""
     builtin = {
         rule.name: (Path(rule.file).resolve(), rule.line) for rule in load_rules(builtin_rule_files(), primitives)
     }
@@ -267,6 +270,9 @@ def rule_file_errors(paths: list[Path], primitives: set[str]) -> tuple[int, list
         for node in nodes:
             try:
                 rule = _parse_rule(str(path), node, primitives)
+            except RuleErrors as found:
+                errors += [str(error) for error in found.errors]
+                continue
             except RuleFileError as exc:
                 errors.append(str(exc))
                 continue
@@ -320,68 +326,54 @@ def _rule_nodes(file: str, text: str) -> list:
 
 
 def _parse_rule(file: str, node, primitives: set[str]) -> Rule:
+    """The rule, or RuleErrors with every mistake found in it (a missing `doc:` hides none of the
+    others): each part is checked on its own, and what depends on a part that failed is not."""
     if not isinstance(node, yaml.MappingNode):
         raise RuleFileError(file, _line(node), _column(node), "each rule is a mapping with name, doc, match, apply")
+    errors: list[RuleFileError] = []
+
+    def attempt(parse, *args):
+        try:
+            return parse(*args)
+        except RuleFileError as error:
+            errors.append(error)
+            return None
+
     fields = _mapping(node)
     for key, (key_node, _) in fields.items():
         if key not in RULE_KEYS:
-            raise RuleFileError(
-                file,
-                _line(key_node),
-                _column(key_node),
-                f"unknown key {key!r} (expected {', '.join(sorted(RULE_KEYS))})",
+            expected = ", ".join(sorted(RULE_KEYS))
+            errors.append(
+                RuleFileError(file, _line(key_node), _column(key_node), f"unknown key {key!r} (expected {expected})")
             )
     for key in ("name", "doc", "match", "apply"):
         if key not in fields:
-            raise RuleFileError(file, _line(node), _column(node), f"rule lacks {key!r}")
-    name = _scalar(file, fields["name"][1], "name")
-    apply = _scalar(file, fields["apply"][1], "apply")
-    plugin = None
-    if is_plugin_name(apply):
-        try:
-            plugin = load_plugin(apply, Path(file))
-        except ValueError as exc:
-            raise RuleFileError(
-                file,
-                _line(fields["apply"][1]),
-                _column(fields["apply"][1]),
-                f"rule {name!r}: primitive {apply!r}: {exc}",
-            ) from None
-    elif apply not in primitives:
-        raise RuleFileError(
-            file,
-            _line(fields["apply"][1]),
-            _column(fields["apply"][1]),
-            f"rule {name!r}: unknown primitive {apply!r} (known: {', '.join(sorted(primitives))}, or module:function)",
-        )
-    pattern = _parse_match(file, name, fields["match"][1])
+            errors.append(RuleFileError(file, _line(node), _column(node), f"rule lacks {key!r}"))
+    scalar = {
+        key: attempt(_scalar, file, fields[key][1], key) if key in fields else None for key in ("name", "doc", "apply")
+    }
+    name = scalar["name"] or "?"
+    apply, plugin = scalar["apply"], None
+    if apply is not None:
+        plugin = attempt(_primitive, file, name, apply, fields["apply"][1], primitives)
+        if plugin is None and apply not in primitives:
+            apply = None  # (its error is recorded)
+    pattern = attempt(_parse_match, file, name, fields["match"][1]) if "match" in fields else None
     where, require = (
-        _parse_conditions(file, name, key, fields[key][1], pattern) if key in fields else ()
+        attempt(_parse_conditions, file, name, key, fields[key][1], pattern) if key in fields and pattern else ()
         for key in ("where", "require")
     )
-    params = _value(file, fields["with"][1]) if "with" in fields else {}
-    if not isinstance(params, dict):
-        raise RuleFileError(file, _line(fields["with"][1]), _column(fields["with"][1]), "'with' must be a mapping")
-    known = None if plugin is not None else _accepted_params(apply)
-    unknown = sorted(set(params) - known) if known is not None else []
-    if unknown:
-        raise RuleFileError(
-            file,
-            _line(fields["with"][1]),
-            _column(fields["with"][1]),
-            f"rule {name!r}: {apply} takes no parameter {', '.join(map(repr, unknown))} "
-            f"(it takes {', '.join(sorted(known)) or 'none'})",
-        )
-    samplers = _parse_samplers(file, name, fields["samplers"][1]) if "samplers" in fields else {}
-    examples = _parse_examples(file, name, fields["examples"][1]) if "examples" in fields else ()
-    override = _value(file, fields["override"][1]) if "override" in fields else False
-    if not isinstance(override, bool):
-        raise RuleFileError(
-            file, _line(fields["override"][1]), _column(fields["override"][1]), "'override' is true or false"
-        )
+    params = attempt(_parse_params, file, name, apply, plugin, fields["with"][1]) if "with" in fields else {}
+    if apply is not None and pattern is not None:
+        errors += _contract_errors(file, name, apply, plugin, pattern, fields["match"][1])
+    samplers = attempt(_parse_samplers, file, name, fields["samplers"][1]) if "samplers" in fields else {}
+    examples = attempt(_parse_examples, file, name, fields["examples"][1]) if "examples" in fields else ()
+    override = attempt(_parse_override, file, fields["override"][1]) if "override" in fields else False
+    if errors:
+        raise RuleErrors(errors)
     return Rule(
         name,
-        _scalar(file, fields["doc"][1], "doc"),
+        scalar["doc"],
         pattern,
         tuple(where),
         tuple(require),
@@ -394,6 +386,76 @@ def _parse_rule(file: str, node, primitives: set[str]) -> Rule:
         samplers,
         examples,
     )
+
+
+class RuleErrors(RuleFileError):
+    """Every mistake found in one rule; its message is the first, with how many more there are
+    (`rules check` lists them all)."""
+
+    def __init__(self, errors: list[RuleFileError]):
+        self.errors = errors
+        more = (
+            f" (and {len(errors) - 1} more in this rule: convexport rules check lists them)" if len(errors) > 1 else ""
+        )
+        Exception.__init__(self, f"{errors[0]}{more}")
+
+
+def _primitive(file: str, rule: str, apply: str, node, primitives) -> object | None:
+    """A user primitive (`apply: module:function`), loaded; None for a built-in one; a
+    RuleFileError for a name that is neither."""
+    if is_plugin_name(apply):
+        try:
+            return load_plugin(apply, Path(file))
+        except ValueError as exc:
+            raise RuleFileError(
+                file, _line(node), _column(node), f"rule {rule!r}: primitive {apply!r}: {exc}"
+            ) from None
+    if apply not in primitives:
+        known = ", ".join(sorted(primitives))
+        raise RuleFileError(
+            file,
+            _line(node),
+            _column(node),
+            f"rule {rule!r}: unknown primitive {apply!r} (known: {known}, or module:function)",
+        )
+    return None
+
+
+def _parse_params(file: str, rule: str, apply: str | None, plugin, node) -> dict:
+    params = _value(file, node)
+    if not isinstance(params, dict):
+        raise RuleFileError(file, _line(node), _column(node), "'with' must be a mapping")
+    known = None if plugin is not None or apply is None else _accepted_params(apply)
+    unknown = sorted(set(params) - known) if known is not None else []
+    if unknown:
+        raise RuleFileError(
+            file,
+            _line(node),
+            _column(node),
+            f"rule {rule!r}: {apply} takes no parameter {', '.join(map(repr, unknown))} "
+            f"(it takes {', '.join(sorted(known)) or 'none'})",
+        )
+    return params
+
+
+def _parse_override(file: str, node) -> bool:
+    override = _value(file, node)
+    if not isinstance(override, bool):
+        raise RuleFileError(file, _line(node), _column(node), "'override' is true or false")
+    return override
+
+
+def _contract_errors(file: str, rule: str, apply: str, plugin, pattern, match_node) -> list[RuleFileError]:
+    """Where the pattern breaks what its primitive declares it reads (primitives.consumes; a
+    user primitive without the declaration is not checked)."""
+    primitive = plugin if plugin is not None else builtin_primitives().get(apply)
+    contract = contract_of(primitive)
+    if contract is None:
+        return []
+    return [
+        RuleFileError(file, line or _line(match_node), 1, f"rule {rule!r}: {message}")
+        for line, message in contract_problems(pattern, contract, apply)
+    ]
 
 
 def _parse_samplers(file: str, rule: str, node) -> dict:

@@ -25,6 +25,10 @@ class Draws:
     def flag(self) -> bool:
         return self._draw(st.booleans())
 
+    def permutation(self, size: int) -> list[int]:
+        """A permutation of range(size), drawn so that it shrinks to the identity."""
+        return self._draw(st.permutations(range(size)))
+
     def normal(self, shape, scale: float = 1.0) -> np.ndarray:
         return (self.rng.standard_normal(shape) * scale).astype(np.float32)
 
@@ -35,7 +39,7 @@ class Draws:
         """Values in +-[0.5, 2]: safe denominators."""
         return (self.positive(shape) * self.rng.choice([-1.0, 1.0], shape)).astype(np.float32)
 
-    def data_shape(self, ranks=(1, 2, 3, 4, 5), channels: int = 4, size: int = 6) -> tuple[int, ...]:
+    def data_shape(self, ranks=(1, 2, 3, 4, 5), channels: int = 6, size: int = 6) -> tuple[int, ...]:
         """[N, C, spatial...] of a rank in `ranks`: batch 1-2, small channels and sizes."""
         rank = self.choice(ranks)
         dims = [self.integer(1, 2), self.integer(1, channels)] + [self.integer(1, size) for _ in range(rank - 2)]

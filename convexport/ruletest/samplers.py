@@ -261,13 +261,15 @@ def pad(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
             0 if spatial_only and axes[i % len(axes)] in (0, 1) else draws.integer(lowest, 2)
             for i in range(2 * len(axes))
         ]
-        if draws.integer(0, 3) == 0:  # no padding at all, as exporters leave where a size came out 0
+        if draws.integer(0, 7) == 0:  # no padding at all, as exporters leave where a size came out 0
             widths = [0] * len(widths)
+        elif not any(widths):  # padding that pads: what its value and mode are about
+            widths[draws.integer(0, len(widths) - 1)] = draws.integer(1, 2)
         if mode == "reflect" and any(w >= shape[axes[i % len(axes)]] for i, w in enumerate(widths)):
             raise Reject
         produced[1] = np.array(widths, np.int64)
-    if _open(slots, 2):
-        produced[2] = np.float32(0.0) if not draws.flag() else draws.normal(())
+    if _open(slots, 2):  # a fill value of 0 a third of the time, as convs are padded; else any
+        produced[2] = np.float32(0.0) if draws.integer(0, 2) == 0 else draws.away_from_zero(())
     return Draft({"mode": mode} if mode != "constant" or draws.flag() else {}, _values(slots, produced))
 
 
@@ -356,9 +358,20 @@ def gemm(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
 
 
 def matmul(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
-    shape, produced = _data(draws, slots, (2, 3))
+    """MatMul(A, B) with numpy's rules: A of rank 1 to 4 (a 1-D A is a row), B a matrix, a
+    vector (a 1-D B is a column) or a stack of matrices broadcast against A's leading dims."""
+    shape, produced = _data(draws, slots, (1, 2, 3, 4))
     if _open(slots, 1):
-        produced[1] = draws.normal((shape[-1], draws.integer(1, 5)), 1 / np.sqrt(shape[-1]))
+        inner, columns = shape[-1], draws.integer(1, 5)
+        kind = draws.choice(["matrix", "vector", "stack"])
+        if kind == "vector":
+            weight_shape = (inner,)
+        elif kind == "stack":  # leading dims that broadcast against A's: 1 or A's own, or new ones
+            leading = [draws.choice([1, dim]) for dim in shape[:-2]] or [draws.integer(1, 3)]
+            weight_shape = (*leading, inner, columns)
+        else:
+            weight_shape = (inner, columns)
+        produced[1] = draws.normal(weight_shape, 1 / np.sqrt(inner))
     return Draft({}, _values(slots, produced))
 
 
@@ -378,23 +391,33 @@ def dropout(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
 
 
 def transpose(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
+    """Transpose(X): a perm (shrinking to the identity), or none (the axes reversed)."""
     shape, produced = _data(draws, slots, (1, 2, 3, 4, 5))
-    perm = _pick(fixed, "perm", lambda: draws.rng.permutation(len(shape)).tolist())
+    if "perm" not in fixed and draws.integer(0, 3) == 3:
+        return Draft({}, _values(slots, produced))
+    perm = _pick(fixed, "perm", lambda: draws.permutation(len(shape)))
     return Draft({"perm": perm}, _values(slots, produced))
 
 
 def reshape(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
-    """Reshape(X, shape): flatten from an axis, or keep the dims (with 0 = copy, -1 = infer)."""
+    """Reshape(X, shape): flatten from an axis, or keep the dims (with 0 = copy, -1 = infer),
+    or split a dim in two; allowzero now and then (a 0 then means a 0, so the target is
+    written without copies)."""
     shape, produced = _data(draws, slots, (1, 2, 3, 4, 5))
+    allowzero = "allowzero" not in fixed and draws.integer(0, 3) == 3
     if _open(slots, 1):
         axis = draws.integer(0, len(shape))
-        if draws.flag():
+        kind = draws.choice(["flatten", "keep", "split"])
+        if kind == "flatten":
             target = [int(np.prod(shape[:axis])), -1]
+        elif kind == "split" and any(dim % 2 == 0 for dim in shape):
+            at = next(i for i, dim in enumerate(shape) if dim % 2 == 0)
+            target = [*shape[:at], 2, shape[at] // 2, *shape[at + 1 :]]
         else:
-            target = [0 if draws.flag() else dim for dim in shape]
+            target = [0 if draws.flag() and not allowzero else dim for dim in shape]
             target[draws.integer(0, len(shape) - 1)] = -1
         produced[1] = np.array(target, np.int64)
-    return Draft({}, _values(slots, produced))
+    return Draft({"allowzero": 1} if allowzero else {}, _values(slots, produced))
 
 
 def flatten(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
