@@ -241,7 +241,11 @@ def _optimize(
         decided=decided,
         explain=frozenset(request.rule for request in explain),
     )
+    deduplicated = ir.deduplicate_initializers(outcome.model)  # copies of a weight, written once
+    outcome.model = deduplicated.model
     report = _report(loaded, destination, exported, outcome, device, strategy)
+    if deduplicated.merged:
+        report["deduplicated_initializers"] = {"merged": deduplicated.merged, "bytes_saved": deduplicated.bytes_saved}
     if explain:
         report["explain"], report["explain_modules"] = explanations(explain, outcome.explained, outcome.provenance)
     report["constant_folding"] = {

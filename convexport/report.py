@@ -129,6 +129,12 @@ def print_optimize_summary(report: dict, console: Console) -> None:
             f"[red]model file larger: {size(before['model_bytes'])} -> {size(after['model_bytes'])}[/red]"
             " (the rewritten weights take more room than the original ones)"
         )
+    merged = report.get("deduplicated_initializers")
+    if merged:
+        console.print(
+            f"weights: {merged['merged']} copies of an initializer written once ({size(merged['bytes_saved'])} saved)",
+            markup=False,
+        )
     grown = growth_line(report)
     if grown:
         console.print(f"[yellow]{grown}[/yellow]")

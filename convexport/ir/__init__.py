@@ -20,6 +20,7 @@ from onnx_graphsurgeon import Graph, Node, Tensor, Variable
 
 from .constant import Constant
 from .convert import IR_VERSION, export_graph, import_graph, nodes_as_model, overridable_initializers
+from .dedupe import Deduplicated, deduplicate_initializers
 from .folding import constant_node_values, fold_constants, fold_to_fixed_point
 from .large import external_data_files, needs_external_data, save_with_external_data, serialized_bytes
 from .naming import NameGenerator
@@ -53,6 +54,8 @@ __all__ = [
     "overridable_initializers",
     "external_data_files",
     "fold_constants",
+    "Deduplicated",
+    "deduplicate_initializers",
     "fold_to_fixed_point",
     "constant_node_values",
     "needs_external_data",
