@@ -261,7 +261,7 @@ def _optimize(
     if invalid is None and not validate and outcome.model is not exported.reference:
         invalid = _load_problem(outcome.model)  # (validation loads it anyway)
     if invalid is not None:
-        _refuse_invalid(invalid, exported.reference, outcome.applied, rewritten_with, loaded.source, report, say)
+        _refuse_invalid(invalid, exported, outcome.applied, rewritten_with, loaded.source, report, say)
 
     inputs_for_check = _validation_inputs(exported, specs)
     real_data = [load_npz(Path(input_data), inputs_for_check)] if input_data is not None else []
@@ -286,7 +286,7 @@ def _optimize(
             if _load_problem(exported.reference) is not None:
                 raise  # the model as given: its own problem, said as such
             _refuse_invalid(
-                first_line(unloadable), exported.reference, outcome.applied, rewritten_with, loaded.source, report, say
+                first_line(unloadable), exported, outcome.applied, rewritten_with, loaded.source, report, say
             )
         except NoMadeUpInputs as unsuitable:
             if not real_data:
@@ -500,14 +500,14 @@ def _checker_problem(original: onnx.ModelProto, rewritten: onnx.ModelProto) -> s
     return None
 
 
-def _refuse_invalid(problem: str, original, applied: list[dict], rewritten_with, source: str, report: dict, say):
+def _refuse_invalid(problem: str, exported, applied: list[dict], rewritten_with, source: str, report: dict, say):
     """ValidationError for an optimized graph that is not a valid model (`problem`), naming the
     first rewrite after which it is not (the same bisection as for wrong values): a rule whose
     rewrite breaks the graph's shapes is the rule's fault, told as such (exit 3), not convexport's."""
     say("finding the rewrite that broke it")
-    culprit = find_bad_rewrite(applied, lambda candidate: _is_valid(original, candidate), rewritten_with)
+    culprit = find_bad_rewrite(applied, lambda candidate: _is_valid(exported.reference, candidate), rewritten_with)
     report["validation"] = {"passed": False, "invalid_model": problem, "culprit": culprit}
-    blame = _blame(culprit, [])
+    blame = _blame(culprit, exported.conversions)
     raise ValidationError(
         f"{source}: the optimized graph is not a valid ONNX model ({problem}){blame}; nothing was written", report
     )

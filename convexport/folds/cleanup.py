@@ -31,9 +31,7 @@ def drop_whole_slice(match, context) -> Rewrite | Refusal:
     channels so) forwards its input."""
     root = match.root
     shape = root.inputs[0].shape
-    values = [None if len(root.inputs) <= i or is_absent(root.inputs[i]) else constant_value(root.inputs[i])
-              for i in range(1, 5)]  # fmt: skip
-    starts, ends, axes, steps = values
+    starts, ends, axes, steps = slice_parameters(root)
     if shape is None or starts is None or ends is None:
         return Refusal("its input's shape or its bounds are unknown", reported=False)
     axes = range(len(starts)) if axes is None else [int(a) % len(shape) for a in np.asarray(axes).reshape(-1)]
@@ -43,6 +41,13 @@ def drop_whole_slice(match, context) -> Rewrite | Refusal:
         if not isinstance(size, int) or step != 1 or start not in (0, -size if size else 0) or end < size:
             return Refusal("it keeps part of its input", reported=False)
     return forwarded(root, root.inputs[0], "Slice keeps its whole input")
+
+
+def slice_parameters(node) -> list:
+    """A Slice's starts, ends, axes and steps as constants, each None where it is absent or
+    computed at run time."""
+    return [None if len(node.inputs) <= i or is_absent(node.inputs[i]) else constant_value(node.inputs[i])
+            for i in range(1, 5)]  # fmt: skip
 
 
 # The constant that leaves x as it is, per op, and whether x must be the first input.

@@ -21,11 +21,7 @@ from .. import ir
 from ..algebra import Refusal
 from ..ir import attribute_or, constant_value
 from ..rewrite.primitives import Rewrite, consumes, reach
-from .cleanup import forwarded
-
-
-def _static(shape) -> bool:
-    return shape is not None and all(isinstance(dim, int) for dim in shape)
+from .cleanup import forwarded, slice_parameters
 
 
 def _known(shape) -> bool:
@@ -179,9 +175,7 @@ def slices_as_split(match, context) -> Rewrite | Refusal:
 def _one_axis_bounds(node: ir.Node, shape) -> tuple[int, int, int] | None:
     """(axis, start, end) of a Slice of one axis of static size, step 1, constant bounds,
     clamped to the axis as ONNX clamps them; None otherwise."""
-    values = [None if len(node.inputs) <= i or ir.is_absent(node.inputs[i]) else constant_value(node.inputs[i])
-              for i in range(1, 5)]  # fmt: skip
-    starts, ends, axes, steps = values
+    starts, ends, axes, steps = slice_parameters(node)
     if shape is None or starts is None or ends is None or np.asarray(starts).size != 1:
         return None
     axis = int(np.asarray(axes).reshape(-1)[0]) if axes is not None else 0

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from .convert import overridable_initializers
 from .scopes import proto_scopes
 
 
@@ -24,7 +25,7 @@ class Deduplicated:
 
 def deduplicate_initializers(model: onnx.ModelProto) -> Deduplicated:
     graph = model.graph
-    overridable = {value.name for value in graph.input}
+    overridable = {init.name for init in overridable_initializers(model)}
     first: dict[tuple, onnx.TensorProto] = {}
     renamed: dict[str, str] = {}
     saved = 0

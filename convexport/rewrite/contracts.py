@@ -17,14 +17,14 @@ def contract_problems(pattern: tuple[PatternNode, ...], contract: Contract, appl
     line is 0 where the problem is the pattern as a whole."""
     root = pattern[-1]
     named = {ref.name for line in pattern for ref in (*line.outputs, *line.inputs) if not ref.wildcard}
-    read = [name.rstrip("?") for name in contract.names]
+    read = {name.rstrip("?") for name in contract.names}
     problems = []
     for name in contract.names:
         if not name.endswith("?") and name not in named:
             problems.append((0, f"{apply} reads {name!r}, which the pattern does not name ({_reads(contract)})"))
     if not contract.every_line:
         for line in pattern[:-1]:
-            if not set(line.output_names) & set(read):
+            if not read.intersection(line.output_names):
                 problems.append(
                     (
                         line.line,

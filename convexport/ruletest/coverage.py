@@ -239,7 +239,7 @@ _ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div"})
 
 def _excluded(op: str, case: str, fixed: dict, ranks: set[int] | None, inputs: int | None) -> bool:
     if inputs is not None and (op, case) in _NEEDS_INPUT and inputs <= _NEEDS_INPUT[op, case]:
-        return True  # (a Pad's axes that are no constant: shape inference refuses every such instance)
+        return True
     if case.startswith("mode ") and "mode" in fixed:
         return case != f"mode {fixed['mode']}"
     if case in ("transA", "transB") and case in fixed:
@@ -249,6 +249,6 @@ def _excluded(op: str, case: str, fixed: dict, ranks: set[int] | None, inputs: i
     return False
 
 
-def degenerate(features: dict[str, set[str]]) -> bool:
-    """Whether some node of the instance is in its op's degenerate case."""
-    return any(f"{op}: {case}" in cases for cases in features.values() for op, case in DEGENERATE.items())
+def degenerate(features: dict[str, set[str]], ops: frozenset[str]) -> bool:
+    """Whether some node of one of `ops` in the instance is in its op's degenerate case."""
+    return any(f"{op}: {case}" in cases for cases in features.values() for op, case in DEGENERATE.items() if op in ops)

@@ -104,7 +104,7 @@ def verify_rule(
                 result.not_rewritten[why_not] += 1
             elif verdict is None:
                 result.exercised.update(*cases.values())
-                result.telling += not degenerate(instance_features(instance.model, instance.feeds, inner_ops))
+                result.telling += not degenerate(cases, inner_ops)
         failed = verdict not in (None, NOT_APPLIED, INVALID)
         searching[0] = searching[0] and not failed
         return failed
