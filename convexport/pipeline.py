@@ -32,10 +32,12 @@ from .folds import builtin_primitives
 from .inputs import InputSpec, input_specs
 from .ir import needs_external_data, save_with_external_data
 from .loading import LoadedModel, load_model
+from .low_rank import low_rank_branches_left
 from .onnx_route import overridable_input_count
 from .profile import profile_models
 from .rewrite.engine import STRATEGIES, STRATEGY_ALIASES, rewrite_model
 from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
+from .rewrite.runtime_fusions import fusion_entries
 from .runtime import (
     CUDA,
     MissingKernel,
@@ -246,6 +248,8 @@ def _optimize(
     report = _report(loaded, destination, exported, outcome, device, strategy)
     if deduplicated.merged:
         report["deduplicated_initializers"] = {"merged": deduplicated.merged, "bytes_saved": deduplicated.bytes_saved}
+    report["low_rank_branches_left"] = low_rank_branches_left(outcome.model, outcome.provenance)
+    report["runtime_fusions"] = fusion_entries(outcome.applied, outcome.skipped)
     if explain:
         report["explain"], report["explain_modules"] = explanations(explain, outcome.explained, outcome.provenance)
     report["constant_folding"] = {

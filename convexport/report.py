@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from .files import write_text_atomically
+from .low_rank import summary_line as low_rank_summary
+from .rewrite.runtime_fusions import summary_line as fusions_summary
 
 
 def write_json(report: dict, destination: str | Path) -> None:
@@ -135,6 +137,10 @@ def print_optimize_summary(report: dict, console: Console) -> None:
             f"weights: {merged['merged']} copies of an initializer written once ({size(merged['bytes_saved'])} saved)",
             markup=False,
         )
+    if report.get("runtime_fusions"):
+        console.print(fusions_summary(report["runtime_fusions"]), markup=False, highlight=False)
+    if report.get("low_rank_branches_left"):
+        console.print(f"[yellow]{low_rank_summary(report['low_rank_branches_left'])}[/yellow]", highlight=False)
     grown = growth_line(report)
     if grown:
         console.print(f"[yellow]{grown}[/yellow]")

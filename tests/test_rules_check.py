@@ -53,7 +53,7 @@ def test_the_built_in_rules_check_clean():
     from convexport.rewrite.rulefile import builtin_rule_files
 
     result = CliRunner().invoke(app, ["rules", "check", *map(str, builtin_rule_files())])
-    assert result.exit_code == 0 and result.stdout.strip() == "52 rule(s) OK"
+    assert result.exit_code == 0 and result.stdout.strip() == "54 rule(s) OK"
 
 
 def test_rule_files_run_in_file_name_order_built_ins_included(tmp_path):

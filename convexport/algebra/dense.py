@@ -9,6 +9,7 @@ Div / Add / Sub by a constant that broadcasts along the last axis only). All in 
     chain:   (x W1 + b1) W2 + b2        = x (W1 W2) + (b1 W2 + b2);    W1 [C, r], W2 [r, D]
     sum:     sum_i sign_i (x W_i + b_i) = x (sum_i sign_i W_i) + sum_i sign_i b_i
     maps:    (x * s1 + t1) * s2 + t2    = x * (s1 s2) + (t1 s2 + t2)
+    mixed:   (x W + b) + (x * s + t)    = x (W + diag(s)) + (b + t);   W [C, C]
 
 A chain through a narrow r (a low-rank factorisation) costs r (C + D) multiply-adds per row
 kept and C D composed: it is composed only where C D <= r (C + D).
@@ -156,20 +157,43 @@ def fold_chain(maps: Sequence[LinearMap], keep_low_rank: bool = True) -> Dense |
     through a narrow r is refused (low_rank_refusal). Needs a Dense among the maps."""
     result = maps[0]
     for step in maps[1:]:
-        if isinstance(result, Dense) and isinstance(step, Dense):
-            refusal = low_rank_refusal(result, step) if keep_low_rank else None
+        if isinstance(result, Dense) and isinstance(step, Dense) and keep_low_rank:
+            refusal = low_rank_refusal(result, step)
             if refusal is not None:
                 return refusal
-            result = compose_dense(result, step)
-        elif isinstance(result, Dense):
-            result = rescale_outputs(result, step)
-        elif isinstance(step, Dense):
-            result = rescale_inputs(result, step)
-        else:  # (x s1 + t1) s2 + t2 = x (s1 s2) + (t1 s2 + t2)
-            result = FeatureAffine(result.scale * step.scale, result.shift * step.scale + step.shift)
+        result = compose_maps(result, step)
     if not isinstance(result, Dense):
         return Refusal("a per-feature map alone is no dense map", reported=False)
     return result
+
+
+def compose_maps(first: LinearMap, second: LinearMap) -> LinearMap:
+    """second(first(x)): a Dense where either is one, else (x s1 + t1) s2 + t2 = x (s1 s2) + (t1 s2 + t2)."""
+    if isinstance(first, Dense) and isinstance(second, Dense):
+        return compose_dense(first, second)
+    if isinstance(first, Dense):
+        return rescale_outputs(first, second)
+    if isinstance(second, Dense):
+        return rescale_inputs(first, second)
+    return FeatureAffine(first.scale * second.scale, first.shift * second.scale + second.shift)
+
+
+def add_maps(first: LinearMap, second: LinearMap, sign: float) -> LinearMap | Refusal:
+    """first(x) + sign * second(x), both of x [..., C] with D outputs: two per-feature maps
+    stay one (s1 + sign s2, t1 + sign t2); with a Dense, a per-feature map is the Dense
+    diag(s) [C, C] with bias t. Refused (not reported) where the widths differ."""
+    if isinstance(first, FeatureAffine) and isinstance(second, FeatureAffine):
+        if first.scale.shape != second.scale.shape:
+            return Refusal("the terms differ in width: their sum broadcasts", reported=False)
+        return FeatureAffine(first.scale + sign * second.scale, first.shift + sign * second.shift)
+    return sum_dense([_as_dense(first), _as_dense(second)], [1.0, sign])
+
+
+def _as_dense(linear: LinearMap) -> Dense:
+    """A per-feature map as the Dense diag(s) [C, C], bias t (none where t = 0)."""
+    if isinstance(linear, Dense):
+        return linear
+    return Dense(np.diag(linear.scale), linear.shift if np.any(linear.shift) else None)
 
 
 def sum_dense(terms: Sequence[Dense], signs: Sequence[float]) -> Dense | Refusal:

@@ -26,6 +26,7 @@
     conv_as_separable        a Conv with a low-rank 2-D kernel as a tall conv then a wide conv
     fold_dense_chain         Gemm / MatMul and per-feature affine maps in a row -> one Gemm or MatMul
     sum_dense_branches       y = Add/Sub(dense chain(x), dense chain(x)) -> one (names: x; with: signs)
+    fold_linear_region       y = Add/Sub of a region linear in one x (shared intermediates, reshapes) -> one
 A branch is x itself or a linear node reading x (Conv, BatchNormalization, per-channel
 Mul/Div/Add/Sub, AveragePool, zero Pad): see linear_nodes.py.
 """
@@ -47,6 +48,7 @@ from .layout import (
     merge_transposes,
     slices_as_split,
 )
+from .linear_region import fold_linear_region
 from .separable import conv_as_separable
 from .sibling_convs import merge_sibling_convs
 
@@ -77,6 +79,7 @@ REGISTRY = {
     "conv_as_separable": conv_as_separable,
     "fold_dense_chain": fold_dense_chain,
     "sum_dense_branches": sum_dense_branches,
+    "fold_linear_region": fold_linear_region,
 }
 
 

@@ -50,14 +50,14 @@ def fold_dense_chain(match, context) -> Rewrite | Refusal:
     if isinstance(final_shape, Refusal):
         return final_shape
     mapped = chain[:-1] if root.op == "Reshape" else chain  # a last Reshape is applied again after the fold
-    layout = _layout(x, [mapped], len(chain) - (final_shape is not None), context.opset)
+    layout = dense_layout(x, mapped[:1], mapped, len(chain) - (final_shape is not None), context.opset)
     if isinstance(layout, Refusal):
         return layout
     dense = _branch_map(mapped, context.opset, keep_low_rank=True)
     if isinstance(dense, Refusal):
         return dense
     note = " -> ".join(node.op for node in chain) + " folded into one"
-    return _emitted(context, x, dense, layout, root, note, final_shape)
+    return emitted_dense(context, x, dense, layout, root, note, final_shape)
 
 
 def _final_reshape(x, chain: list[ir.Node], context) -> ir.Tensor | Refusal | None:
@@ -103,7 +103,9 @@ def sum_dense_branches(match, context) -> Rewrite | Refusal:
     refused = next((chain for chain in chains if isinstance(chain, Refusal)), None)
     if refused is not None:
         return refused
-    layout = _layout(x, chains, len(nodes), context.opset)
+    layout = dense_layout(
+        x, [chain[0] for chain in chains if chain], [n for chain in chains for n in chain], len(nodes), context.opset
+    )
     if isinstance(layout, Refusal):
         return layout
     # the sum replaces every branch: composing one through a narrow r never costs more
@@ -114,7 +116,7 @@ def sum_dense_branches(match, context) -> Rewrite | Refusal:
     dense = sum_dense(terms, signs)
     if isinstance(dense, Refusal):
         return dense
-    return _emitted(context, x, dense, layout, root, f"{root.op} of {len(chains)} dense branches merged into one")
+    return emitted_dense(context, x, dense, layout, root, f"{root.op} of {len(chains)} dense branches merged into one")
 
 
 def _chain(tensor, x, nodes: list[ir.Node]) -> list[ir.Node] | Refusal:
@@ -132,14 +134,14 @@ def _chain(tensor, x, nodes: list[ir.Node]) -> list[ir.Node] | Refusal:
 def _branch_map(chain: list[ir.Node], opset: int, keep_low_rank: bool) -> Dense | Refusal:
     maps = []
     for index, node in enumerate(chain):
-        node_map = _node_map(node, opset, reads_x=index == 0)
-        if isinstance(node_map, Refusal):
-            return node_map
-        maps.append(node_map)
+        found_map = node_map(node, opset, reads_x=index == 0)
+        if isinstance(found_map, Refusal):
+            return found_map
+        maps.append(found_map)
     return fold_chain(maps, keep_low_rank)
 
 
-def _node_map(node: ir.Node, opset: int, reads_x: bool) -> LinearMap | Refusal:
+def node_map(node: ir.Node, opset: int, reads_x: bool) -> LinearMap | Refusal:
     """The node as a Dense or a FeatureAffine of its data input (float64, all finite)."""
     if node.op in DENSE_OPS:
         found = _dense_of(node, opset, reads_x)
@@ -215,7 +217,7 @@ def _affine_of(node: ir.Node, opset: int) -> FeatureAffine | Refusal:
 
 
 @dataclass(frozen=True)
-class _Layout:
+class DenseLayout:
     """How the folded map is written: a Gemm (transA of the node reading x, the Gemms' transB
     layout) or a MatMul; the weights' dtype."""
 
@@ -225,17 +227,17 @@ class _Layout:
     dtype: np.dtype
 
 
-def _layout(x, chains: list[list[ir.Node]], old_count: int, opset: int) -> _Layout | Refusal:
-    """The form of the result, decided before any weight is read: a Gemm where x is 2-D and a
-    Gemm is folded or a bias may be left, else a MatMul (+ Add where a bias may be left);
-    refused (not reported) where that is no fewer nodes than the `old_count` matched."""
+def dense_layout(x, readers: list[ir.Node], nodes: list[ir.Node], old_count: int, opset: int) -> DenseLayout | Refusal:
+    """The form of the result of folding `nodes` (`readers` among them read x), decided before
+    any weight is read: a Gemm where x is 2-D and a Gemm is folded or a bias may be left, else
+    a MatMul (+ Add where a bias may be left); refused (not reported) where that is no fewer
+    nodes than the `old_count` matched."""
     shape = getattr(x, "shape", None)
     if shape is None or len(shape) < 2:
         rank = "of unknown rank" if shape is None else "a vector"
         return Refusal(f"{x.name} is {rank}: a MatMul of it is not folded")
-    nodes = [node for chain in chains for node in chain]
     gemms = [node for node in nodes if node.op == "Gemm"]
-    transposed = {chain[0].op == "Gemm" and bool(attribute_or(chain[0], "transA", opset, 0)) for chain in chains}
+    transposed = {node.op == "Gemm" and bool(attribute_or(node, "transA", opset, 0)) for node in readers}
     if len(transposed) > 1:
         return Refusal("the branches read x one transposed (transA=1) and one not", reported=False)
     may_have_bias = any(_may_add_bias(node) for node in nodes)
@@ -251,18 +253,21 @@ def _layout(x, chains: list[list[ir.Node]], old_count: int, opset: int) -> _Layo
     if weight.dtype.kind != "f":
         return Refusal(f"{weight.dtype} weights: a fold is exact only in floating point")
     trans_b = any(attribute_or(node, "transB", opset, 0) for node in gemms)
-    return _Layout(as_gemm, transposed.pop(), trans_b, weight.dtype)
+    return DenseLayout(as_gemm, transposed.pop(), trans_b, weight.dtype)
 
 
 def _may_add_bias(node: ir.Node) -> bool:
-    """Whether the node may leave the folded map a bias (a Gemm's C, a shift)."""
+    """Whether the node may leave the folded map a bias (a Gemm's C, a shift by a constant; a
+    sum of two branches adds none of its own)."""
     if node.op == "Gemm":
         return len(node.inputs) > 2 and not is_absent(node.inputs[2])
-    return node.op in ("BatchNormalization", "Add", "Sub")
+    if node.op in ("Add", "Sub"):
+        return any(constant_value(value) is not None for value in node.inputs)
+    return node.op == "BatchNormalization"
 
 
-def _emitted(
-    context, x, dense: Dense, layout: _Layout, root: ir.Node, note: str, final_shape: ir.Tensor | None = None
+def emitted_dense(
+    context, x, dense: Dense, layout: DenseLayout, root: ir.Node, note: str, final_shape: ir.Tensor | None = None
 ) -> Rewrite:
     """The dense node(s) computing root's output from x: a Gemm, or a MatMul and an Add of the
     bias; then a Reshape to `final_shape` where one is given."""

@@ -29,6 +29,7 @@ from .local_shapes import infer_new_shapes
 from .matcher import Match, PatternMatcher
 from .primitives import Primitive, Rewrite, reach_of
 from .rulefile import Rule
+from .runtime_fusions import RuntimeFusions
 
 MAX_PASSES = 32
 STRATEGIES = ("all", "cost", "measure")
@@ -46,6 +47,7 @@ class RewriteContext:
     strategy: str
     device: str = "cpu"  # the target of --strategy cost and measure
     decided: dict = field(default_factory=dict)  # (rule, nodes) -> Decision, see rewrite_model
+    fusions: RuntimeFusions | None = None  # what ONNX Runtime would fuse, kept whole (runtime_fusions.py)
 
 
 @dataclass
@@ -127,7 +129,8 @@ def _rewrite(model, rules, primitives, strategy, source, limit, device, decided,
     opset = ir.onnx_opset(model) or ir.DEFAULT_OPSET
     decided = {} if decided is None else decided
     graph = ir.import_graph(model)
-    base = RewriteContext(graph, opset, ir.NameGenerator(graph), {}, strategy, device, decided)
+    fusions = RuntimeFusions(graph)
+    base = RewriteContext(graph, opset, ir.NameGenerator(graph), {}, strategy, device, decided, fusions)
     state = _Run(primitives, ChangeLog(), [], {}, limit, explain=explain, provenance=graph.provenance)
     passes, changed_at_all = 0, False
     for passes in range(1, MAX_PASSES + 1):  # noqa: B007 (the count of passes made is reported)
@@ -298,7 +301,53 @@ def _decide(match: Match, primitive: Primitive, context: RewriteContext, members
     result = _checked(result, context.graph, members)
     if isinstance(result, Refusal):
         return result
+    result = _fusions_kept(result, context)
+    if isinstance(result, Refusal):
+        return result
     return _judged(result, match.rule, match.node_names(), context, members)
+
+
+def _fusions_kept(result: Rewrite, context: RewriteContext) -> Rewrite | Refusal:
+    """The rewrite, or a Refusal where it would take a node out of a subgraph ONNX Runtime
+    fuses (runtime_fusions.py); under --strategy all, the rewrite, marked as breaking it."""
+    fusion = context.fusions.touched(_doomed(result, context.graph)) if context.fusions else None
+    if fusion is None:
+        return result
+    numbers = {"method": "runtime fusion", "fusion": fusion.kind, "nodes": fusion.names}
+    if context.strategy == "all":
+        context.fusions.broken(fusion)
+        result.extra["breaks_runtime_fusion"] = numbers
+        return result
+    _discard(result)
+    return Refusal(
+        f"it would take {fusion.names[0]}..{fusion.names[-1]} out of the {fusion.kind} that ONNX Runtime fuses "
+        "into one kernel (faster than the fold saves)",
+        numbers,
+    )
+
+
+def _doomed(rewrite: Rewrite, graph: ir.Graph) -> list[ir.Node]:
+    """The old nodes the rewrite leaves without readers (what _apply will drop): the makers of
+    the tensors it replaces, then each node whose outputs only those read, and so on up."""
+    outputs = set(map(id, graph.outputs))
+    made = set(map(id, rewrite.nodes))
+    replaced = {id(old) for old, _ in rewrite.replace}
+    dead: set[int] = set()
+    doomed = []
+    stack = [old.inputs[0] for old, _ in rewrite.replace if old.inputs]
+    while stack:
+        node = stack.pop()
+        if id(node) in dead or id(node) in made:
+            continue
+        unread = all(
+            id(tensor) in replaced or (id(tensor) not in outputs and all(id(r) in dead for r in tensor.outputs))
+            for tensor in node.outputs
+        )
+        if unread:
+            dead.add(id(node))
+            doomed.append(node)
+            stack.extend(t.inputs[0] for t in node.inputs if isinstance(t, ir.Variable) and t.inputs)
+    return doomed
 
 
 def _judged(

@@ -37,6 +37,14 @@ class Match:
         return [node.name for node in self.node_list()]
 
 
+def _made_by(found: int, count: int, ops, made_by: list[str]) -> str:
+    """Why the root's inputs fail the pattern's: how many are made by the ops it needs, and by what."""
+    makers = " or ".join(sorted(ops))
+    if not found:
+        return f"no input of it is made by a {makers} node (they are made by {', '.join(made_by) or 'no node'})"
+    return f"{found} of its inputs is made by a {makers} node, the pattern needs {count} (made by {', '.join(made_by)})"
+
+
 class _State:
     def __init__(self):
         self.values: dict = {}
@@ -77,9 +85,9 @@ class PatternMatcher:
         if self.root_feeders:
             made_by = [t.inputs[0].op for t in root.inputs if isinstance(t, ir.Variable) and len(t.inputs) == 1]
             for ops, count in self.root_feeders:
-                if sum(op in ops for op in made_by) < count:
-                    makers = " or ".join(sorted(ops))
-                    return self._no(f"{self.rule.root.text}: no input of it is made by a {makers} node")
+                found = sum(op in ops for op in made_by)
+                if found < count:
+                    return self._no(f"{self.rule.root.text}: {_made_by(found, count, ops, made_by)}")
         if self.root_constants and sum(map(is_constant, root.inputs)) < self.root_constants:
             return self._no(f"{self.rule.root.text}: fewer of its inputs are constants than the pattern's :const names")
         state = _State()

@@ -24,6 +24,7 @@ from onnx import helper, numpy_helper
 from ..rewrite.pattern import COMMUTATIVE, PatternNode, ValueRef
 from ..rewrite.rulefile import Rule
 from .draws import Draws
+from .regions import add_branches, wants_branches
 from .samplers import PARTITIONS, SAMPLERS, Draft, Reject, Slot
 
 IR_VERSION = 10  # ONNX Runtime 1.31 reads IR <= 10
@@ -104,6 +105,8 @@ class _InstanceBuilder:
         self.numbers = itertools.count()
 
     def build(self) -> Instance:
+        if wants_branches(self):
+            add_branches(self)
         for index in _topological_order(self.rule.pattern):
             line = self.rule.pattern[index]
             for element in range(self.count) if line.is_element else [None]:
