@@ -57,7 +57,12 @@ def _main(
 
 
 InputOpt = Annotated[
-    list[str] | None, typer.Option("--input", help="NAME:DIMS[:DTYPE], e.g. x:1x3x224x224 (N or batch = dynamic).")
+    list[str] | None,
+    typer.Option(
+        "--input",
+        help="NAME:DIMS[:DTYPE][:LOW..HIGH], e.g. x:1x3x224x224 (N or batch = dynamic), x:1x3x320x320:0..1 "
+        "(made-up values in that range).",
+    ),
 ]
 RtolOpt = Annotated[
     list[str] | None, typer.Option("--rtol", help="Relative tolerance; NAME:F for one output (repeatable).")
@@ -113,6 +118,12 @@ def optimize(
     inputs: Annotated[
         Path | None, typer.Option("--inputs", help="DATA.npz of real input arrays, validated on besides random ones.")
     ] = None,
+    input_data: Annotated[
+        Path | None,
+        typer.Option(
+            "--input-data", help="DATA.npz of real input arrays, validated and profiled on instead of random ones."
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary and no progress; errors only.")] = False,
     disable_rule: Annotated[
         list[str] | None, typer.Option("--disable-rule", help="Do not run this rule (repeatable).")
@@ -134,7 +145,9 @@ def optimize(
 
     def run():
         reports = [("--report", report), ("--html", html)]
-        _check_outputs([model_file(model), inputs], [("-o", output), *reports])
+        if inputs is not None and input_data is not None:
+            raise ConvexportError("--inputs and --input-data: give one (besides random inputs, or instead of them)")
+        _check_outputs([model_file(model), inputs or input_data], [("-o", output), *reports])
         try:
             with _progress(quiet) as progress:
                 result = pipeline.optimize(
@@ -155,7 +168,8 @@ def optimize(
                     trust_pickle=trust_pickle,
                     progress=progress,
                     other_outputs=[(option, path) for option, path in reports if path is not None],
-                    input_data=inputs,
+                    input_data=inputs or input_data,
+                    made_up_inputs=input_data is None,
                     disable_rules=disable_rule or [],
                     explain=explain or [],
                     custom_ops_libraries=custom_ops_library or [],

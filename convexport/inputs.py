@@ -1,4 +1,4 @@
-"""Input specifications (`--input NAME:DIMS[:DTYPE]`) and seeded random input data."""
+"""Input specifications (`--input NAME:DIMS[:DTYPE][:LOW..HIGH]`) and seeded random input data."""
 
 from __future__ import annotations
 
@@ -43,12 +43,14 @@ DEFAULT_DYNAMIC_SIZE = 1
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One model input: a name, dims (an int, or a name for a dynamic dim) and a dtype."""
+    """One model input: a name, dims (an int, or a name for a dynamic dim), a dtype, and the
+    range its values take (made-up data is drawn in it; None: N(0, 1) floats, small integers)."""
 
     name: str
     dims: tuple[int | str, ...]
     dtype: str = "float32"
     dtype_given: bool = field(default=False, compare=False)  # by --input, not the default
+    value_range: tuple[float, float] | None = None
 
     @property
     def numpy_dtype(self) -> np.dtype:
@@ -72,13 +74,18 @@ class InputSpec:
         return math.prod(self.concrete_shape(dynamic_size)) * np.dtype(DTYPES.get(self.dtype, np.float32)).itemsize
 
     def __str__(self) -> str:
-        return f"{self.name}:{'x'.join(str(d) for d in self.dims)}:{self.dtype}"
+        text = f"{self.name}:{'x'.join(str(d) for d in self.dims)}:{self.dtype}"
+        if self.value_range is None:
+            return text
+        return text + ":" + "..".join(f"{bound:g}" for bound in self.value_range)
 
 
 def parse_input_spec(text: str) -> InputSpec:
-    """Parse `NAME:DIMS[:DTYPE]`, e.g. `x:1x3x224x224`, `x:Nx3x224x224:float16`."""
+    """Parse `NAME:DIMS[:DTYPE][:LOW..HIGH]`, e.g. `x:1x3x224x224`, `x:Nx3x224x224:float16`,
+    `x:1x3x320x320:float32:0..1` (an image's values: made-up data is drawn in [LOW, HIGH])."""
     parts = text.split(":")
-    hint = "expected NAME:DIMS[:DTYPE], e.g. x:1x3x224x224 or x:Nx3x224x224:float16"
+    hint = "expected NAME:DIMS[:DTYPE][:LOW..HIGH], e.g. x:1x3x224x224, x:Nx3x224x224:float16 or x:1x3x320x320:0..1"
+    value_range = _value_range(text, parts.pop()) if len(parts) in (3, 4) and ".." in parts[-1] else None
     if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
         raise ConvexportError(f"--input {text!r}: {hint}")
     name, dims_text = parts[0], parts[1]
@@ -95,7 +102,11 @@ def parse_input_spec(text: str) -> InputSpec:
             raise ConvexportError(f"--input {text!r}: bad dimension {token!r}; {hint}")
     if not dims:
         raise ConvexportError(f"--input {text!r}: {hint}")
-    spec = InputSpec(name, tuple(dims), str(np.dtype(DTYPES[dtype])), dtype_given=len(parts) == 3)
+    if value_range is not None and DTYPES[dtype] == np.bool_:
+        raise ConvexportError(f"--input {text!r}: a bool input takes no range of values")
+    spec = InputSpec(
+        name, tuple(dims), str(np.dtype(DTYPES[dtype])), dtype_given=len(parts) == 3, value_range=value_range
+    )
     size = spec.data_bytes()
     if size > MAX_INPUT_BYTES:
         raise ConvexportError(
@@ -103,6 +114,18 @@ def parse_input_spec(text: str) -> InputSpec:
             f"{_in_units(MAX_INPUT_BYTES)} per input"
         )
     return spec
+
+
+def _value_range(text: str, given: str) -> tuple[float, float]:
+    """LOW..HIGH as two finite numbers, LOW < HIGH."""
+    low, _, high = given.partition("..")
+    try:
+        bounds = float(low), float(high)
+    except ValueError:
+        raise ConvexportError(f"--input {text!r}: range {given!r} is not LOW..HIGH, e.g. 0..1 or -1..1") from None
+    if not all(map(math.isfinite, bounds)) or bounds[0] >= bounds[1]:
+        raise ConvexportError(f"--input {text!r}: range {given!r} needs finite LOW < HIGH")
+    return bounds
 
 
 def _in_units(size: int) -> str:
@@ -123,18 +146,23 @@ def input_specs(given) -> list[InputSpec]:
 
 
 def random_inputs(specs: list[InputSpec], seed: int, dynamic_size: int = DEFAULT_DYNAMIC_SIZE) -> dict[str, np.ndarray]:
-    """Seeded data for each input: standard normal floats, small non-negative integers."""
+    """Seeded data for each input: standard normal floats, small non-negative integers, or
+    uniform in the input's value range (integers inclusive of both ends)."""
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for spec in specs:
         shape = spec.concrete_shape(dynamic_size)
         dtype = spec.numpy_dtype
+        low, high = spec.value_range or (None, None)
         if np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16:
-            feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
+            values = rng.standard_normal(shape) if low is None else rng.uniform(low, high, shape)
+            feeds[spec.name] = values.astype(dtype)
         elif dtype == np.bool_:
             feeds[spec.name] = rng.integers(0, 2, shape).astype(np.bool_)
-        else:
+        elif low is None:
             feeds[spec.name] = rng.integers(0, 4, shape).astype(dtype)
+        else:
+            feeds[spec.name] = rng.integers(math.ceil(low), math.floor(high) + 1, shape).astype(dtype)
     return feeds
 
 

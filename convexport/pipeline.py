@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import math
 import os
@@ -100,6 +101,7 @@ def optimize(
     progress: Progress | None = None,
     other_outputs: Sequence[tuple[str, str | Path]] = (),
     input_data: str | Path | None = None,
+    made_up_inputs: bool = True,
     disable_rules: Sequence[str] = (),
     explain: Sequence[str] = (),
     custom_ops_libraries: Sequence[str | Path] = (),
@@ -112,7 +114,8 @@ def optimize(
     `explain` (why a rule did not fire), `RULE@MODULE` for the nodes of one PyTorch module.
     `custom_ops_libraries`: ONNX Runtime kernel libraries of the model's custom operators,
     registered in every session. `input_data`: an .npz of real
-    input arrays, validated on besides the random ones. `other_outputs`: (option, path)
+    input arrays, validated on besides the random ones, or with `made_up_inputs=False` instead
+    of them (and profiled on). `other_outputs`: (option, path)
     of the files the caller will write (reports), checked with OUT against every file the model
     is read from before any work.
 
@@ -203,9 +206,12 @@ def _optimize(
     progress,
     other_outputs,
     input_data,
+    made_up_inputs,
     disable_rules,
     explain,
 ) -> OptimizeResult:
+    if not made_up_inputs and input_data is None:
+        raise ConvexportError("made_up_inputs=False needs input_data: the .npz of arrays to validate on instead")
     examples = _example_tensors(inputs)
     inputs = [] if examples is not None else inputs
     inputs, rules, disable_rules, explain = map(_as_list, (inputs, rules, disable_rules, explain))
@@ -268,8 +274,12 @@ def _optimize(
         _refuse_invalid(invalid, exported, outcome.applied, rewritten_with, loaded.source, report, say)
 
     inputs_for_check = _validation_inputs(exported, specs)
+    ranges = {spec.name: spec.value_range for spec in specs if spec.value_range}
+    report["inputs"] = [str(dataclasses.replace(spec, value_range=ranges.get(spec.name))) for spec in exported.inputs]
     real_data = [load_npz(Path(input_data), inputs_for_check)] if input_data is not None else []
-    made_up_runs = DEFAULT_RUNS
+    made_up_runs = DEFAULT_RUNS if made_up_inputs else 0
+    if not made_up_inputs:
+        report["made_up_inputs"] = "not used: --input-data replaces them"
     if validate:
         say("validating")
         labels = (f"{loaded.source} (as exported)", "the optimized graph")
@@ -682,14 +692,15 @@ def _destination(loaded: LoadedModel, output: str | Path | None, others=()) -> P
 
 
 def _validation_inputs(exported: ExportResult, specs: list[InputSpec]) -> list[InputSpec]:
-    """The graph's inputs, with any dims --input names concretely."""
+    """The graph's inputs, with any dims --input names concretely and the range it gives."""
     given = {spec.name: spec for spec in specs}
     resolved = []
     for spec in exported.inputs:
         override = given.get(spec.name)
-        if override is not None and len(override.dims) == len(spec.dims):
+        if override is not None:
+            same_rank = len(override.dims) == len(spec.dims)
             dims = tuple(o if isinstance(o, int) else s for o, s in zip(override.dims, spec.dims))
-            spec = InputSpec(spec.name, dims, spec.dtype)
+            spec = InputSpec(spec.name, dims if same_rank else spec.dims, spec.dtype, value_range=override.value_range)
         resolved.append(spec)
     return resolved
 

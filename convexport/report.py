@@ -193,17 +193,18 @@ def validation_line(validation: dict) -> str:
     optimized graph's error and the original's own (its noise floor), each the largest over
     the outputs; against float32 runs, the largest difference (and why there was no float64)."""
     verdict = "[green]passed[/green]" if validation["passed"] else "[red]FAILED[/red]"
+    runs = f"{validation['runs']} run" + ("" if validation["runs"] == 1 else "s")
     outputs = validation["outputs"].values()
     worst = max((e["max_abs"] for e in outputs), default=0.0)
     exact = [e for e in outputs if e.get("exact_error") is not None]
     if not exact:
         why = f" (no float64 reference: {validation['reference_note']})" if validation.get("reference_note") else ""
-        return f"validation: {verdict} over {validation['runs']} runs, max abs error {worst:.3g}{why}"
+        return f"validation: {verdict} over {runs}, max abs error {worst:.3g}{why}"
     error = max(e["exact_error"] for e in exact)
     own = max(e["exact_error_original"] for e in exact)
     where = f", {validation['reference_note']}" if validation.get("reference_note") else ""
     return (
-        f"validation: {verdict} over {validation['runs']} runs against the float64 result{where}: error {error:.3g}, "
+        f"validation: {verdict} over {runs} against the float64 result{where}: error {error:.3g}, "
         f"the original's own {own:.3g} (max abs)"
     )
 

@@ -97,7 +97,7 @@ def test_an_erf_the_runtime_does_not_fuse_is_folded(scale, tmp_path):
 
 
 NORMS = {
-    "LayerNormalization": """
+    "LayerNorm": """
         mu = ReduceMean <axes = [-1]> (x)
         d = Sub(x, mu)
         sq = Pow(d, two)
@@ -107,25 +107,38 @@ NORMS = {
         n = Div(d, sd)
         gn = Mul(n, gamma)
         g = Add(gn, beta)""",
-    "SimplifiedLayerNormalization": """
+    "RMSNorm": """
         sq = Pow(x, two)
         var = ReduceMean <axes = [-1]> (sq)
         ve = Add(var, eps)
         sd = Sqrt(ve)
         n = Div(x, sd)
         g = Mul(n, gamma)""",
+    # torch's rsqrt as the TorchScript exporter writes it (Llama's LlamaRMSNorm)
+    "RMSNorm, rsqrt": """
+        sq = Pow(x, two)
+        var = ReduceMean <axes = [-1]> (sq)
+        ve = Add(var, eps)
+        sd = Sqrt(ve)
+        r = Div(one, sd)
+        n = Mul(x, r)
+        g = Mul(gamma, n)""",
 }
+KINDS = {"LayerNorm": "LayerNormalization"}
 
 
-@pytest.mark.parametrize("kind", NORMS)
-def test_a_decomposed_norm_keeps_its_scale_and_shift(kind, tmp_path):
-    """The norm's gamma (and beta) before a Linear would fold into it; the runtime then would
-    not fuse the norm."""
+@pytest.mark.parametrize("gamma", ["trained", "ones"])
+@pytest.mark.parametrize("norm", NORMS)
+def test_a_decomposed_norm_keeps_its_scale_and_shift(norm, gamma, tmp_path):
+    """The norm's gamma (and beta) before a Linear would fold into it, and a gamma of ones (a
+    fresh model's) would be dropped; the runtime then would not fuse the norm."""
+    kind = KINDS.get(norm, "SimplifiedLayerNormalization")
+    scale = RNG.uniform(0.5, 2, 16) if gamma == "trained" else np.ones(16)
     model = parsed(f"""
         norm (float[4, 16] x) => (float[4, 8] y) {{
-            {NORMS[kind]}
+            {NORMS[norm]}
             y = Gemm(g, w, b)
-        }}""", {"two": 2.0, "eps": 1e-5, "gamma": RNG.uniform(0.5, 2, 16), "beta": RNG.standard_normal(16),
+        }}""", {"two": 2.0, "eps": 1e-5, "one": 1.0, "gamma": scale, "beta": RNG.standard_normal(16),
                 "w": RNG.standard_normal((16, 8)), "b": RNG.standard_normal(8)}, opset=17)
     assert [fusion.kind for fusion in find_fusions(ir.import_graph(model))] == [kind]
     before = runtime_ops(model, tmp_path)[kind]

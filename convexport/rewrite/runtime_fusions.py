@@ -5,9 +5,9 @@ A rule may fold a node that belongs to such a subgraph into a neighbour: `affine
 folds GELU's trailing `* 0.5` into the next Linear, `affine-dense` a decomposed LayerNorm's
 gamma. The fold is exact and removes a node, but ONNX Runtime then no longer recognises the
 pattern, and the separate Erf, Div, Add and Mul nodes it leaves run slower than the one Gelu
-kernel would (bench/RESULTS.md, "The runtime's own fusions"). So under --strategy cost and
-measure such a rewrite is refused and the report says which fusion it kept; under
---strategy all it is made and the report says which fusion it broke.
+kernel would (bench/RESULTS.md, "Adapters and detectors against their hand forms"). So under
+--strategy cost and measure such a rewrite is refused and the report says which fusion it
+kept; under --strategy all it is made and the report says which fusion it broke.
 
 The patterns are ONNX Runtime's graph transformers' (onnxruntime/core/optimizer), which run on
 the CPU and CUDA providers alike (the devices convexport targets):
@@ -19,7 +19,9 @@ the CPU and CUDA providers alike (the devices convexport targets):
                                  (fast_gelu_fusion.cc): the nodes from the Tanh to its end
     LayerNormalization           (x - mean) / sqrt(var + eps) * gamma + beta
                                  (layer_norm_fusion.cc), var as mean((x - mean)^2)
-    SimplifiedLayerNormalization x / sqrt(mean(x^2) + eps) * gamma, RMSNorm (the same file)
+    SimplifiedLayerNormalization x / sqrt(mean(x^2) + eps) * gamma, RMSNorm (the same file),
+                                 also x * (1 / sqrt(.)) as torch's rsqrt exports; a gamma of
+                                 ones too (a fresh model's): the fusion needs its Mul
 
 A pattern is kept whole: all of its nodes, the constant scale and shift at its end included.
 """
@@ -137,10 +139,10 @@ def _layer_norm(sqrt: ir.Node) -> Fusion | None:
     if square is None or not _is_square(square):
         return None
     d = square.inputs[0]
-    divide = _only_reader(sqrt.outputs[0], "Div")
-    if divide is None or divide.inputs[0] is not d:
+    normalizing = _normalizing(sqrt, d)
+    if normalizing is None:
         return None
-    nodes = [square, variance, plus_eps, sqrt, divide]
+    nodes = [square, variance, plus_eps, sqrt, *normalizing]
     centred = _maker(d)
     kind = "SimplifiedLayerNormalization"
     if centred is not None and centred.op == "Sub":
@@ -148,7 +150,7 @@ def _layer_norm(sqrt: ir.Node) -> Fusion | None:
         if mean is not None and mean.op == "ReduceMean" and mean.inputs[0] is centred.inputs[0]:
             nodes[:0] = [mean, centred]
             kind = "LayerNormalization"
-    tail = divide
+    tail = normalizing[-1]
     for op in ("Mul", "Add"):  # gamma, then beta
         after = _only_reader(tail.outputs[0], op)
         if after is None or _data_and_constant(after)[1] is None:
@@ -156,6 +158,19 @@ def _layer_norm(sqrt: ir.Node) -> Fusion | None:
         nodes.append(after)
         tail = after
     return Fusion(kind, tuple(nodes))
+
+
+def _normalizing(sqrt: ir.Node, d) -> list[ir.Node] | None:
+    """The nodes that divide d by the Sqrt: Div(d, s), or d times Div(1, s) (torch's rsqrt as
+    the TorchScript exporter writes it; a Reciprocal there ONNX Runtime 1.31 does not fuse)."""
+    divide = _only_reader(sqrt.outputs[0], "Div")
+    if divide is not None and divide.inputs[0] is d:
+        return [divide]
+    inverse = divide if divide is not None and _close(constant_value(divide.inputs[0]), 1.0) else None
+    product = None if inverse is None else _only_reader(inverse.outputs[0], "Mul")
+    if product is None or _other_input(product, inverse.outputs[0]) is not d:
+        return None
+    return [inverse, product]
 
 
 _FINDERS = {"Erf": _gelu, "Tanh": _fast_gelu, "Sqrt": _layer_norm}
