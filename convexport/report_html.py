@@ -54,6 +54,10 @@ def render(report: dict) -> str:
         parts += [f"<h2>Latency on {_e(profile['provider'])}</h2>", _legend(), _latency_chart(profile)]
         parts += _op_time_section(profile)
     parts += ["<h2>Rewrites</h2>", _rewrites(report["rewrites"]), "<h2>Skipped</h2>", _skipped(report["skipped"])]
+    if report.get("runtime_fusions"):
+        parts += ["<h2>ONNX Runtime fusions</h2>", _fusions(report["runtime_fusions"])]
+    if report.get("low_rank_branches_left"):
+        parts += ["<h2>Low-rank branches left</h2>", _low_rank(report["low_rank_branches_left"])]
     if validation:
         parts += ["<h2>Validation</h2>", _validation(validation)]
     return (
@@ -215,6 +219,11 @@ def _nodes_and_modules(entry) -> str:
     return f"{nodes} · {', '.join(modules[:4])}{' …' if len(modules) > 4 else ''}" if modules else nodes
 
 
+def _nodes_and_module(entry) -> str:
+    """For an entry with one `module` (or none) rather than a list of them."""
+    return _nodes_and_modules({"nodes": entry["nodes"], "modules": [entry["module"]] if entry.get("module") else []})
+
+
 def _region(entry) -> str:
     """The folded region as a picture: the matched nodes' ops, an arrow, the new nodes' ops."""
     before, after = entry.get("ops_before", []), entry.get("ops_after", [])
@@ -248,6 +257,29 @@ def _decision(decision) -> str:
     else:
         numbers = decision.get("note", "")
     return f"<br><small>{_e(numbers)}</small>"
+
+
+def _fusions(entries) -> str:
+    """The subgraphs ONNX Runtime fuses that a rewrite would have split: kept whole or not."""
+    body = "".join(
+        f"<tr><td>{_e(e['fusion'])}</td><td>{_e(_nodes_and_module(e))}</td>"
+        f"<td>{'kept whole' if e['kept'] else 'broken (--strategy all)'}</td><td><code>{_e(', '.join(e['rules']))}</code></td></tr>"
+        for e in entries
+    )
+    return (
+        f"<table><tr><th>kernel</th><th>nodes</th><th>verdict</th><th>rules that would split it</th></tr>{body}</table>"
+    )
+
+
+def _low_rank(entries) -> str:
+    """Low-rank pairs summed with the layer of the same input and not merged into it."""
+    body = "".join(
+        f"<tr><td>{_e(_nodes_and_module(e))}</td><td>{e['in_features']} &rarr; {e['rank']} &rarr; "
+        f"{e['out_features']}</td><td><code>{_e(e['beside'])}</code></td></tr>"
+        for e in entries
+    )
+    note = "<p class=sub><code>--explain linear-region</code> says why each was not merged.</p>"
+    return f"{note}<table><tr><th>nodes</th><th>widths</th><th>beside the layer</th></tr>{body}</table>"
 
 
 def _skipped(entries) -> str:

@@ -49,10 +49,14 @@ def test_lora_on_gpt2_conv1d_is_merged(route):
     assert_is_the_merged_model(adapters.gpt2(), route)
 
 
+@pytest.mark.parametrize("route", adapters.ROUTES)
+def test_dora_on_llama_mlps_is_merged(route):
+    assert_is_the_merged_model(adapters.llama_mlp(dora=True), route)
+
+
 @pytest.mark.parametrize("route", ["dynamo", "torchscript"])
-@pytest.mark.parametrize("make", [adapters.llama_mlp, adapters.bert], ids=["llama", "bert"])
-def test_dora_is_merged(make, route):
-    assert_is_the_merged_model(make(dora=True), route)
+def test_dora_on_bert_is_merged(route):
+    assert_is_the_merged_model(adapters.bert(dora=True), route)
 
 
 @pytest.mark.parametrize("bias", [True, False])

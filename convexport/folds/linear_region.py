@@ -34,7 +34,7 @@ from ..rewrite.primitives import Rewrite, consumes, reach
 from .dense_chain import DENSE_OPS, dense_layout, emitted_dense, node_map
 from .linear_nodes import data_input
 
-MAX_DEPTH = 12  # nodes from the root: DoRA's region is 7 deep, GPT-2's LoRA on Conv1D 4
+MAX_DEPTH = 24  # nodes in a region: DoRA's has 9, GPT-2's LoRA on Conv1D 6; a bound on the walk per sum
 SUMS = ("Add", "Sub")
 
 

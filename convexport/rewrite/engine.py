@@ -232,13 +232,14 @@ def _run_scope(graph: ir.Graph, rules: list[Rule], base: RewriteContext, state: 
                 state.explaining(rule, anchor, f"where: {silent}")
                 continue
             verdict = _decide(match, primitive, context, members)
-            _record(state, rule, match.node_list(), verdict)
+            covered = match.node_list() if isinstance(verdict, Refusal) else _covered(match, verdict, graph)
+            _record(state, rule, covered, verdict)
             if isinstance(verdict, Refusal):
                 kind = "refused" if verdict.reported else "not a case for it (unreported)"
                 state.explaining(rule, anchor, f"{kind}: {verdict.reason}")
                 continue
             state.explaining(rule, anchor, f"rewritten: {verdict.note}")
-            state.provenance.derive(verdict.nodes, match.node_list(), rule.name)
+            state.provenance.derive(verdict.nodes, covered, rule.name)
             _apply(graph, verdict, base.fresh, state.changes, members)
             state.created.extend(verdict.nodes)
             changed = True
@@ -248,6 +249,16 @@ def _run_scope(graph: ir.Graph, rules: list[Rule], base: RewriteContext, state: 
                 by_op.setdefault(node.op, []).append(node)
     graph.nodes = [node for node in graph.nodes if not dead(node)]
     return changed
+
+
+def _covered(match: Match, rewrite: Rewrite, graph: ir.Graph) -> list[ir.Node]:
+    """The nodes a rewrite replaces: its match's, then those beyond the match that it leaves
+    unread (a primitive that follows a region or branches past its pattern), in graph order;
+    Constant nodes aside. The report and the provenance of the new nodes name these."""
+    matched = match.node_list()
+    seen = set(map(id, matched))
+    beyond = [node for node in reversed(_doomed(rewrite, graph)) if id(node) not in seen and node.op != "Constant"]
+    return matched + beyond
 
 
 def _record(state: _Run, rule: Rule, nodes: list[ir.Node], verdict: Rewrite | Refusal) -> None:
@@ -330,6 +341,7 @@ def _doomed(rewrite: Rewrite, graph: ir.Graph) -> list[ir.Node]:
     """The old nodes the rewrite leaves without readers (what _apply will drop): the makers of
     the tensors it replaces, then each node whose outputs only those read, and so on up."""
     outputs = set(map(id, graph.outputs))
+    outputs.update(id(new) for _, new in rewrite.replace)  # what takes a replaced tensor's readers stays read
     made = set(map(id, rewrite.nodes))
     replaced = {id(old) for old, _ in rewrite.replace}
     dead: set[int] = set()
