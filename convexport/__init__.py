@@ -5,11 +5,20 @@ The names below are loaded when first used (PEP 562): `import convexport.algebra
 
 __version__ = "0.1.0"
 
-__all__ = ["ConvexportError", "ValidationError", "OptimizeResult", "optimize", "export_only", "__version__"]
+__all__ = [
+    "ConvexportError",
+    "ValidationError",
+    "OptimizeOptions",
+    "OptimizeResult",
+    "optimize",
+    "export_only",
+    "__version__",
+]
 
 _WHERE = {
     "ConvexportError": "errors",
     "ValidationError": "errors",
+    "OptimizeOptions": "options",
     "OptimizeResult": "pipeline",
     "optimize": "pipeline",
     "export_only": "pipeline",

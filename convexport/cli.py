@@ -140,6 +140,7 @@ def optimize(
 ):
     """Export MODEL, fold its linear structure, validate, profile and write the result."""
     from . import pipeline
+    from .options import OptimizeOptions
     from .report import print_explanations, print_optimize_summary, write_json
     from .report_html import write_html
 
@@ -150,15 +151,14 @@ def optimize(
         _check_outputs([model_file(model), inputs or input_data], [("-o", output), *reports])
         try:
             with _progress(quiet) as progress:
-                result = pipeline.optimize(
-                    model,
-                    input or [],
-                    output,
-                    rules or [],
-                    strategy,
-                    device,
-                    not no_validate,
-                    not no_profile,
+                options = OptimizeOptions(
+                    inputs=input or [],
+                    output=output,
+                    rules=rules or [],
+                    strategy=strategy,
+                    device=device,
+                    validate=not no_validate,
+                    profile=not no_profile,
                     builtin_rules=not no_builtin_rules,
                     rtol=rtol,
                     atol=atol,
@@ -174,6 +174,7 @@ def optimize(
                     explain=explain or [],
                     custom_ops_libraries=custom_ops_library or [],
                 )
+                result = pipeline.optimize(model, options=options)
         except ValidationError as exc:
             if exc.report is not None:
                 if report is not None:

@@ -35,6 +35,7 @@ from .ir import needs_external_data, save_with_external_data
 from .loading import LoadedModel, load_model
 from .low_rank import low_rank_branches_left
 from .onnx_route import overridable_input_count
+from .options import OPTION_NAMES, OptimizeOptions, Progress
 from .profile import profile_models
 from .rewrite.engine import STRATEGIES, STRATEGY_ALIASES, rewrite_model
 from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
@@ -50,8 +51,6 @@ from .runtime import (
 )
 from .stats import graph_stats
 from .validate import DEFAULT_RUNS, NoMadeUpInputs, Tolerances, compare_models, load_npz
-
-Progress = Callable[[str], None]
 
 
 @dataclass
@@ -82,7 +81,7 @@ class OptimizeResult:
 
 def optimize(
     model,
-    inputs: Sequence[str | InputSpec] | None = None,
+    inputs=None,
     output: str | Path | None = None,
     rules: Sequence[str | Path] = (),
     strategy: str = "cost",
@@ -90,43 +89,39 @@ def optimize(
     validate: bool = True,
     profile: bool = True,
     *,
-    builtin_rules: bool = True,
-    rtol: float | list[str] | None = None,
-    atol: float | list[str] | None = None,
-    opset: int | None = None,
-    dynamic_batch: bool = False,
-    freeze_input_defaults: bool = False,
-    trust_pickle: bool = False,
-    write: bool = True,
-    progress: Progress | None = None,
-    other_outputs: Sequence[tuple[str, str | Path]] = (),
-    input_data: str | Path | None = None,
-    made_up_inputs: bool = True,
-    disable_rules: Sequence[str] = (),
-    explain: Sequence[str] = (),
-    custom_ops_libraries: Sequence[str | Path] = (),
+    options: OptimizeOptions | None = None,
+    **keywords,
 ) -> OptimizeResult:
     """Optimize MODEL (a path or MODEL string, an onnx.ModelProto, or an nn.Module).
-    `inputs`: --input specs (texts such as "x:1x3x224x224", or InputSpecs), or for a torch
-    model example tensors as torch.onnx.export takes them (a tensor, or a tuple of them).
-    `inputs` and `rules` take one value or a sequence of them. `disable_rules`: rules not to
-    run (by name); `explain`: rules whose verdict at every node is kept in the report's
-    `explain` (why a rule did not fire), `RULE@MODULE` for the nodes of one PyTorch module.
-    `custom_ops_libraries`: ONNX Runtime kernel libraries of the model's custom operators,
-    registered in every session. `input_data`: an .npz of real
-    input arrays, validated on besides the random ones, or with `made_up_inputs=False` instead
-    of them (and profiled on). `other_outputs`: (option, path)
-    of the files the caller will write (reports), checked with OUT against every file the model
-    is read from before any work.
+
+    The options are OptimizeOptions' fields (convexport/options.py says what each does), given
+    as these arguments and keywords (`optimize(m, inputs=["x:1x3x224x224"], write=False)`), or
+    as one `options` object and nothing else. `inputs`, `rules`, `disable_rules`, `explain` and
+    `custom_ops_libraries` take one value or a sequence of them.
 
     Raises ConvexportError for user errors, ValidationError (nothing written) when the
     optimized graph does not match the original, InternalError for a bug in convexport; never
     anything else.
     """
-    given = dict(locals())  # every argument, by name: _optimize takes them as they are
-    libraries = _as_list(given.pop("custom_ops_libraries"))
-    with _only_convexport_errors(), custom_op_libraries(libraries):
-        return _optimize(**given)
+    given = dict(zip(_POSITIONAL, (inputs, output, rules, strategy, device, validate, profile)))
+    if options is None:
+        unknown = sorted(set(keywords) - OPTION_NAMES)
+        if unknown:
+            raise TypeError(f"optimize() got unexpected keyword argument(s): {', '.join(unknown)}")
+        options = OptimizeOptions(**given, **keywords)
+    elif keywords or any(not _is_default(name, value) for name, value in given.items()):
+        raise TypeError("optimize(): give an OptimizeOptions or the options as arguments, not both")
+    with _only_convexport_errors(), custom_op_libraries(_as_list(options.custom_ops_libraries)):
+        return _optimize(model, options)
+
+
+_POSITIONAL = ("inputs", "output", "rules", "strategy", "device", "validate", "profile")
+_DEFAULTS = OptimizeOptions()
+
+
+def _is_default(name: str, value) -> bool:
+    default = getattr(_DEFAULTS, name)
+    return value is default or (isinstance(value, str | bool | tuple) and value == default)
 
 
 @contextlib.contextmanager
@@ -185,56 +180,33 @@ def _as_list(given) -> list:
     return [given] if isinstance(given, (str, Path, InputSpec)) else list(given)
 
 
-def _optimize(
-    *,
-    model,
-    inputs,
-    output,
-    rules,
-    strategy,
-    device,
-    validate,
-    profile,
-    builtin_rules,
-    rtol,
-    atol,
-    opset,
-    dynamic_batch,
-    freeze_input_defaults,
-    trust_pickle,
-    write,
-    progress,
-    other_outputs,
-    input_data,
-    made_up_inputs,
-    disable_rules,
-    explain,
-) -> OptimizeResult:
-    if not made_up_inputs and input_data is None:
+def _optimize(model, options: OptimizeOptions) -> OptimizeResult:
+    if not options.made_up_inputs and options.input_data is None:
         raise ConvexportError("made_up_inputs=False needs input_data: the .npz of arrays to validate on instead")
-    examples = _example_tensors(inputs)
-    inputs = [] if examples is not None else inputs
-    inputs, rules, disable_rules, explain = map(_as_list, (inputs, rules, disable_rules, explain))
-    stages = Stages(progress if progress is not None else _notebook_progress())
+    examples = _example_tensors(options.inputs)
+    inputs = [] if examples is not None else options.inputs
+    listed = (inputs, options.rules, options.disable_rules, options.explain)
+    inputs, rules, disable_rules, explain = map(_as_list, listed)
+    stages = Stages(options.progress if options.progress is not None else _notebook_progress())
     say = stages.start
-    tolerances = Tolerances.parse(rtol, atol)
-    strategy = STRATEGY_ALIASES.get(strategy, strategy)
+    tolerances = Tolerances.parse(options.rtol, options.atol)
+    strategy = STRATEGY_ALIASES.get(options.strategy, options.strategy)
     if strategy not in STRATEGIES:
         raise ConvexportError(f"--strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
-    device = resolve_device(device)  # where the model will run: what cost and measure decide for
+    device = resolve_device(options.device)  # where the model will run: what cost and measure decide for
     specs = input_specs(inputs)
     say("loading")
-    loaded = _load(model, trust_pickle)
+    loaded = _load(model, options.trust_pickle)
     if examples is not None:
         _use_examples(loaded, examples)
     explain = [ExplainRequest.parse(given) for given in explain]
-    rule_list = _rules(rules, builtin_rules, disable_rules, [request.rule for request in explain])
-    destination = _destination(loaded, output, other_outputs) if write else None
-    if not write:
-        check_paths(loaded.files, list(other_outputs))
+    rule_list = _rules(rules, options.builtin_rules, disable_rules, [request.rule for request in explain])
+    destination = _destination(loaded, options.output, options.other_outputs) if options.write else None
+    if not options.write:
+        check_paths(loaded.files, list(options.other_outputs))
 
     say("exporting")
-    exported = export_model(loaded, specs, opset, dynamic_batch, freeze_input_defaults)
+    exported = export_model(loaded, specs, options.opset, options.dynamic_batch, options.freeze_input_defaults)
     say("rewriting")
     folded = ir.fold_to_fixed_point(exported.model, loaded.source)  # the rules see constants as constants
     primitives = builtin_primitives()
@@ -268,7 +240,7 @@ def _optimize(
         return rewrite_model(folded, rule_list, primitives, strategy, loaded.source, limit, device, decided).model
 
     invalid = outcome.invalid or _checker_problem(exported.reference, outcome.model)
-    if invalid is None and not validate and outcome.model is not exported.reference:
+    if invalid is None and not options.validate and outcome.model is not exported.reference:
         invalid = _load_problem(outcome.model)  # (validation loads it anyway)
     if invalid is not None:
         _refuse_invalid(invalid, exported, outcome.applied, rewritten_with, loaded.source, report, say)
@@ -276,11 +248,12 @@ def _optimize(
     inputs_for_check = _validation_inputs(exported, specs)
     ranges = {spec.name: spec.value_range for spec in specs if spec.value_range}
     report["inputs"] = [str(dataclasses.replace(spec, value_range=ranges.get(spec.name))) for spec in exported.inputs]
+    input_data = options.input_data
     real_data = [load_npz(Path(input_data), inputs_for_check)] if input_data is not None else []
-    made_up_runs = DEFAULT_RUNS if made_up_inputs else 0
-    if not made_up_inputs:
+    made_up_runs = DEFAULT_RUNS if options.made_up_inputs else 0
+    if not options.made_up_inputs:
         report["made_up_inputs"] = "not used: --input-data replaces them"
-    if validate:
+    if options.validate:
         say("validating")
         labels = (f"{loaded.source} (as exported)", "the optimized graph")
         # the float64 reference may add 40% to what the work took so far (exact_check.py)
@@ -360,7 +333,7 @@ def _optimize(
                 report,
             )
     measured = None
-    if profile:
+    if options.profile:
         say(f"profiling on {device}")
         try:
             measured = profile_models(
