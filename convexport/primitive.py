@@ -2,7 +2,7 @@
 
     from convexport.primitive import Rewrite, Refusal, constant_value, reach
 
-A primitive is `f(match, context) -> Rewrite | Refusal`:
+A primitive is `f(match, context) -> Rewrite`, which raises `Refusal` to say no:
 
 - `match` (Match): `match.values[name]` the tensor a pattern name bound (a list for `name[]`;
   None for an absent optional input), `match.nodes[name]` the node whose first output is
@@ -10,7 +10,8 @@ A primitive is `f(match, context) -> Rewrite | Refusal`:
 - `context` (RewriteContext): `context.fresh(base)` new names, `context.params` the rule's
   `with:`, `context.opset` the model's opset, `context.graph` the scope matched in.
 - Return `Rewrite(nodes, replace, note)` (new nodes; (old tensor, new tensor) pairs; a note for
-  the report), or `Refusal(reason)` (`reported=False` where the match is simply not a case).
+  the report), or raise `Refusal(reason)` (`reported=False` where the match is simply not a
+  case). Any other exception, or returning anything else, is an error naming the rule.
 
 Read constants with `constant_value` (an initializer and a Constant node's output alike; None
 for a run-time tensor), attributes with `attribute_or(node, name, opset, default)` (the ONNX

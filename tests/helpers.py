@@ -73,3 +73,13 @@ def user_rule(folder, stem: str, primitive: str, rule: str):
     (folder / f"{stem}.py").write_text(primitive)
     (folder / f"{stem}.yaml").write_text(rule)
     return folder / f"{stem}.yaml"
+
+
+def verdict(function, *args, **kwargs):
+    """What an algebra function gives: its result, or the Refusal it raises."""
+    from convexport.algebra import Refusal
+
+    try:
+        return function(*args, **kwargs)
+    except Refusal as refusal:
+        return refusal

@@ -12,7 +12,7 @@ import onnx
 import pytest
 import torch
 from graphs import GraphBuilder, assert_same_outputs, rewrite
-from helpers import make_model, op_counts, run, tensor
+from helpers import verdict, make_model, op_counts, run, tensor
 from onnx import TensorProto, helper
 
 import convexport
@@ -23,7 +23,7 @@ from convexport.algebra.dense import (
     fold_chain,
     gemm_dense,
     last_axis_vector,
-    low_rank_refusal,
+    check_low_rank,
     sum_dense,
 )
 from convexport.folds import builtin_primitives
@@ -82,7 +82,7 @@ def test_fold_chain_is_the_composite_map():
     w1, b1, w2 = rng.standard_normal([4, 6]), rng.standard_normal(6), rng.standard_normal([6, 5])
     s2, t2 = rng.standard_normal(5), rng.standard_normal(5)
     maps = [FeatureAffine(s0, t0), Dense(w1, b1), Dense(w2, None), FeatureAffine(s2, t2)]
-    dense = fold_chain(maps)
+    dense = verdict(fold_chain, maps)
     expected = (((x * s0 + t0) @ w1 + b1) @ w2) * s2 + t2
     np.testing.assert_allclose(x @ dense.weight + dense.bias, expected, rtol=1e-12)
 
@@ -91,22 +91,22 @@ def test_per_feature_maps_in_a_row_fold_into_the_dense_map_after_them():
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal([3, 4]), rng.standard_normal([4, 2])
     (s1, t1), (s2, t2) = (rng.standard_normal([2, 4]) for _ in range(2))
-    dense = fold_chain([FeatureAffine(s1, t1), FeatureAffine(s2, t2), Dense(w, None)])
+    dense = verdict(fold_chain, [FeatureAffine(s1, t1), FeatureAffine(s2, t2), Dense(w, None)])
     np.testing.assert_allclose(x @ dense.weight + dense.bias, ((x * s1 + t1) * s2 + t2) @ w, rtol=1e-12)
-    assert isinstance(fold_chain([FeatureAffine(s1, t1), FeatureAffine(s2, t2)]), Refusal)
+    assert isinstance(verdict(fold_chain, [FeatureAffine(s1, t1), FeatureAffine(s2, t2)]), Refusal)
 
 
 def test_no_bias_arises_where_none_was_and_no_shift_is_added():
-    dense = fold_chain([FeatureAffine(np.full(3, 2.0), np.zeros(3)), Dense(np.ones([3, 2]), None)])
+    dense = verdict(fold_chain, [FeatureAffine(np.full(3, 2.0), np.zeros(3)), Dense(np.ones([3, 2]), None)])
     assert dense.bias is None and np.all(dense.weight == 2.0)
 
 
 def test_low_rank_pair_is_kept_where_composing_costs_more():
-    assert low_rank_refusal(Dense(np.ones([4, 4]), None), Dense(np.ones([4, 4]), None)) is None
-    refusal = low_rank_refusal(Dense(np.ones([16, 2]), None), Dense(np.ones([2, 16]), None))
+    assert check_low_rank(Dense(np.ones([4, 4]), None), Dense(np.ones([4, 4]), None)) is None
+    refusal = verdict(check_low_rank, Dense(np.ones([16, 2]), None), Dense(np.ones([2, 16]), None))
     assert "C*D = 256" in refusal.reason and "r*(C+D) = 64" in refusal.reason
-    assert isinstance(fold_chain([Dense(np.ones([16, 2]), None), Dense(np.ones([2, 16]), None)]), Refusal)
-    composed = fold_chain([Dense(np.ones([16, 2]), None), Dense(np.ones([2, 16]), None)], keep_low_rank=False)
+    assert isinstance(verdict(fold_chain, [Dense(np.ones([16, 2]), None), Dense(np.ones([2, 16]), None)]), Refusal)
+    composed = verdict(fold_chain, [Dense(np.ones([16, 2]), None), Dense(np.ones([2, 16]), None)], keep_low_rank=False)
     assert composed.weight.shape == (16, 16)
 
 
@@ -123,7 +123,7 @@ def test_low_rank_pair_is_kept_where_composing_costs_more():
     ],
 )
 def test_last_axis_vector(value, ok):
-    result = last_axis_vector(np.asarray(value), 5, 2)
+    result = verdict(last_axis_vector, np.asarray(value), 5, 2)
     assert isinstance(result, Refusal) != ok
     if ok:
         assert result.shape == (5,)
@@ -131,14 +131,14 @@ def test_last_axis_vector(value, ok):
 
 def test_gemm_dense_takes_alpha_beta_and_transb_and_refuses_a_bias_per_row():
     b, c = np.arange(6.0).reshape(3, 2), np.array([1.0, 2.0, 3.0])
-    dense = gemm_dense(b, c, True, 2.0, 0.5)
+    dense = verdict(gemm_dense, b, c, True, 2.0, 0.5)
     np.testing.assert_array_equal(dense.weight, 2.0 * b.T)
     np.testing.assert_array_equal(dense.bias, 0.5 * c)
-    assert isinstance(gemm_dense(b, np.ones([4, 3]), True, 1.0, 1.0), Refusal)
+    assert isinstance(verdict(gemm_dense, b, np.ones([4, 3]), True, 1.0, 1.0), Refusal)
 
 
 def test_sum_dense_refuses_terms_that_broadcast():
-    assert isinstance(sum_dense([Dense(np.ones([3, 1]), None), Dense(np.ones([3, 4]), None)], [1, 1]), Refusal)
+    assert isinstance(verdict(sum_dense, [Dense(np.ones([3, 1]), None), Dense(np.ones([3, 4]), None)], [1, 1]), Refusal)
 
 
 # --- a per-feature map after a Gemm or a MatMul -----------------------------------------------

@@ -101,7 +101,7 @@ WRONG_PRIMITIVE = textwrap.dedent("""
         '''Conv(x, w) * s -> Conv(x, w * s), except that it scales by 1.001 too much.'''
         conv, scale = match.nodes["h"], constant_value(match.values["s"])
         if scale.size != 1:
-            return Refusal("not a scalar", reported=False)
+            raise Refusal("not a scalar", reported=False)
         weight = constant_value(conv.inputs[1]) * float(scale.reshape(-1)[0]) * 1.001
         out = Variable(context.fresh("scaled"), np.float32, match.root.outputs[0].shape)
         node = Node("Conv", context.fresh("scaled_conv"), dict(conv.attrs),

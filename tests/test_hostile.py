@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_user_error, invoke, make_model, op_counts, tensor
+from helpers import assert_user_error, invoke, make_model, op_counts, tensor, verdict
 from onnx import helper
 
 import convexport
@@ -254,7 +254,7 @@ def test_the_low_rank_screen_and_split_refuse_non_finite_kernels_at_once():
     kernel[0, 0, 0, 0] = np.inf
     assert rank_at_least(kernel, 10)
     spec = ConvSpec(kernel, np.zeros(64), False, (1, 1), (1, 1), (0, 0), (0, 0))
-    assert "inf or NaN" in split_separable(spec).reason
+    assert "inf or NaN" in verdict(split_separable, spec).reason
 
 
 # --- 4. invalid model ---------------------------------------------------------------------------

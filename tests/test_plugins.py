@@ -28,6 +28,22 @@ def explode(match, context):
 
 def wrong_type(match, context):
     return 42
+
+
+def returns_none(match, context):
+    return None
+
+
+def returns_refusal(match, context):
+    from convexport.primitive import Refusal
+
+    return Refusal("no")
+
+
+def refuses(match, context):
+    from convexport.primitive import Refusal
+
+    raise Refusal("the user's reason")
 '''
 
 RULE = """rules:
@@ -81,8 +97,12 @@ def test_bad_plugin_names_are_rule_file_errors(tmp_path, apply, fragment):
     assert str(caught.value).startswith(f"{path}:8:") and fragment in str(caught.value)
 
 
-@pytest.mark.parametrize("function, fragment", [("explode", "raised RuntimeError: plugin bug"),
-                                                ("wrong_type", "returned a int")])
+@pytest.mark.parametrize("function, fragment", [
+    ("explode", "raised RuntimeError: plugin bug"),
+    ("wrong_type", "returned a int, not a Rewrite (a primitive says no by raising Refusal)"),
+    ("returns_none", "returned None, not a Rewrite"),
+    ("returns_refusal", "returned a Refusal, not a Rewrite"),
+])
 def test_errors_inside_a_plugin_name_the_rule(tmp_path, function, fragment):
     path = rule_file(tmp_path, f"my_primitives.py:{function}")
     with pytest.raises(ConvexportError) as caught:
@@ -103,3 +123,10 @@ def test_a_builtin_primitive_on_a_pattern_it_cannot_read_names_the_rule(tmp_path
     with pytest.raises(ConvexportError, match=r"misfit.yaml:2: rule 'misfit': primitive sum_branches raised "
                                               r"IndexError.*does the pattern bind the names sum_branches reads"):
         rewrite_model(model, rules, builtin_primitives(), "all")
+
+
+def test_a_plugin_says_no_by_raising_refusal(tmp_path):
+    path = rule_file(tmp_path, "my_primitives.py:refuses")
+    result = convexport.optimize(double_negation_model(), rules=[path], write=False, profile=False,
+                                 builtin_rules=False)
+    assert [entry["reason"] for entry in result.report["skipped"]] == ["the user's reason"]

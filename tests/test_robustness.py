@@ -246,3 +246,20 @@ def test_an_in_memory_model_is_only_read():
     assert result.original is model and result.report["validation"]["passed"]
     assert [entry["rule"] for entry in result.report["rewrites"]][-1] == "conv-batchnorm"
     assert model.SerializeToString() == before
+
+
+def test_a_chain_whose_output_is_empty_is_left_alone():
+    """A window longer than its input (AveragePool of 2 over a length of 1) is valid ONNX with
+    an empty output: nothing to fold, and no error (found by `rules test`, once the engine
+    stopped taking the algebra's ValueError for a refusal)."""
+    import onnx.parser
+
+    model = onnx.parser.parse_model("""
+        <ir_version: 10, opset_import: ["" : 18]>
+        empty (float[1, 2, 1] x) => (float[1, 3, 0] y) {
+            h = AveragePool <kernel_shape = [2], strides = [2]> (x)
+            y = Conv <kernel_shape = [1]> (h, w)
+        }""")
+    model.graph.initializer.append(numpy_helper.from_array(np.ones((3, 2, 1), np.float32), "w"))
+    outcome = rewrite_model(model, RULES, builtin_primitives(), "all")
+    assert [node.op_type for node in outcome.model.graph.node] == ["AveragePool", "Conv"]

@@ -133,8 +133,8 @@ def test_a_user_primitive_declares_its_contract_too(tmp_path):
     (tmp_path / "mine.py").write_text(
         "from convexport.primitive import Refusal, consumes\n\n"
         "@consumes('h', h={'MatMul'}, root={'MatMul'})\n"
-        "def declared(match, context):\n    return Refusal('no', reported=False)\n\n"
-        "def undeclared(match, context):\n    return Refusal('no', reported=False)\n")
+        "def declared(match, context):\n    raise Refusal('no', reported=False)\n\n"
+        "def undeclared(match, context):\n    raise Refusal('no', reported=False)\n")
     three = ["h = MatMul(x, w1:const)", "m = MatMul(h, w2:const)", "y = MatMul(m, w3:const)"]
     assert_user_error(check(tmp_path, rule(three, "mine.py:declared")), "mine.py:declared does not read this line")
     assert check(tmp_path, rule(three, "mine.py:undeclared")).exit_code == 0  # nothing declared, nothing checked
@@ -212,7 +212,7 @@ def test_a_constant_takes_a_numpy_scalar_and_is_any_graph_constant():
 # A Pad -> Conv fold that moves the pads into the Conv and never looks at the fill value.
 PAD_PRIMITIVE = '''
 import numpy as np
-from convexport.primitive import Node, Rewrite, Variable, constant_value, reach
+from convexport.primitive import Node, Refusal, Rewrite, Variable, constant_value, reach
 
 
 @reach(0)
@@ -221,13 +221,13 @@ def pad_into_conv(match, context):
     pads = constant_value(pad.inputs[1])
     rank = len(pads) // 2
     if conv.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
-        return None
+        raise Refusal('not a case', reported=False)
     if rank < 3 or np.any(pads < 0) or np.any(pads[[0, 1, rank, rank + 1]]):
-        return None
+        raise Refusal('not a case', reported=False)
     own = list(conv.attrs.get("pads", [0] * (2 * rank - 4)))
     added = list(pads[2:rank]) + list(pads[rank + 2:])
     if ONLY_EMPTY and any(added):
-        return None
+        raise Refusal('not a case', reported=False)
     out = conv.outputs[0]
     new = Variable(context.fresh(out.name), out.dtype, out.shape)
     attrs = {**conv.attrs, "pads": [int(a) + int(b) for a, b in zip(own, added)]}

@@ -138,7 +138,7 @@ def test_a_user_primitive_needs_only_the_primitive_module(tmp_path):
         "def double_mul(match, context):\n"
         "    a, b = constant_value(match.values['a']), constant_value(match.values['b'])\n"
         "    if a is None or b is None:\n"
-        "        return Refusal('not constants')\n"
+        "        raise Refusal('not constants')\n"
         "    out = match.root.outputs[0]\n"
         "    new = Variable(context.fresh('prod'), out.dtype, out.shape)\n"
         "    node = Node('Mul', context.fresh('mul'), {}, [match.values['x'], Constant(context.fresh('k'), np.asarray(a * b))], [new])\n"

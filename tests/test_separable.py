@@ -10,7 +10,7 @@ import pytest
 from convexport.algebra import ConvSpec, Refusal
 from convexport.algebra.separable import split_separable
 from graphs import GraphBuilder, rewrite
-from helpers import op_counts, run
+from helpers import verdict, op_counts, run
 
 rng = np.random.default_rng(0)
 
@@ -98,9 +98,9 @@ def test_the_split_is_not_composed_back():
 
 def test_split_algebra_refuses_what_it_cannot_reproduce():
     spec = ConvSpec(rng.standard_normal((3, 2, 3, 3)), np.zeros(3), False, (1, 1), (1, 1), (0, 0), (0, 0))
-    assert isinstance(split_separable(spec), Refusal)
+    assert isinstance(verdict(split_separable, spec), Refusal)
     one_d = ConvSpec(rng.standard_normal((3, 2, 3)), np.zeros(3), False, (1,), (1,), (0,), (0,))
-    assert "1-D" in split_separable(one_d).reason
+    assert "1-D" in verdict(split_separable, one_d).reason
 
 
 def test_a_split_that_would_not_reproduce_the_kernel_is_refused_with_its_reason(monkeypatch):
@@ -124,7 +124,7 @@ def test_full_rank_kernels_are_screened_without_an_svd(monkeypatch):
     svd = np.linalg.svd
     calls = []
     monkeypatch.setattr(np.linalg, "svd", lambda *args, **kwargs: calls.append(1) or svd(*args, **kwargs))
-    assert isinstance(split_separable(full), Refusal) and not calls
+    assert isinstance(verdict(split_separable, full), Refusal) and not calls
     assert split_separable(low).rank == 2 and calls
 
 
@@ -159,7 +159,7 @@ def test_a_rank_too_high_to_pay_is_shown_on_a_submatrix(monkeypatch):
     submatrix of that size: for a random 64 -> 64 3x3 kernel, a 96 x 96 screen instead of 192 x 192."""
     sizes = screened_sizes(monkeypatch)
     weight = np.random.default_rng(2).standard_normal([64, 64, 3, 3])
-    result = split_separable(spec_of(weight), max_rank=95)
+    result = verdict(split_separable, spec_of(weight), max_rank=95)
     assert isinstance(result, Refusal) and "pays below rank 96" in result.reason
     assert sizes == [(96, 96)]
 
@@ -168,11 +168,11 @@ def test_a_low_rank_below_the_paying_rank_still_splits_and_one_above_does_not(mo
     weight = low_rank(24, 24, 3, 3, 5)       # a [72, 72] matrix of rank 5
     assert split_separable(spec_of(weight), max_rank=5).rank == 5
     sizes = screened_sizes(monkeypatch)
-    assert isinstance(split_separable(spec_of(weight), max_rank=4), Refusal)
+    assert isinstance(verdict(split_separable, spec_of(weight), max_rank=4), Refusal)
     assert sizes == [(5, 5)]                 # a 5 x 5 minor of a rank-5 matrix: no SVD
     sizes.clear()
     small = low_rank(8, 6, 7, 5, 5)          # [42, 40]: whole-matrix screen, then a 5-wide sketch's SVD finds rank 5
-    assert isinstance(split_separable(spec_of(small), max_rank=4), Refusal)
+    assert isinstance(verdict(split_separable, spec_of(small), max_rank=4), Refusal)
     assert sizes == [(42, 40), ("svd", 5, 40)]
 
 
@@ -185,13 +185,13 @@ def test_a_submatrix_that_misses_the_proof_leaves_it_to_a_factoring_bounded_by_t
         for tap in range(3):
             weight[channel, channel, tap, tap] = 1.0 + channel + tap
     sizes = screened_sizes(monkeypatch)
-    result = split_separable(spec_of(weight), max_rank=5)
+    result = verdict(split_separable, spec_of(weight), max_rank=5)
     assert isinstance(result, Refusal) and not result.reported and sizes == [(6, 6), ("svd", 6, 96)]
 
 
 def test_a_low_rank_kernel_splits_exactly_from_a_sketch_of_its_columns():
     weight = low_rank(96, 80, 3, 3, 7)       # [240, 288] of rank 7; a split pays below rank 20
-    split = split_separable(spec_of(weight), max_rank=19)
+    split = verdict(split_separable, spec_of(weight), max_rank=19)
     rebuilt = np.einsum("rikz,orzl->oikl", split.tall.weight, split.wide.weight)
     assert split.rank == 7 and np.max(np.abs(rebuilt - weight)) <= 1e-9 * np.max(np.abs(weight))
 
@@ -203,7 +203,7 @@ def test_factoring_beyond_the_budget_is_not_tried(monkeypatch):
 
     monkeypatch.setattr(separable, "FACTOR_BUDGET_FLOPS", 1e3)
     sizes = screened_sizes(monkeypatch)
-    result = split_separable(spec_of(low_rank(24, 24, 3, 3, 5)), max_rank=10)
+    result = verdict(split_separable, spec_of(low_rank(24, 24, 3, 3, 5)), max_rank=10)
     assert isinstance(result, Refusal) and not result.reported and "budget" in result.reason
     assert not [size for size in sizes if size[0] == "svd"]
 

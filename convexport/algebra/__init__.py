@@ -1,7 +1,7 @@
 """Pure-numpy weight algebra of linear convolution structure, exact or refused.
 
 Every fold works on ConvSpec (one Conv: dense float64 kernel, explicit pads) and returns an
-exact result or a Refusal saying why not; callers cast weights back to the model's dtype.
+exact result or raises a Refusal saying why not; callers cast weights back to the model's dtype.
 
     spec.py           ConvSpec, Refusal, AxisGeometry (the per-axis read formula)
     onnx_conv.py      ONNX Conv <-> ConvSpec (groups, auto_pad, minimal kernel on the way out)

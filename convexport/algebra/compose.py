@@ -125,7 +125,7 @@ def compose(
     second: ConvSpec,
     input_spatial: Sequence[int | None] | None,
     border_limit_bytes: int = DEFAULT_BORDER_LIMIT_BYTES,
-) -> Composition | Refusal:
+) -> Composition:
     """second(first(x)) as one conv on x, composite_conv(first, second), exact or refused.
 
     Refused where second reads h's padding while first, evaluated there, would read real x.
@@ -144,7 +144,7 @@ def compose(
     leak = padding_reads.window_leak(reads, active_pairs(first.weight, second.weight))
     if leak is not None:
         axis, u, t = leak
-        return Refusal(
+        raise Refusal(
             f"the second conv reads the intermediate's zero padding on spatial axis {axis} where the "
             f"first conv, evaluated there, would read real input (tap {u} of the second, tap {t} of "
             f"the first): not exact"
@@ -153,14 +153,14 @@ def compose(
     border = None
     if padding_reads.bias_through_padding(reads, bias_taps):
         if None in lengths:
-            return Refusal(
+            raise Refusal(
                 "the first conv's bias is read through the second conv's zero padding; the correction "
                 f"map needs a static spatial shape, and the input's is {lengths}"
             )
         output_shape = second.output_shape(first.output_shape(lengths))
         size = padding_reads.border_bytes(second.out_channels, output_shape)
         if size > border_limit_bytes:
-            return Refusal(
+            raise Refusal(
                 f"the first conv's bias is read through the second conv's zero padding; the correction "
                 f"map [{second.out_channels}, {', '.join(map(str, output_shape))}] would take {size} "
                 f"bytes, over the limit of {border_limit_bytes}"

@@ -52,7 +52,7 @@ class FeatureAffine:
 LinearMap = Dense | FeatureAffine
 
 
-def gemm_dense(b, c, trans_b: bool, alpha: float, beta: float) -> Dense | Refusal:
+def gemm_dense(b, c, trans_b: bool, alpha: float, beta: float) -> Dense:
     """Gemm(x, B, C) = alpha * x op(B) + beta * C as a Dense: W = alpha op(B) [C, D], op(B) = B^T
     for transB (B [D, C]) else B ([C, D]); bias = beta C as [D]. C must be one row for every row
     of x: [], [1], [D], [1, 1] or [1, D] ([M, D] and [M, 1] differ between rows)."""
@@ -63,34 +63,32 @@ def gemm_dense(b, c, trans_b: bool, alpha: float, beta: float) -> Dense | Refusa
     c = np.asarray(c, np.float64)
     out_features = weight.shape[1]
     if c.ndim > 2 or (c.ndim == 2 and c.shape[0] != 1) or (c.ndim >= 1 and c.shape[-1] not in (1, out_features)):
-        return Refusal(f"the Gemm's C of shape {c.shape} is not one row of {out_features} outputs")
+        raise Refusal(f"the Gemm's C of shape {c.shape} is not one row of {out_features} outputs")
     return Dense(weight, beta * np.broadcast_to(c.reshape(-1), (out_features,)))
 
 
-def last_axis_vector(value, features: int, rank: int) -> np.ndarray | Refusal:
+def last_axis_vector(value, features: int, rank: int) -> np.ndarray:
     """A constant broadcast against a tensor [..., features] of `rank` dims, as [features]: a
     scalar, [features] or [1, .., 1, features] (or a last dim of 1). Refused (not reported:
     no per-feature map) where it varies along another axis or would change the tensor's shape."""
     value = np.asarray(value, np.float64)
     if value.ndim > rank or any(d != 1 for d in value.shape[:-1]):
-        return Refusal(
+        raise Refusal(
             f"the constant of shape {value.shape} does not broadcast along the last axis only", reported=False
         )
     if value.ndim and value.shape[-1] not in (1, features):
-        return Refusal(
-            f"the constant of shape {value.shape} is not one value per feature of {features}", reported=False
-        )
+        raise Refusal(f"the constant of shape {value.shape} is not one value per feature of {features}", reported=False)
     return np.broadcast_to(value.reshape(-1), (features,)).astype(np.float64)
 
 
-def elementwise_affine(op: str, k: np.ndarray, data_first: bool) -> FeatureAffine | Refusal:
+def elementwise_affine(op: str, k: np.ndarray, data_first: bool) -> FeatureAffine:
     """x*k, k*x, x/k, x+k, k+x, x-k, k-x for k [C] as y = x * s + t; k / x is not linear."""
     zero, one = np.zeros_like(k), np.ones_like(k)
     if op == "Mul":
         return FeatureAffine(k, zero)
     if op == "Div":
         if not data_first:
-            return Refusal("k / x is not linear in x", reported=False)
+            raise Refusal("k / x is not linear in x", reported=False)
         with np.errstate(divide="ignore"):  # x / 0: an inf scale, refused by the caller
             return FeatureAffine(1.0 / k, zero)
     if op == "Add":
@@ -129,16 +127,15 @@ def compose_dense(first: Dense, second: Dense) -> Dense:
     return Dense(weight, bias if first.bias is None else first.bias @ second.weight + bias)
 
 
-def low_rank_refusal(first: Dense, second: Dense) -> Refusal | None:
-    """Why x [., C] -> r -> D is cheaper kept: C D multiply-adds per row composed against
-    r (C + D) kept (the numbers also as the refusal's decision, for the report); None where
-    composing costs no more."""
+def check_low_rank(first: Dense, second: Dense) -> None:
+    """Refused where x [., C] -> r -> D is cheaper kept: C D multiply-adds per row composed
+    against r (C + D) kept (the numbers also as the refusal's decision, for the report)."""
     c, r, d = first.in_features, first.out_features, second.out_features
     composed, kept = c * d, r * (c + d)
     if composed <= kept:
-        return None
+        return
     numbers = f"C*D = {composed} multiply-adds per row instead of r*(C+D) = {kept}"
-    return Refusal(
+    raise Refusal(
         f"a low-rank factorisation {c} -> {r} -> {d} is cheaper kept: composed it costs {numbers}",
         {
             "method": "rank",
@@ -152,18 +149,16 @@ def low_rank_refusal(first: Dense, second: Dense) -> Refusal | None:
     )
 
 
-def fold_chain(maps: Sequence[LinearMap], keep_low_rank: bool = True) -> Dense | Refusal:
+def fold_chain(maps: Sequence[LinearMap], keep_low_rank: bool = True) -> Dense:
     """maps[-1](...maps[0](x)) as one Dense; with keep_low_rank, a chain of two dense maps
-    through a narrow r is refused (low_rank_refusal). Needs a Dense among the maps."""
+    through a narrow r is refused (check_low_rank). Needs a Dense among the maps."""
     result = maps[0]
     for step in maps[1:]:
         if isinstance(result, Dense) and isinstance(step, Dense) and keep_low_rank:
-            refusal = low_rank_refusal(result, step)
-            if refusal is not None:
-                return refusal
+            check_low_rank(result, step)
         result = compose_maps(result, step)
     if not isinstance(result, Dense):
-        return Refusal("a per-feature map alone is no dense map", reported=False)
+        raise Refusal("a per-feature map alone is no dense map", reported=False)
     return result
 
 
@@ -178,13 +173,13 @@ def compose_maps(first: LinearMap, second: LinearMap) -> LinearMap:
     return FeatureAffine(first.scale * second.scale, first.shift * second.scale + second.shift)
 
 
-def add_maps(first: LinearMap, second: LinearMap, sign: float) -> LinearMap | Refusal:
+def add_maps(first: LinearMap, second: LinearMap, sign: float) -> LinearMap:
     """first(x) + sign * second(x), both of x [..., C] with D outputs: two per-feature maps
     stay one (s1 + sign s2, t1 + sign t2); with a Dense, a per-feature map is the Dense
     diag(s) [C, C] with bias t. Refused (not reported) where the widths differ."""
     if isinstance(first, FeatureAffine) and isinstance(second, FeatureAffine):
         if first.scale.shape != second.scale.shape:
-            return Refusal("the terms differ in width: their sum broadcasts", reported=False)
+            raise Refusal("the terms differ in width: their sum broadcasts", reported=False)
         return FeatureAffine(first.scale + sign * second.scale, first.shift + sign * second.shift)
     return sum_dense([_as_dense(first), _as_dense(second)], [1.0, sign])
 
@@ -196,12 +191,12 @@ def _as_dense(linear: LinearMap) -> Dense:
     return Dense(np.diag(linear.scale), linear.shift if np.any(linear.shift) else None)
 
 
-def sum_dense(terms: Sequence[Dense], signs: Sequence[float]) -> Dense | Refusal:
+def sum_dense(terms: Sequence[Dense], signs: Sequence[float]) -> Dense:
     """sum_i sign_i (x W_i + b_i) = x (sum_i sign_i W_i) + sum_i sign_i b_i, all W_i [C, D];
     refused where the shapes differ (the sum would broadcast)."""
     shapes = {term.weight.shape for term in terms}
     if len(shapes) != 1:
-        return Refusal(f"the terms' weights differ in shape ({sorted(shapes)}): their sum broadcasts", reported=False)
+        raise Refusal(f"the terms' weights differ in shape ({sorted(shapes)}): their sum broadcasts", reported=False)
     weight = sum(sign * term.weight for sign, term in zip(signs, terms))
     biases = [(sign, term.bias) for sign, term in zip(signs, terms) if term.bias is not None]
     bias = sum(sign * b for sign, b in biases) if biases else None

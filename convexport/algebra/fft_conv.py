@@ -39,12 +39,12 @@ def next_power_of_two(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def plan_fft_conv(spec: ConvSpec, input_spatial: Sequence[int | None]) -> FftPlan | Refusal:
+def plan_fft_conv(spec: ConvSpec, input_spatial: Sequence[int | None]) -> FftPlan:
     """The FFT plan of a conv on an input of static spatial shape."""
     if input_spatial is None or any(length is None for length in input_spatial):
-        return Refusal("an FFT convolution needs a static spatial shape")
+        raise Refusal("an FFT convolution needs a static spatial shape")
     if spec.nd not in (1, 2):
-        return Refusal(f"FFT convolution is implemented for 1-D and 2-D convs, not {spec.nd}-D")
+        raise Refusal(f"FFT convolution is implemented for 1-D and 2-D convs, not {spec.nd}-D")
     padded = tuple(int(n) + a + e for n, a, e in zip(input_spatial, spec.pads_begin, spec.pads_end))
     sizes = tuple(next_power_of_two(n) for n in padded)
     dilated = np.zeros((spec.out_channels, spec.in_channels, *sizes))

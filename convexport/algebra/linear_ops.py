@@ -39,7 +39,7 @@ def avgpool_as_conv(
     count_include_pad: bool,
     ceil_mode: bool,
     input_spatial: Sequence[int | None] | None,
-) -> ConvSpec | Refusal:
+) -> ConvSpec:
     """AveragePool as a depthwise conv: W[c, c, *k] = 1/prod(k), zero elsewhere ([C, C, *k]).
 
     Exact when every window divides by prod(k): refused for count_include_pad=0 with pads
@@ -48,7 +48,7 @@ def avgpool_as_conv(
     """
     nd = len(kernel_shape)
     if not count_include_pad and (any(pads_begin) or any(pads_end)):
-        return Refusal(
+        raise Refusal(
             "AveragePool with count_include_pad=0 and pads divides border windows by fewer than "
             "prod(kernel) elements: not a conv"
         )
@@ -57,7 +57,7 @@ def avgpool_as_conv(
             zip(kernel_shape, strides, pads_begin, pads_end, spatial_lengths(input_spatial, nd))
         ):
             if s > 1 and (length is None or (length + a + e - k) % s):
-                return Refusal(
+                raise Refusal(
                     f"AveragePool ceil_mode=1 adds a partial window on spatial axis {axis} "
                     f"(input length {length}, kernel {k}, stride {s}, pads {a}+{e})"
                 )
@@ -66,16 +66,14 @@ def avgpool_as_conv(
     return ConvSpec(weight, np.zeros(channels), False, strides, (1,) * nd, pads_begin, pads_end)
 
 
-def merge_zero_pad(
-    spec: ConvSpec, pad_begin_spatial: Sequence[int], pad_end_spatial: Sequence[int]
-) -> ConvSpec | Refusal:
+def merge_zero_pad(spec: ConvSpec, pad_begin_spatial: Sequence[int], pad_end_spatial: Sequence[int]) -> ConvSpec:
     """conv(ZeroPad(x)) as one conv: pads (a + p_begin, e + p_end). Refused for negative pads,
     which crop x: the conv would then read real values where it read cropped-away zeros."""
     begin, end = tuple(int(p) for p in pad_begin_spatial), tuple(int(p) for p in pad_end_spatial)
     if len(begin) != spec.nd or len(end) != spec.nd:
         raise ValueError(f"{spec.nd}-D conv given pads {begin}, {end}")
     if min(begin + end) < 0:
-        return Refusal(f"the Pad crops (negative pads {begin}, {end}); a conv's pads cannot crop")
+        raise Refusal(f"the Pad crops (negative pads {begin}, {end}); a conv's pads cannot crop")
     return dataclasses.replace(
         spec,
         pads_begin=tuple(a + p for a, p in zip(spec.pads_begin, begin)),
@@ -109,7 +107,7 @@ def scale_shift_onnx_weight(weight, bias, scale, shift) -> tuple[np.ndarray, np.
     return scaled, scale * base + shift
 
 
-def scale_shift_before(spec: ConvSpec, scale, shift) -> ConvSpec | Refusal:
+def scale_shift_before(spec: ConvSpec, scale, shift) -> ConvSpec:
     """conv(scale * x + shift) per input channel: W'[:, c] = W[:, c] * scale[c] ([O, I, *k]),
     b' = b + sum_{c, taps} W[o, c, taps] * shift[c] ([O]); scale, shift scalars or [I].
 
@@ -119,7 +117,7 @@ def scale_shift_before(spec: ConvSpec, scale, shift) -> ConvSpec | Refusal:
     scale = _per_channel(scale, spec.in_channels, "scale")
     shift = _per_channel(shift, spec.in_channels, "shift")
     if np.any(shift) and (any(spec.pads_begin) or any(spec.pads_end)):
-        return Refusal(
+        raise Refusal(
             f"a shift before the conv would be read through its zero padding (pads {spec.pads_begin}, "
             f"{spec.pads_end}), where the shifted input is not zero: not exact"
         )

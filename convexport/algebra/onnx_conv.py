@@ -29,7 +29,7 @@ def _same_pads(mode: str, kernel: int, stride: int, dilation: int, length: int |
     return (small, large) if mode == "SAME_UPPER" else (large, small)
 
 
-def _explicit_pads(attrs: dict, kernel, strides, dilations, lengths) -> tuple[tuple, tuple] | Refusal:
+def _explicit_pads(attrs: dict, kernel, strides, dilations, lengths) -> tuple[tuple, tuple]:
     """(pads_begin, pads_end) from `pads` or `auto_pad`."""
     nd = len(kernel)
     mode = _text(attrs.get("auto_pad", "NOTSET"))
@@ -41,23 +41,21 @@ def _explicit_pads(attrs: dict, kernel, strides, dilations, lengths) -> tuple[tu
     if mode == "VALID":
         return (0,) * nd, (0,) * nd
     if mode not in ("SAME_UPPER", "SAME_LOWER"):
-        return Refusal(f"Conv auto_pad {mode!r} is not an ONNX padding mode")
+        raise Refusal(f"Conv auto_pad {mode!r} is not an ONNX padding mode")
     pairs = [_same_pads(mode, *args) for args in zip(kernel, strides, dilations, lengths)]
     if None in pairs:
-        return Refusal(
+        raise Refusal(
             f"Conv auto_pad={mode} with stride > 1 needs the input's static spatial shape, which is {tuple(lengths)}"
         )
     return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
 
 
-def conv_from_onnx(weight, bias, attrs: dict, input_spatial: Sequence[int | None] | None) -> ConvSpec | Refusal:
+def conv_from_onnx(weight, bias, attrs: dict, input_spatial: Sequence[int | None] | None) -> ConvSpec:
     """The ConvSpec of an ONNX Conv: weight [O, I/g, *k], bias [O] or None, its attributes
     (group, strides, dilations, pads [b1..bn, e1..en], auto_pad, kernel_shape) and the input's
     spatial shape (None, or None entries, where unknown: SAME_* with stride > 1 needs it)."""
     weight = np.asarray(weight, dtype=np.float64)
     geometry = conv_geometry(weight.shape, attrs, input_spatial)
-    if isinstance(geometry, Refusal):
-        return geometry
     dense = expand_groups(weight, int(attrs.get("group", 1)))
     has_bias = bias is not None
     bias = np.zeros(weight.shape[0]) if bias is None else np.asarray(bias, dtype=np.float64).reshape(-1)
@@ -74,7 +72,7 @@ def conv_from_onnx(weight, bias, attrs: dict, input_spatial: Sequence[int | None
 
 def conv_geometry(
     weight_shape: Sequence[int], attrs: dict, input_spatial: Sequence[int | None] | None
-) -> tuple[AxisGeometry, ...] | Refusal:
+) -> tuple[AxisGeometry, ...]:
     """The per-axis geometry of an ONNX Conv with weight shape [O, I/g, *k] and these
     attributes (pads resolved from `pads` or `auto_pad`, as conv_from_onnx), weights unread."""
     nd = len(weight_shape) - 2
@@ -86,8 +84,6 @@ def conv_geometry(
     strides = int_tuple("strides", attrs.get("strides") or [1] * nd, nd, 1)
     dilations = int_tuple("dilations", attrs.get("dilations") or [1] * nd, nd, 1)
     pads = _explicit_pads(attrs, kernel, strides, dilations, spatial_lengths(input_spatial, nd))
-    if isinstance(pads, Refusal):
-        return pads
     begin, end = (int_tuple(name, values, nd, 0) for name, values in zip(("pads_begin", "pads_end"), pads))
     return tuple(AxisGeometry(*axis) for axis in zip(kernel, strides, dilations, begin, end))
 

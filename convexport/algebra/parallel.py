@@ -17,7 +17,7 @@ import numpy as np
 from .spec import AxisGeometry, ConvSpec, Refusal, spatial_lengths
 
 
-def _check_branches(specs: Sequence[ConvSpec]) -> Refusal | None:
+def _check_branches(specs: Sequence[ConvSpec]) -> None:
     """ValueError for branches that cannot read one x; a Refusal when their strides differ."""
     if not specs:
         raise ValueError("no branches to merge")
@@ -26,11 +26,11 @@ def _check_branches(specs: Sequence[ConvSpec]) -> Refusal | None:
             f"branches reading one x differ in rank or input channels: {[(s.nd, s.in_channels) for s in specs]}"
         )
     if len({s.strides for s in specs}) > 1:
-        return Refusal(f"the branches use different strides {[s.strides for s in specs]}")
+        raise Refusal(f"the branches use different strides {[s.strides for s in specs]}")
     return None
 
 
-def _end_pad(axes: Sequence[AxisGeometry], begin: int, span: int, length: int | None, index: int) -> int | Refusal:
+def _end_pad(axes: Sequence[AxisGeometry], begin: int, span: int, length: int | None, index: int) -> int:
     """The window's end pad E: the merged output floor((L + A + E - R)/s) + 1 must equal every
     branch's floor((L + c_i)/s) + 1. Equal c_i: E = c + R - A (>= 0, it is the widest branch's
     e_i) serves every L. Else only a static L whose output lengths n agree: the smallest
@@ -39,32 +39,30 @@ def _end_pad(axes: Sequence[AxisGeometry], begin: int, span: int, length: int | 
     if len(offsets) == 1:
         return offsets.pop() + span - begin
     if length is None:
-        return Refusal(
+        raise Refusal(
             f"the branches' output lengths on spatial axis {index} agree only for some input lengths "
             "(it needs a static spatial shape)"
         )
     outputs = [axis.output_length(length) for axis in axes]
     if len(set(outputs)) > 1:
-        return Refusal(
+        raise Refusal(
             f"the branches' output lengths on spatial axis {index} differ ({outputs}): "
             "the result would broadcast, not add"
         )
     return max(0, axes[0].stride * (outputs[0] - 1) + span - length - begin)
 
 
-def _common_axis(axes: Sequence[AxisGeometry], length: int | None, index: int) -> AxisGeometry | Refusal:
+def _common_axis(axes: Sequence[AxisGeometry], length: int | None, index: int) -> AxisGeometry:
     """The window on one axis: stride s, begin pad A = max a_i, dilation D, K = (R-1)/D + 1."""
     begin = max(axis.pad_begin for axis in axes)
     steps = [axis.dilation for axis in axes if axis.kernel > 1] + [begin - axis.pad_begin for axis in axes]
     dilation = math.gcd(*steps) or 1
     span = max(begin - axis.pad_begin + axis.span for axis in axes)
     end = _end_pad(axes, begin, span, length, index)
-    if isinstance(end, Refusal):
-        return end
     return AxisGeometry((span - 1) // dilation + 1, axes[0].stride, dilation, begin, end)
 
 
-def _common_window(specs: Sequence[ConvSpec], input_spatial) -> list[AxisGeometry] | Refusal:
+def _common_window(specs: Sequence[ConvSpec], input_spatial) -> list[AxisGeometry]:
     refusal = _check_branches(specs)
     if refusal:
         return refusal
@@ -75,8 +73,6 @@ def _common_window(specs: Sequence[ConvSpec], input_spatial) -> list[AxisGeometr
     window = []
     for index, length in enumerate(lengths):
         axis = _common_axis([spec.axis(index) for spec in specs], length, index)
-        if isinstance(axis, Refusal):
-            return axis
         window.append(axis)
     return window
 
@@ -106,16 +102,14 @@ def _merged(window: Sequence[AxisGeometry], weight: np.ndarray, bias: np.ndarray
 
 def combine_parallel(
     specs: Sequence[ConvSpec], signs: Sequence[float], input_spatial: Sequence[int | None] | None
-) -> ConvSpec | Refusal:
+) -> ConvSpec:
     """sum_i signs[i] * conv_i(x) as one conv: W = sum_i signs[i] * W_i placed in the common
     window ([O, I, *K]), b = sum_i signs[i] * b_i ([O])."""
     if len(signs) != len(specs):
         raise ValueError(f"{len(specs)} branches but {len(signs)} signs")
     window = _common_window(specs, input_spatial)
-    if isinstance(window, Refusal):
-        return window
     if len({spec.out_channels for spec in specs}) > 1:
-        return Refusal(
+        raise Refusal(
             f"the branches have different output channel counts {[s.out_channels for s in specs]}: "
             "the result would broadcast, not add"
         )
@@ -124,12 +118,10 @@ def combine_parallel(
     return _merged(window, weight, bias, any(spec.has_bias for spec in specs))
 
 
-def concat_parallel(specs: Sequence[ConvSpec], input_spatial: Sequence[int | None] | None) -> ConvSpec | Refusal:
+def concat_parallel(specs: Sequence[ConvSpec], input_spatial: Sequence[int | None] | None) -> ConvSpec:
     """Concat(conv_1(x), ..., conv_n(x), axis=1) as one conv: the placed kernels stacked over
     output channels ([sum O_i, I, *K]) and the biases concatenated."""
     window = _common_window(specs, input_spatial)
-    if isinstance(window, Refusal):
-        return window
     weight = np.concatenate([_place(spec, window) for spec in specs], axis=0)
     bias = np.concatenate([spec.bias for spec in specs])
     return _merged(window, weight, bias, any(spec.has_bias for spec in specs))

@@ -51,41 +51,41 @@ def _no_split(reason: str) -> Refusal:
     return Refusal(reason, reported=False)
 
 
-def split_separable(spec: ConvSpec, max_rank: int | None = None) -> SeparableConv | Refusal:
+def split_separable(spec: ConvSpec, max_rank: int | None = None) -> SeparableConv:
     """The tall/wide pair of the module docstring; an unreported Refusal where there is none or, given
     `max_rank` (the highest rank at which the caller would use a split), where the rank is
     higher; a Refusal where the low-rank product would not reproduce the kernel."""
     if spec.nd != 2:
-        return _no_split(f"a {spec.nd}-D kernel has no row/column split")
+        raise _no_split(f"a {spec.nd}-D kernel has no row/column split")
     if not np.all(np.isfinite(spec.weight)):
-        return Refusal("the kernel holds inf or NaN: it is never factored")
+        raise Refusal("the kernel holds inf or NaN: it is never factored")
     out_channels, in_channels, rows, cols = spec.weight.shape
     if rows == 1 or cols == 1:
-        return _no_split("the kernel is already a single row or column")
+        raise _no_split("the kernel is already a single row or column")
     if max_rank is not None and max_rank < 1:
-        return _no_split("a split would cost more than the conv at any rank")
+        raise _no_split("a split would cost more than the conv at any rank")
     full = min(in_channels * rows, out_channels * cols)
     too_high = full if max_rank is None else min(max_rank + 1, full)  # the lowest rank of no use
     described = f"as a [{in_channels}x{rows}, {out_channels}x{cols}] matrix" + (
         "" if too_high == full else f"; a split pays below rank {too_high}"
     )
     if _plainly_of_rank(spec.weight, too_high):
-        return _no_split(f"the kernel has rank {too_high} or more {described}")
+        raise _no_split(f"the kernel has rank {too_high} or more {described}")
     matrix_shape = (in_channels * rows, out_channels * cols)
     if _factoring_flops(matrix_shape, too_high) > FACTOR_BUDGET_FLOPS:
-        return _no_split(f"factoring the kernel {described} would take more than the split's budget")
+        raise _no_split(f"factoring the kernel {described} would take more than the split's budget")
     u, singular, vt = _low_rank_svd(_matricise(spec.weight), too_high)
     if not singular.size or singular[0] == 0:
-        return _no_split("the kernel is zero")
+        raise _no_split("the kernel is zero")
     rank = int(np.count_nonzero(singular > RANK_TOLERANCE * singular[0]))
     if rank >= too_high:
-        return _no_split(f"the kernel has rank {rank} {described}")
+        raise _no_split(f"the kernel has rank {rank} {described}")
     root = np.sqrt(singular[:rank])
     tall = (u[:, :rank] * root).T.reshape(rank, in_channels, rows, 1)
     wide = (vt[:rank].T * root).reshape(out_channels, cols, rank).transpose(0, 2, 1)[:, :, None, :]
     rebuilt = np.einsum("rikz,orzl->oikl", tall, wide)
     if np.max(np.abs(rebuilt - spec.weight)) > RECONSTRUCTION_TOLERANCE * np.max(np.abs(spec.weight)):
-        return Refusal("the low-rank product does not reproduce the kernel to fp32 rounding")
+        raise Refusal("the low-rank product does not reproduce the kernel to fp32 rounding")
     (stride_h, stride_w), (dilation_h, dilation_w) = spec.strides, spec.dilations
     (top, left), (bottom, right) = spec.pads_begin, spec.pads_end
     return SeparableConv(

@@ -1,4 +1,4 @@
-"""The normal form every fold works on: one Conv as a ConvSpec, and the Refusal a fold returns
+"""The normal form every fold works on: one Conv as a ConvSpec, and the Refusal a fold raises
 when its result would not be exact.
 
 Per spatial axis a conv reads `x[s*i - a + d*t]` for t in [0, k), with begin pad a and end pad
@@ -8,22 +8,33 @@ e; x is zero outside [0, L). AxisGeometry holds those five numbers for one axis.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 
-@dataclass(frozen=True)
-class Refusal:
+class Refusal(Exception):  # noqa: N818 (a verdict, not an error: the rewrite stage's one "no")
     """Every "no" of the rewrite stage, with its reason: a fold whose result would not be
     exact, a condition that fails, a rewrite that a cost or measure decision declined (with
     its numbers in `decision`), or, not `reported`, a match that is simply not a case for the
     primitive (a full-rank kernel for a low-rank split): the report's `skipped` lists only the
-    reported ones."""
+    reported ones.
 
-    reason: str
-    decision: dict | None = field(default=None, compare=False)
-    reported: bool = True
+    The one way a primitive, and the algebra and helpers under it, say no: they raise it (the
+    engine catches it; any other exception is a bug). The engine passes it on as a value."""
+
+    def __init__(self, reason: str, decision: dict | None = None, reported: bool = True):
+        super().__init__(reason)
+        self.reason, self.decision, self.reported = reason, decision, reported
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Refusal) and (self.reason, self.reported) == (other.reason, other.reported)
+
+    def __hash__(self) -> int:
+        return hash((self.reason, self.reported))
+
+    def __repr__(self) -> str:
+        return f"Refusal({self.reason!r}{'' if self.reported else ', reported=False'})"
 
 
 @dataclass(frozen=True)
@@ -133,12 +144,14 @@ class ConvSpec:
         return tuple(self.axis(i) for i in range(self.nd))
 
     def output_shape(self, spatial: Sequence[int]) -> tuple[int, ...]:
-        """The output's spatial shape for an input of spatial shape `spatial` (floor formula)."""
+        """The output's spatial shape for an input of spatial shape `spatial` (floor formula).
+        An empty output (a window longer than its padded input, as ONNX allows) is refused,
+        not reported: there is nothing to fold."""
         if len(spatial) != self.nd:
             raise ValueError(f"{self.nd}-D conv given a {len(spatial)}-D spatial shape {tuple(spatial)}")
         shape = tuple(axis.output_length(int(length)) for axis, length in zip(self.axes(), spatial))
         if any(n < 1 for n in shape):
-            raise ValueError(f"the conv's output would be empty for input spatial shape {tuple(spatial)}")
+            raise Refusal(f"the conv's output is empty for input spatial shape {tuple(spatial)}", reported=False)
         return shape
 
 

@@ -53,15 +53,15 @@ class _Builder:
 
 
 @consumes("heads", "x", heads={"Conv"})
-def batch_conv_heads(match, context) -> Rewrite | Refusal:
+def batch_conv_heads(match, context) -> Rewrite:
     """heads[] = Conv(x, w[], b[]?) with the same attributes and weight shapes -> one Conv whose
     output channels are the heads' stacked, followed by the branches batched."""
     heads = largest_compatible([h for h in match.nodes["heads"] if h.attrs.get("group", 1) == 1], _conv_key)
     if len(heads) < 2:  # grouped heads would need their output channels interleaved by group
-        return Refusal("fewer than two ungrouped heads of the same attributes and weight shape", reported=False)
+        raise Refusal("fewer than two ungrouped heads of the same attributes and weight shape", reported=False)
     shape = tuple(heads[0].outputs[0].shape) if heads[0].outputs[0].shape else None
     if shape is None or len(shape) < 3:
-        return Refusal("the heads' output shape is unknown")
+        raise Refusal("the heads' output shape is unknown")
     weights = [constant_value(h.inputs[1]) for h in heads]
     biases = [None if len(h.inputs) < 3 or is_absent(h.inputs[2]) else constant_value(h.inputs[2]) for h in heads]
     weight, bias = stack_conv_heads(weights, biases)
@@ -86,22 +86,22 @@ def _conv_key(conv):
 
 @accepts("form")
 @consumes("g", "heads", "x", g={"Gather"}, heads={"Gemm"})
-def batch_gathered_linears(match, context) -> Rewrite | Refusal:
+def batch_gathered_linears(match, context) -> Rewrite:
     """heads[] = Gemm(Gather[axis=1](x, i[]), w[], b[]?) -> Gather(x, [i...]) and one batched
     contraction "bni,nio->bno" (W [N, I, O] packed) + b [N, O]; x [B, K, I]. `with: {form:
     matmul | einsum}` picks how the contraction is written (see _contract)."""
     gemms = largest_compatible(match.nodes["heads"], _gemm_key)
     if len(gemms) < 2:
-        return Refusal("fewer than two Gemms of the same attributes and weight shape", reported=False)
+        raise Refusal("fewer than two Gemms of the same attributes and weight shape", reported=False)
     x = match.values["x"]
     if x.shape is None or len(x.shape) != 3 or not ir.is_static(x.shape[1:]):
-        return Refusal("the gathered tensor needs a [B, K, I] shape with static K and I")
+        raise Refusal("the gathered tensor needs a [B, K, I] shape with static K and I")
     indices = [int(constant_value(g.inputs[0].inputs[0].inputs[1])) % x.shape[1] for g in gemms]
     transposed = bool(gemms[0].attrs.get("transB", 0))
     biases = [None if len(g.inputs) < 3 or is_absent(g.inputs[2]) else constant_value(g.inputs[2]) for g in gemms]
     out_features = constant_value(gemms[0].inputs[1]).shape[0 if transposed else 1]
     if any(b is not None and not _per_column(np.asarray(b), out_features) for b in biases):
-        return Refusal("a Gemm bias varies over the batch")
+        raise Refusal("a Gemm bias varies over the batch")
     weight, bias = pack_linear_heads(
         [constant_value(g.inputs[1]) for g in gemms],
         biases,
@@ -174,13 +174,13 @@ def _gemm_key(gemm):
 
 
 @consumes("x", root={"Split"})
-def batch_split_branches(match, context) -> Rewrite | Refusal:
+def batch_split_branches(match, context) -> Rewrite:
     """*parts = Split(x): when every part goes through the same ops, do them once on x."""
     split, x = match.root, match.values["x"]
     parts = list(split.outputs)
     shapes = {tuple(p.shape) if p.shape else None for p in parts}
     if len(shapes) != 1 or None in shapes:
-        return Refusal("the parts are not all of one known shape", reported=False)
+        raise Refusal("the parts are not all of one known shape", reported=False)
     shape = next(iter(shapes))
     axis = attribute_or(split, "axis", context.opset, 0) % len(shape)
     start = Layout(shape, drop_units(shape[:axis]), len(parts), tuple(x.shape) if x.shape else None)
@@ -191,11 +191,9 @@ def batch_split_branches(match, context) -> Rewrite | Refusal:
 # --- the branches ------------------------------------------------------------------------------
 
 
-def _batched(build, value, start: Layout, ends, note, require_step=False) -> Rewrite | Refusal:
+def _batched(build, value, start: Layout, ends, note, require_step=False) -> Rewrite:
     """The branches from `ends` (their stacked form `value`, laid out as `start`) found and built."""
     group = find_branch_group(start, ends, build.context.graph, require_step)
-    if isinstance(group, Refusal):
-        return group
     for step in group.steps:
         value = _built_step(build, value, step)
     view = build.view(value, group.last, group.axis)

@@ -97,7 +97,7 @@ class BranchGroup:
         return self.steps[-1].after if self.steps else self.start
 
 
-def find_branch_group(start: Layout, ends: list, graph: ir.Graph, require_step: bool = False) -> BranchGroup | Refusal:
+def find_branch_group(start: Layout, ends: list, graph: ir.Graph, require_step: bool = False) -> BranchGroup:
     """The branches from `ends` (branch n's start, laid out as `start`), as far as they go in
     lockstep; a Refusal where they cannot be split back (not reported when `require_step` and
     not even one step is shared)."""
@@ -112,12 +112,12 @@ def find_branch_group(start: Layout, ends: list, graph: ir.Graph, require_step: 
         steps.append(step)
         layout, ends = step.after, [r.outputs[0] for r in readers]
     if require_step and not steps:
-        return Refusal("the branches share no op to batch", reported=False)
+        raise Refusal("the branches share no op to batch", reported=False)
     axes = [a for a in layout.axes() if a < len(layout.shape)]
     if not axes:
-        return Refusal("the batched branches cannot be split back")
+        raise Refusal("the batched branches cannot be split back")
     if not layout.viewable(axes[-1]):
-        return Refusal("the batched branches cannot be split back (symbolic dims)")
+        raise Refusal("the batched branches cannot be split back (symbolic dims)")
     return BranchGroup(start, tuple(steps), tuple(ends), axes[-1], None)
 
 

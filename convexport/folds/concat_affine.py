@@ -23,33 +23,31 @@ from .linear_nodes import channel_affine
 
 @reach(1)
 @consumes("c", "parts", c={"Concat"}, parts={"Conv"}, root=AFFINE)
-def affine_into_concat_parts(match, context) -> Rewrite | Refusal:
+def affine_into_concat_parts(match, context) -> Rewrite:
     """y = affine(Concat[axis=1](*parts)) -> Concat(Conv_i'(x_i)): every part that the map
     changes must come from a Conv with constant weights that only this Concat reads (else the
     map would stay, as one node per part)."""
     concat, root = match.nodes["c"], match.root
     affine = channel_affine(root, context.opset)
-    if affine is None or isinstance(affine, Refusal):
-        return affine or Refusal(f"{root.name}: {root.op} is no per-channel map", reported=False)
+    if affine is None:
+        raise Refusal(f"{root.name}: {root.op} is no per-channel map", reported=False)
     scale, shift = affine
     graph_outputs = {id(t) for t in context.graph.outputs}
     parts, nodes, start = [], [], 0
     for index, part in enumerate(concat.inputs):
         channels = part.shape[1] if part.shape is not None and len(part.shape) >= 3 else None
         if not isinstance(channels, int):
-            return Refusal(f"{concat.name}: the channel count of part {index} ({part.name}) is unknown")
+            raise Refusal(f"{concat.name}: the channel count of part {index} ({part.name}) is unknown")
         slice_scale, slice_shift = scale[start : start + channels], shift[start : start + channels]
         start += channels
         if np.all(slice_scale == 1.0) and not np.any(slice_shift):
             parts.append(part)
             continue
         folded = _scaled_part(part, index, slice_scale, slice_shift, concat, graph_outputs, context)
-        if isinstance(folded, Refusal):
-            return folded
         nodes.append(folded)
         parts.append(folded.outputs[0])
     if start != scale.shape[0]:
-        return Refusal(f"{concat.name}: its parts have {start} channels, the map {scale.shape[0]}")
+        raise Refusal(f"{concat.name}: its parts have {start} channels, the map {scale.shape[0]}")
     output = root.outputs[0]
     joined = ir.Variable(context.fresh(output.name), output_dtype(root), output.shape)
     nodes.append(ir.Node("Concat", context.fresh(output.name + "_concat"), {"axis": 1}, parts, [joined]))
@@ -61,13 +59,11 @@ def _scaled_part(part, index: int, scale, shift, concat: ir.Node, graph_outputs:
     """The Conv making `part`, with the map's slice folded in; or why it cannot be."""
     producer = part.inputs[0] if len(part.inputs) == 1 else None
     if producer is None or producer.op != "Conv":
-        return Refusal(f"{concat.name}: part {index} ({part.name}) is not made by a Conv")
+        raise Refusal(f"{concat.name}: part {index} ({part.name}) is not made by a Conv")
     readers = {id(node) for node in part.outputs}
     if readers != {id(concat)} or id(part) in graph_outputs or sum(t is part for t in concat.inputs) > 1:
-        return Refusal(f"{concat.name}: part {index} ({part.name}) is also read elsewhere")
+        raise Refusal(f"{concat.name}: part {index} ({part.name}) is also read elsewhere")
     weights = conv_weights(producer)
-    if isinstance(weights, Refusal):
-        return weights
     weight, bias = scale_shift_onnx_weight(*weights, scale, shift)
     attrs, dtype = conv_attributes(producer), output_dtype(producer)
     return conv_node(context, producer.inputs[0], weight, bias, attrs, dtype, part.name, part.shape)[0]

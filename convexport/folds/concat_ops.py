@@ -12,7 +12,7 @@ from .conv_chain import output_dtype
 
 @reach(1)
 @consumes(root={"Concat"})
-def flatten_concats(match, context) -> Rewrite | Refusal:
+def flatten_concats(match, context) -> Rewrite:
     """Concat(a, Concat(b, c), d) on one axis -> Concat(a, b, c, d) when the inner one has no
     other reader."""
     root = match.root
@@ -36,7 +36,7 @@ def flatten_concats(match, context) -> Rewrite | Refusal:
             flat.extend(producer.inputs)
             merged += 1
     if not merged:
-        return Refusal("no input is a Concat on the same axis read only here", reported=False)
+        raise Refusal("no input is a Concat on the same axis read only here", reported=False)
     output = root.outputs[0]
     result = ir.Variable(context.fresh(output.name + "_flat"), dtype=output_dtype(root), shape=output.shape)
     node = ir.Node("Concat", context.fresh(root.name + "_flat"), {"axis": axis}, flat, [result])
@@ -45,12 +45,12 @@ def flatten_concats(match, context) -> Rewrite | Refusal:
 
 @reach(0)
 @consumes("parts", root={"Concat"})
-def repeat_as_tile(match, context) -> Rewrite | Refusal:
+def repeat_as_tile(match, context) -> Rewrite:
     """Concat(x, x, ..., x) (n times along axis a) -> Tile(x, repeats = n at a, 1 elsewhere)."""
     root, parts = match.root, match.values["parts"]
     shape = parts[0].shape
     if shape is None:
-        return Refusal("the repeated tensor's shape is unknown", reported=False)
+        raise Refusal("the repeated tensor's shape is unknown", reported=False)
     rank = len(shape)
     axis = root.attrs["axis"] % rank
     repeats = ir.Constant(

@@ -17,22 +17,22 @@ from .conv_chain import output_dtype
 from .linear_nodes import linear_spec
 
 
-def _full_map(value: np.ndarray, shape) -> np.ndarray | Refusal:
+def _full_map(value: np.ndarray, shape) -> np.ndarray:
     """The constant as [1, C, *spatial] of `shape` ([N, C, *spatial]); it may not vary over N."""
     if shape is None or any(not isinstance(d, int) for d in shape[1:]):
-        return Refusal("the tensor the constant is added to has no static shape")
+        raise Refusal("the tensor the constant is added to has no static shape")
     if value.ndim > len(shape) or (value.ndim == len(shape) and value.shape[0] != 1):
-        return Refusal(f"the constant of shape {value.shape} varies over the batch")
+        raise Refusal(f"the constant of shape {value.shape} varies over the batch")
     try:
         return np.broadcast_to(value, (1, *shape[1:])).astype(np.float64)
     except ValueError:
-        return Refusal(f"the constant of shape {value.shape} does not broadcast to {tuple(shape)}")
+        raise Refusal(f"the constant of shape {value.shape} does not broadcast to {tuple(shape)}") from None
 
 
 @reach(0)
 @accepts("map_limit_bytes")
 @consumes("h", "t", "m", h={"Add"}, root={"Conv"})
-def linear_of_constant_map(match, context) -> Rewrite | Refusal:
+def linear_of_constant_map(match, context) -> Rewrite:
     """L(t + m) -> L(t) + L0(m), L0 = L without its bias: a linear node moved before the Add.
 
     m [1, C, *spatial] (any shape broadcasting to t's, not over the batch) -> L0(m)
@@ -41,18 +41,14 @@ def linear_of_constant_map(match, context) -> Rewrite | Refusal:
     add, node = match.nodes["h"], match.root
     t, m = match.values["t"], match.values["m"]
     value = _full_map(constant_value(m).astype(np.float64), t.shape)
-    if isinstance(value, Refusal):
-        return value
     if not np.all(np.isfinite(value)):
-        return Refusal("the map holds inf or NaN, which moving it would not reproduce")
+        raise Refusal("the map holds inf or NaN, which moving it would not reproduce")
     spec = linear_spec(node, context.opset)
-    if isinstance(spec, Refusal):
-        return spec
     out_shape = spec.output_shape(value.shape[2:])
     size = 4 * spec.out_channels * int(np.prod(out_shape))
     limit = int(context.params.get("map_limit_bytes", DEFAULT_BORDER_LIMIT_BYTES))
     if size > limit:
-        return Refusal(f"the map after {node.op} would take {size} bytes, over the limit of {limit}")
+        raise Refusal(f"the map after {node.op} would take {size} bytes, over the limit of {limit}")
     moved = apply_conv(spec, value, with_bias=False)
     dtype = output_dtype(node)
     inner = ir.Variable(context.fresh(node.outputs[0].name + "_before_map"), dtype=dtype)
@@ -73,7 +69,7 @@ def linear_of_constant_map(match, context) -> Rewrite | Refusal:
 
 @reach(0)
 @consumes("h", "t", "m1", "m2", h={"Add"}, root={"Add"})
-def merge_constant_adds(match, context) -> Rewrite | Refusal:
+def merge_constant_adds(match, context) -> Rewrite:
     """(t + m1) + m2 -> t + (m1 + m2), the sum taken once in float64."""
     m1, m2 = (constant_value(match.values[name]).astype(np.float64) for name in ("m1", "m2"))
     total = m1 + m2

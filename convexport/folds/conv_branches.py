@@ -14,9 +14,9 @@ def _branch_spec(tensor, x, context, channels: int | None):
     """x itself (identity) or a linear node reading x."""
     if tensor is x:
         if x.shape is not None and len(x.shape) < 3:
-            return Refusal(f"{x.name}: rank {len(x.shape)}, not [N, C, *spatial]", reported=False)
+            raise Refusal(f"{x.name}: rank {len(x.shape)}, not [N, C, *spatial]", reported=False)
         if channels is None:
-            return Refusal(f"{x.name}: the channel count of the identity branch is unknown")
+            raise Refusal(f"{x.name}: the channel count of the identity branch is unknown")
         return identity_conv(channels, len(x.shape) - 2)
     return linear_spec(tensor.inputs[0], context.opset)
 
@@ -24,9 +24,7 @@ def _branch_spec(tensor, x, context, channels: int | None):
 def _branches(tensors, x, context):
     shape = getattr(x, "shape", None)
     channels = shape[1] if shape is not None and len(shape) >= 3 and isinstance(shape[1], int) else None
-    specs = [_branch_spec(tensor, x, context, channels) for tensor in tensors]
-    refusal = next((spec for spec in specs if isinstance(spec, Refusal)), None)
-    return refusal, specs
+    return [_branch_spec(tensor, x, context, channels) for tensor in tensors]
 
 
 def _flops(tensors, x) -> float | None:
@@ -37,17 +35,13 @@ def _flops(tensors, x) -> float | None:
 @reach(0)
 @accepts("signs")
 @consumes("x", every_line=True, root={"Add", "Sub"})
-def sum_branches(match, context) -> Rewrite | Refusal:
+def sum_branches(match, context) -> Rewrite:
     """sum_i sign_i * branch_i(x) -> Conv'(x); `with: {signs: [...]}` (default all +1)."""
     root, x = match.root, match.values["x"]
     tensors = list(root.inputs)
     signs = [float(s) for s in context.params.get("signs", [1.0] * len(tensors))]
-    refusal, specs = _branches(tensors, x, context)
-    if refusal:
-        return refusal
+    specs = _branches(tensors, x, context)
     merged = combine_parallel(specs, signs, spatial_shape(x))
-    if isinstance(merged, Refusal):
-        return merged
     return _replace_root(
         match, context, merged, tensors, specs, f"{root.op} of {len(specs)} branches merged into one Conv"
     )
@@ -55,7 +49,7 @@ def sum_branches(match, context) -> Rewrite | Refusal:
 
 @reach(0)
 @consumes("x", "parts", "a?", every_line=True, root={"Concat"})
-def concat_branches(match, context) -> Rewrite | Refusal:
+def concat_branches(match, context) -> Rewrite:
     """Concat(branch_1(x), ..., branch_n(x), axis=1) -> Conv'(x) with the kernels stacked.
 
     Where the pattern binds `a` (parts[] = Act(a[]), a[] = Linear(x)), each part is one
@@ -67,13 +61,9 @@ def concat_branches(match, context) -> Rewrite | Refusal:
     tensors = list(match.values["a"] if activated else match.values["parts"])
     activations = [part.inputs[0] for part in match.values["parts"]] if activated else []
     if activations and len({(node.op, repr(sorted(node.attrs.items()))) for node in activations}) > 1:
-        return Refusal("the parts' activations differ in their attributes", reported=False)
-    refusal, specs = _branches(tensors, x, context)
-    if refusal:
-        return refusal
+        raise Refusal("the parts' activations differ in their attributes", reported=False)
+    specs = _branches(tensors, x, context)
     merged = concat_parallel(specs, spatial_shape(x))
-    if isinstance(merged, Refusal):
-        return merged
     note = f"Concat of {len(specs)} branches merged into one Conv"
     return _replace_root(match, context, merged, tensors, specs, note, activations[0] if activations else None)
 

@@ -29,7 +29,7 @@ def output_dtype(node: ir.Node) -> np.dtype:
 @reach(0)
 @accepts("border_limit_bytes")
 @consumes("h", h=LINEAR, root=LINEAR)
-def compose_linear(match, context) -> Rewrite | Refusal:
+def compose_linear(match, context) -> Rewrite:
     """second(first(x)) -> Conv'(x) [+ border map]; the algebra is convexport.algebra.compose,
     or, for a Conv then a per-channel affine map, scale_shift_onnx_weight on the Conv's own
     weight (the classic BatchNormalization fold: same group and geometry, O(weight) work).
@@ -40,8 +40,6 @@ def compose_linear(match, context) -> Rewrite | Refusal:
     output = second.outputs[0]
     note = composed_note(first.op, second.op)
     rescaled = _rescaled_conv(first, second, context.opset)
-    if isinstance(rescaled, Refusal):
-        return rescaled
     if rescaled is not None:
         node, _ = conv_node(context, x, *rescaled, output_dtype(second), output.name, output.shape)
         return _rewrite(first, second, [node], note)
@@ -49,12 +47,10 @@ def compose_linear(match, context) -> Rewrite | Refusal:
     return prospect if prospect is not None else _composed(first, second, x, note, context)
 
 
-def _composed(first: ir.Node, second: ir.Node, x, note: str, context) -> Rewrite | Refusal:
+def _composed(first: ir.Node, second: ir.Node, x, note: str, context) -> Rewrite:
     """The composite conv itself, and a border map where first's bias reads through second's padding."""
     output = second.outputs[0]
     composition = _composition(first, second, spatial_shape(x), context)
-    if isinstance(composition, Refusal):
-        return composition
     node, folded = make_conv(context, x, composition.spec, output_dtype(second), output.name, output.shape)
     nodes, extra = [node], {}
     if composition.border is not None:
@@ -72,23 +68,21 @@ def _composed(first: ir.Node, second: ir.Node, x, note: str, context) -> Rewrite
     return _rewrite(first, second, nodes, note, extra)
 
 
-def _prospect(first: ir.Node, second: ir.Node, x, note: str, context) -> Rewrite | Refusal | None:
+def _prospect(first: ir.Node, second: ir.Node, x, note: str, context) -> Rewrite | None:
     """The composite of two Convs as a prospect: a stand-in Conv with the outline's weight
     shape (algebra/outline.py; zeros broadcast, no memory), completed by _composed. None
     where the outline needs what only the composition checks (an auto_pad resolved from an
     unknown input shape)."""
     weights = [conv_weights(node) for node in (first, second)]
-    refused = next((w for w in weights if isinstance(w, Refusal)), None)
-    if refused is not None:
-        return refused
     attrs = [conv_attributes(node) for node in (first, second)]
-    geometry = [
-        conv_geometry(w.shape, a, spatial_shape(t)) for (w, _), a, t in zip(weights, attrs, (x, first.outputs[0]))
-    ]
-    if any(isinstance(g, Refusal) for g in geometry):
+    try:
+        geometry = [
+            conv_geometry(w.shape, a, spatial_shape(t)) for (w, _), a, t in zip(weights, attrs, (x, first.outputs[0]))
+        ]
+    except Refusal:  # the composition says why, with what only it checks
         return None
     if _is_separable_pair(weights[0][0].shape[2:], weights[1][0].shape[2:], weights[0][1] is not None):
-        return SEPARABLE_PAIR
+        raise Refusal(SEPARABLE_PAIR)
     outline = composite_outline(
         weights[0][0],
         int(attrs[0].get("group", 1)),
@@ -127,42 +121,34 @@ def _rewrite(first: ir.Node, second: ir.Node, nodes: list[ir.Node], note: str, e
     return Rewrite(nodes, [(output, nodes[-1].outputs[0])], note, before, after, extra or {})
 
 
-def _rescaled_conv(first: ir.Node, second: ir.Node, opset: int) -> tuple | Refusal | None:
+def _rescaled_conv(first: ir.Node, second: ir.Node, opset: int) -> tuple | None:
     """(weight, bias, attributes) of first, a Conv, with second's per-channel affine map folded
     into its own weight; None when first is no Conv or second no such map."""
     if first.op != "Conv":
         return None
     affine = channel_affine(second, opset)
-    if affine is None or isinstance(affine, Refusal):
-        return affine
+    if affine is None:
+        return None
     weights = conv_weights(first)
-    if isinstance(weights, Refusal):
-        return weights
     return (*scale_shift_onnx_weight(*weights, *affine), conv_attributes(first))
 
 
-def _composition(first: ir.Node, second: ir.Node, input_spatial, context) -> Composition | Refusal:
+def _composition(first: ir.Node, second: ir.Node, input_spatial, context) -> Composition:
     """second(first(x)) as one conv (compose), or, when second is a per-channel affine map
     (BatchNormalization, Mul / Add by a per-channel constant), first's conv rescaled and
     shifted: never built as a dense [C, C] kernel, which is O(C^2) memory for an O(C) map."""
     first_spec = linear_spec(first, context.opset)
-    if isinstance(first_spec, Refusal):
-        return first_spec
     affine = channel_affine(second, context.opset)
-    if isinstance(affine, Refusal):
-        return affine
     if affine is not None:
         return Composition(scale_shift_after(first_spec, *affine), None)
     second_spec = linear_spec(second, context.opset)
-    if isinstance(second_spec, Refusal):
-        return second_spec
     if _is_separable_pair(first_spec.kernel_shape, second_spec.kernel_shape, first_spec.has_bias):
-        return SEPARABLE_PAIR
+        raise Refusal(SEPARABLE_PAIR)
     limit = int(context.params.get("border_limit_bytes", DEFAULT_BORDER_LIMIT_BYTES))
     return compose(first_spec, second_spec, input_spatial, limit)
 
 
-SEPARABLE_PAIR = Refusal(
+SEPARABLE_PAIR = (
     "a tall conv then a wide conv stays split: composed, it is the low-rank kernel that "
     "low-rank-kernel splits (and costs Kh*Kw instead of Kh + Kw taps)"
 )

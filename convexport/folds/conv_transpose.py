@@ -14,33 +14,27 @@ from .linear_nodes import channel_affine, composed_note
 
 @reach(0)
 @consumes("h", h={"ConvTranspose"}, root=LINEAR)
-def compose_conv_transpose(match, context) -> Rewrite | Refusal:
+def compose_conv_transpose(match, context) -> Rewrite:
     """second(ConvTranspose(x)) -> ConvTranspose'(x) for second a per-channel affine map
     (BatchNormalization, Mul / Div / Add / Sub by a per-channel constant) or a Conv with a
     1x1 kernel, one group, stride 1 and no pads."""
     first, second = match.nodes["h"], match.root
     weights = conv_weights(first)  # the same inputs as a Conv's: (x, W [Cin, Cout/G, *k], b?)
-    if isinstance(weights, Refusal):
-        return weights
     weight, bias = weights
     groups = int(attribute_or(first, "group", context.opset, 1))
     if second.op == "Conv":
         folded = _with_pointwise(second, weight, bias, groups, context.opset)
     else:
         affine = channel_affine(second, context.opset)
-        if affine is None or isinstance(affine, Refusal):
-            return affine or Refusal(f"{second.name}: {second.op} is no per-channel map", reported=False)
+        if affine is None:
+            raise Refusal(f"{second.name}: {second.op} is no per-channel map", reported=False)
         folded = (*scale_shift_transposed(weight, bias, groups, *affine), groups)
-    if isinstance(folded, Refusal):
-        return folded
     return _rewrite(first, second, *folded, context)
 
 
-def _with_pointwise(conv: ir.Node, weight, bias, groups: int, opset: int) -> tuple | Refusal:
+def _with_pointwise(conv: ir.Node, weight, bias, groups: int, opset: int) -> tuple:
     """(W', b', 1) for a pointwise Conv after the ConvTranspose, or why it is not one."""
     pointwise = conv_weights(conv)
-    if isinstance(pointwise, Refusal):
-        return pointwise
     kernel, pointwise_bias = pointwise
     nd = kernel.ndim - 2
     geometry_is_pointwise = (
@@ -50,15 +44,15 @@ def _with_pointwise(conv: ir.Node, weight, bias, groups: int, opset: int) -> tup
         and not any(attribute_or(conv, "pads", opset, (0,) * 2 * nd))
     )
     if not geometry_is_pointwise:
-        return Refusal(f"{conv.name}: not a pointwise Conv (1x1 kernel, one group, stride 1, no pads)", reported=False)
+        raise Refusal(f"{conv.name}: not a pointwise Conv (1x1 kernel, one group, stride 1, no pads)", reported=False)
     return (*pointwise_after_transposed(weight, bias, groups, kernel.reshape(kernel.shape[:2]), pointwise_bias), 1)
 
 
-def _rewrite(first: ir.Node, second: ir.Node, weight, bias, groups: int, context) -> Rewrite | Refusal:
+def _rewrite(first: ir.Node, second: ir.Node, weight, bias, groups: int, context) -> Rewrite:
     output = second.outputs[0]
     dtype = tensor_dtype(output)
     if not all_finite(weight, bias):
-        return Refusal(f"{second.name}: the folded weights overflow to inf or NaN")
+        raise Refusal(f"{second.name}: the folded weights overflow to inf or NaN")
     attrs = {**conv_attributes(first), "group": groups}
     node, folded = conv_node(context, first.inputs[0], weight, bias, attrs, dtype, output.name, output.shape, first.op)
     before = _flops(first, first.inputs[1].shape, second)

@@ -17,15 +17,15 @@ def spatial_shape(tensor) -> tuple[int | None, ...] | None:
     return tuple(d if isinstance(d, int) and d >= 0 else None for d in shape[2:])
 
 
-def conv_weights(node: ir.Node) -> tuple[np.ndarray, np.ndarray | None] | Refusal:
+def conv_weights(node: ir.Node) -> tuple[np.ndarray, np.ndarray | None]:
     """A Conv node's constant weight [O, I/g, *k] and bias [O] (None when it has none)."""
     weight = constant_value(node.inputs[1])
     bias_input = node.inputs[2] if len(node.inputs) > 2 else None
     bias = None if is_absent(bias_input) else constant_value(bias_input)
     if weight is None or (not is_absent(bias_input) and bias is None):
-        return Refusal(f"{node.name}: weight or bias is not a constant")
+        raise Refusal(f"{node.name}: weight or bias is not a constant")
     if not all_finite(weight, bias):
-        return Refusal(f"{node.name}: its weights hold inf or NaN, which a fold would not reproduce")
+        raise Refusal(f"{node.name}: its weights hold inf or NaN, which a fold would not reproduce")
     return weight, bias
 
 
@@ -38,11 +38,9 @@ def conv_attributes(node: ir.Node) -> dict:
     return {key: (list(value) if isinstance(value, (list, tuple)) else value) for key, value in node.attrs.items()}
 
 
-def conv_spec(node: ir.Node) -> ConvSpec | Refusal:
+def conv_spec(node: ir.Node) -> ConvSpec:
     """The ConvSpec of a Conv node whose weight (and bias) are constants."""
     weights = conv_weights(node)
-    if isinstance(weights, Refusal):
-        return weights
     return conv_from_onnx(*weights, conv_attributes(node), spatial_shape(node.inputs[0]))
 
 

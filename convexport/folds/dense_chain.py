@@ -39,28 +39,20 @@ DENSE_OPS = ("Gemm", "MatMul")
 
 @reach(0)
 @consumes("x", every_line=True, root=DENSE | AFFINE | {"Reshape"})
-def fold_dense_chain(match, context) -> Rewrite | Refusal:
+def fold_dense_chain(match, context) -> Rewrite:
     """root(...first(x)): a chain of dense and per-feature nodes from x -> one dense node of x.
     Two dense nodes through a narrow r stay where composing costs more (C*D > r*(C+D))."""
     x, root = match.values["x"], match.root
     chain = _chain(root.outputs[0], x, match.node_list())
-    if isinstance(chain, Refusal):
-        return chain
     final_shape = _final_reshape(x, chain, context)
-    if isinstance(final_shape, Refusal):
-        return final_shape
     mapped = chain[:-1] if root.op == "Reshape" else chain  # a last Reshape is applied again after the fold
     layout = dense_layout(x, mapped[:1], mapped, len(chain) - (final_shape is not None), context.opset)
-    if isinstance(layout, Refusal):
-        return layout
     dense = _branch_map(mapped, context.opset, keep_low_rank=True)
-    if isinstance(dense, Refusal):
-        return dense
     note = " -> ".join(node.op for node in chain) + " folded into one"
     return emitted_dense(context, x, dense, layout, root, note, final_shape)
 
 
-def _final_reshape(x, chain: list[ir.Node], context) -> ir.Tensor | Refusal | None:
+def _final_reshape(x, chain: list[ir.Node], context) -> ir.Tensor | None:
     """What the folded dense output is reshaped to: None where the chain ends in the dense
     output's shape (x's leading dims and D), the shape input to give a Reshape where it ends in
     a Reshape to another shape (LeViT's Linear_BN reshaped straight to heads, [B*N, D] ->
@@ -77,21 +69,21 @@ def _final_reshape(x, chain: list[ir.Node], context) -> ir.Tensor | Refusal | No
     if not any(node.op in ("Reshape", "Flatten") for node in chain):
         return None
     if last.op != "Reshape":
-        return Refusal(f"{last.name}: the Reshapes do not give back the shape of the dense output")
+        raise Refusal(f"{last.name}: the Reshapes do not give back the shape of the dense output")
     target = constant_value(last.inputs[1])
     if target is None:
-        return Refusal(f"{last.name}: its shape is computed at run time")
+        raise Refusal(f"{last.name}: its shape is computed at run time")
     if attribute_or(last, "allowzero", context.opset, 0) or not np.any(np.asarray(target) == 0):
         return last.inputs[1]
     if output.shape is None or not all(isinstance(dim, int) for dim in output.shape):
-        return Refusal(f"{last.name}: its shape copies a dim (0) of its input, and its output's shape is not static")
+        raise Refusal(f"{last.name}: its shape copies a dim (0) of its input, and its output's shape is not static")
     return ir.Constant(context.fresh(output.name + "_shape"), np.array(output.shape, np.int64))
 
 
 @reach(0)
 @accepts("signs")
 @consumes("x", every_line=True, root={"Add", "Sub"})
-def sum_dense_branches(match, context) -> Rewrite | Refusal:
+def sum_dense_branches(match, context) -> Rewrite:
     """sum_i sign_i branch_i(x), each branch a chain of dense and per-feature nodes from x (a
     Gemm, a MatMul, LoRA's MatMul(MatMul(x, A), B)) -> one dense node of x with the summed
     weight; `with: {signs: [...]}` (default all +1). Always pays: one [C, D] product instead
@@ -100,48 +92,36 @@ def sum_dense_branches(match, context) -> Rewrite | Refusal:
     signs = [float(s) for s in context.params.get("signs", [1.0] * len(root.inputs))]
     nodes = match.node_list()
     chains = [_chain(tensor, x, nodes) for tensor in root.inputs]
-    refused = next((chain for chain in chains if isinstance(chain, Refusal)), None)
-    if refused is not None:
-        return refused
     layout = dense_layout(
         x, [chain[0] for chain in chains if chain], [n for chain in chains for n in chain], len(nodes), context.opset
     )
-    if isinstance(layout, Refusal):
-        return layout
     # the sum replaces every branch: composing one through a narrow r never costs more
     terms = [_branch_map(chain, context.opset, keep_low_rank=False) for chain in chains]
-    refused = next((term for term in terms if isinstance(term, Refusal)), None)
-    if refused is not None:
-        return refused
     dense = sum_dense(terms, signs)
-    if isinstance(dense, Refusal):
-        return dense
     return emitted_dense(context, x, dense, layout, root, f"{root.op} of {len(chains)} dense branches merged into one")
 
 
-def _chain(tensor, x, nodes: list[ir.Node]) -> list[ir.Node] | Refusal:
+def _chain(tensor, x, nodes: list[ir.Node]) -> list[ir.Node]:
     """The matched nodes from x to `tensor`, each reading the last one's output as its data."""
     chain = []
     while tensor is not x:
         producer = tensor.inputs[0] if tensor.inputs else None
         if producer is None or all(producer is not node for node in nodes):
-            return Refusal(f"{tensor.name} is not computed from x by the matched nodes", reported=False)
+            raise Refusal(f"{tensor.name} is not computed from x by the matched nodes", reported=False)
         chain.append(producer)
         tensor = data_input(producer)
     return chain[::-1]
 
 
-def _branch_map(chain: list[ir.Node], opset: int, keep_low_rank: bool) -> Dense | Refusal:
+def _branch_map(chain: list[ir.Node], opset: int, keep_low_rank: bool) -> Dense:
     maps = []
     for index, node in enumerate(chain):
         found_map = node_map(node, opset, reads_x=index == 0)
-        if isinstance(found_map, Refusal):
-            return found_map
         maps.append(found_map)
     return fold_chain(maps, keep_low_rank)
 
 
-def node_map(node: ir.Node, opset: int, reads_x: bool) -> LinearMap | Refusal:
+def node_map(node: ir.Node, opset: int, reads_x: bool) -> LinearMap:
     """The node as a Dense or a FeatureAffine of its data input (float64, all finite)."""
     if node.op in DENSE_OPS:
         found = _dense_of(node, opset, reads_x)
@@ -149,16 +129,14 @@ def node_map(node: ir.Node, opset: int, reads_x: bool) -> LinearMap | Refusal:
         found = _reshape_map(node)
     else:
         found = _affine_of(node, opset)
-    if isinstance(found, Refusal):
-        return found
     arrays = (found.weight, found.bias) if isinstance(found, Dense) else (found.scale, found.shift)
     constants = [constant_value(tensor) for tensor in node.inputs if not is_absent(tensor)]
     if not all_finite(*arrays, *constants):
-        return Refusal(f"{node.name}: its constants hold inf or NaN (or divide by 0), which a fold would not reproduce")
+        raise Refusal(f"{node.name}: its constants hold inf or NaN (or divide by 0), which a fold would not reproduce")
     return found
 
 
-def _dense_of(node: ir.Node, opset: int, reads_x: bool) -> Dense | Refusal:
+def _dense_of(node: ir.Node, opset: int, reads_x: bool) -> Dense:
     """A Gemm's alpha op(B) and beta C, or a MatMul's [C, D] weight. Only the node that reads x
     may be a Gemm with transA=1 (it stays one): inside the chain it would contract the data's
     first axis, not its last."""
@@ -166,13 +144,13 @@ def _dense_of(node: ir.Node, opset: int, reads_x: bool) -> Dense | Refusal:
     bias_input = node.inputs[2] if len(node.inputs) > 2 and not is_absent(node.inputs[2]) else None
     bias = None if bias_input is None else constant_value(bias_input)
     if weight is None or (bias_input is not None and bias is None):
-        return Refusal(f"{node.name}: its weight or bias is computed at run time")
+        raise Refusal(f"{node.name}: its weight or bias is computed at run time")
     if node.op == "MatMul":
         if weight.ndim != 2:
-            return Refusal(f"{node.name}: its weight of shape {weight.shape} is not one [C, D] matrix")
+            raise Refusal(f"{node.name}: its weight of shape {weight.shape} is not one [C, D] matrix")
         return Dense(np.asarray(weight, np.float64), None)
     if attribute_or(node, "transA", opset, 0) and not reads_x:
-        return Refusal(f"{node.name}: a Gemm with transA=1 inside the chain contracts its data's first axis")
+        raise Refusal(f"{node.name}: a Gemm with transA=1 inside the chain contracts its data's first axis")
     return gemm_dense(
         weight,
         bias,
@@ -182,37 +160,38 @@ def _dense_of(node: ir.Node, opset: int, reads_x: bool) -> Dense | Refusal:
     )
 
 
-def _reshape_map(node: ir.Node) -> FeatureAffine | Refusal:
+def _reshape_map(node: ir.Node) -> FeatureAffine:
     """A Reshape or Flatten that keeps the last axis (LeViT flattens [B, N, D] to [B*N, D] for
     a BatchNorm1d, then reshapes back): every per-feature map commutes with it, so within the
     chain it is the identity; the chain's end must then have the dense output's shape
     (fold_dense_chain checks)."""
     before, after = getattr(node.inputs[0], "shape", None), node.outputs[0].shape
     if before is None or after is None or not isinstance(before[-1], int) or before[-1] != after[-1]:
-        return Refusal(f"{node.name}: a {node.op} that does not keep the last axis")
+        raise Refusal(f"{node.name}: a {node.op} that does not keep the last axis")
     return FeatureAffine(np.ones(before[-1]), np.zeros(before[-1]))
 
 
-def _affine_of(node: ir.Node, opset: int) -> FeatureAffine | Refusal:
+def _affine_of(node: ir.Node, opset: int) -> FeatureAffine:
     """BatchNormalization on [N, C], or an elementwise op by a constant along the last axis."""
     shape = getattr(data_input(node), "shape", None)
     if shape is None or len(shape) < 2 or not isinstance(shape[-1], int):
-        return Refusal(f"{node.name}: the rank or the last dimension of its input is unknown ({shape})")
+        raise Refusal(f"{node.name}: the rank or the last dimension of its input is unknown ({shape})")
     if node.op == "BatchNormalization":
         if attribute_or(node, "training_mode", opset, 0):
-            return Refusal(f"{node.name}: a BatchNormalization in training mode normalises by batch statistics")
+            raise Refusal(f"{node.name}: a BatchNormalization in training mode normalises by batch statistics")
         if len(shape) != 2:
-            return Refusal(
+            raise Refusal(
                 f"{node.name}: on a rank-{len(shape)} tensor it normalizes axis 1, not the last", reported=False
             )
         gamma, beta, mean, var = (constant_value(t) for t in node.inputs[1:5])
         return FeatureAffine(*batchnorm_scale_shift(gamma, beta, mean, var, attribute_or(node, "epsilon", opset, 1e-5)))
     if node.op not in ELEMENTWISE:
-        return Refusal(f"{node.name}: {node.op} is no dense or per-feature map", reported=False)
+        raise Refusal(f"{node.name}: {node.op} is no dense or per-feature map", reported=False)
     data_first = constant_value(node.inputs[0]) is None
-    k = last_axis_vector(constant_value(node.inputs[1 if data_first else 0]), shape[-1], len(shape))
-    if isinstance(k, Refusal):
-        return Refusal(f"{node.name}: {k.reason}", reported=k.reported)
+    try:
+        k = last_axis_vector(constant_value(node.inputs[1 if data_first else 0]), shape[-1], len(shape))
+    except Refusal as refusal:
+        raise Refusal(f"{node.name}: {refusal.reason}", reported=refusal.reported) from None
     return elementwise_affine(node.op, k, data_first)
 
 
@@ -227,7 +206,7 @@ class DenseLayout:
     dtype: np.dtype
 
 
-def dense_layout(x, readers: list[ir.Node], nodes: list[ir.Node], old_count: int, opset: int) -> DenseLayout | Refusal:
+def dense_layout(x, readers: list[ir.Node], nodes: list[ir.Node], old_count: int, opset: int) -> DenseLayout:
     """The form of the result of folding `nodes` (`readers` among them read x), decided before
     any weight is read: a Gemm where x is 2-D and a Gemm is folded or a bias may be left, else
     a MatMul (+ Add where a bias may be left); refused (not reported) where that is no fewer
@@ -235,23 +214,23 @@ def dense_layout(x, readers: list[ir.Node], nodes: list[ir.Node], old_count: int
     shape = getattr(x, "shape", None)
     if shape is None or len(shape) < 2:
         rank = "of unknown rank" if shape is None else "a vector"
-        return Refusal(f"{x.name} is {rank}: a MatMul of it is not folded")
+        raise Refusal(f"{x.name} is {rank}: a MatMul of it is not folded")
     gemms = [node for node in nodes if node.op == "Gemm"]
     transposed = {node.op == "Gemm" and bool(attribute_or(node, "transA", opset, 0)) for node in readers}
     if len(transposed) > 1:
-        return Refusal("the branches read x one transposed (transA=1) and one not", reported=False)
+        raise Refusal("the branches read x one transposed (transA=1) and one not", reported=False)
     may_have_bias = any(_may_add_bias(node) for node in nodes)
     as_gemm = len(shape) == 2 and (bool(gemms) or may_have_bias)
     if (2 if may_have_bias and not as_gemm else 1) >= old_count:
-        return Refusal("the fold would leave no fewer nodes", reported=False)
+        raise Refusal("the fold would leave no fewer nodes", reported=False)
     dense = [node for node in nodes if node.op in DENSE_OPS]
     if not dense:
-        return Refusal("no Gemm or MatMul among the matched nodes", reported=False)
+        raise Refusal("no Gemm or MatMul among the matched nodes", reported=False)
     weight = constant_value(dense[0].inputs[1])
     if weight is None:
-        return Refusal(f"{dense[0].name}: its weight is computed at run time")
+        raise Refusal(f"{dense[0].name}: its weight is computed at run time")
     if weight.dtype.kind != "f":
-        return Refusal(f"{weight.dtype} weights: a fold is exact only in floating point")
+        raise Refusal(f"{weight.dtype} weights: a fold is exact only in floating point")
     trans_b = any(attribute_or(node, "transB", opset, 0) for node in gemms)
     return DenseLayout(as_gemm, transposed.pop(), trans_b, weight.dtype)
 

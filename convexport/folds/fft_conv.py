@@ -26,7 +26,7 @@ MIN_ADVANTAGE = 2.0  # the FFT estimate must be this many times cheaper
 @reach(0)
 @accepts("min_advantage", "min_kernel_area")
 @consumes(root={"Conv"})
-def conv_as_fft(match, context) -> Rewrite | Refusal:
+def conv_as_fft(match, context) -> Rewrite:
     """Conv(x) -> per image (a Scan): Pad, DFT; per output channel (a Scan inside it): complex
     product with the kernel's spectrum, inverse DFT, Slice.
 
@@ -38,21 +38,17 @@ def conv_as_fft(match, context) -> Rewrite | Refusal:
     if weight_shape is not None and math.prod(weight_shape[2:]) < int(
         context.params.get("min_kernel_area", MIN_KERNEL_AREA)
     ):
-        return Refusal("the kernel area is below min_kernel_area", reported=False)
+        raise Refusal("the kernel area is below min_kernel_area", reported=False)
     spec = conv_spec(conv)
-    if isinstance(spec, Refusal):
-        return spec
     x, output = conv.inputs[0], conv.outputs[0]
     if np.dtype(output.dtype or np.float32) != np.float32:
-        return Refusal("FFT convolution is done in float32 models only")
+        raise Refusal("FFT convolution is done in float32 models only")
     plan = plan_fft_conv(spec, spatial_shape(x))
-    if isinstance(plan, Refusal):
-        return plan
     batch = flops.counted(x.shape)[0] if x.shape else 1
     direct = flops.conv([batch, spec.out_channels, *plan.output], conv_to_onnx(spec)[0].shape)
     estimate = flops.fft_convolution(plan.sizes, plan.half, spec.in_channels, spec.out_channels, batch)
     if estimate * float(context.params.get("min_advantage", MIN_ADVANTAGE)) > direct:
-        return Refusal(f"the FFT would cost about {estimate:.3g} FLOPs against {direct:.3g} for the direct conv")
+        raise Refusal(f"the FFT would cost about {estimate:.3g} FLOPs against {direct:.3g} for the direct conv")
     build = _Graph(context, context.opset)
     kernel, sizes = "x".join(map(str, spec.kernel_shape)), "x".join(map(str, plan.sizes))
     if context.device == "cuda" and min(plan.sizes) >= 2:

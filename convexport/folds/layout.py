@@ -32,14 +32,14 @@ def _known(shape) -> bool:
 
 @reach(0)
 @consumes(root={"Reshape"})
-def drop_same_shape_reshape(match, context) -> Rewrite | Refusal:
+def drop_same_shape_reshape(match, context) -> Rewrite:
     """A Reshape whose output has its input's shape (static dims, or the same named dims)
     forwards its input."""
     root = match.root
     before, after = root.inputs[0].shape, root.outputs[0].shape
     same = _known(before) and _known(after) and list(before) == list(after)
     if not same and not _keeps_every_dim(root, before, context):
-        return Refusal("it changes the shape, or a shape is not known", reported=False)
+        raise Refusal("it changes the shape, or a shape is not known", reported=False)
     return forwarded(root, root.inputs[0], "Reshape to its input's own shape forwards its input")
 
 
@@ -58,7 +58,7 @@ def _keeps_every_dim(root, before, context) -> bool:
 
 @reach(0)
 @consumes("h", "x", h={"Reshape"}, root={"Reshape"})
-def merge_reshapes(match, context) -> Rewrite | Refusal:
+def merge_reshapes(match, context) -> Rewrite:
     """y = Reshape(Reshape(x, s1), s2) -> Reshape(x, s2'), where s2' is s2 with each 0 (a copy
     of the first Reshape's output dim h[i], without allowzero) written as that dim: its static
     size; 0 again where x has the same named dim there; or, for one dynamic dim, -1, which
@@ -66,7 +66,7 @@ def merge_reshapes(match, context) -> Rewrite | Refusal:
     root = match.root
     target = constant_value(root.inputs[1])
     if target is None:
-        return Refusal(f"{root.name}: its shape is computed at run time", reported=False)
+        raise Refusal(f"{root.name}: its shape is computed at run time", reported=False)
     x, h, output = match.values["x"], match.values["h"], root.outputs[0]
     allowzero = int(attribute_or(root, "allowzero", context.opset, 0))
     entries = [int(entry) for entry in np.asarray(target).reshape(-1)]
@@ -74,7 +74,7 @@ def merge_reshapes(match, context) -> Rewrite | Refusal:
     if not allowzero and 0 in entries:
         written = _copies_written(entries, h.shape, x.shape, output.shape)
         if written is None:
-            return Refusal(f"{root.name}: its shape copies a dim (0) of its input that x does not have there")
+            raise Refusal(f"{root.name}: its shape copies a dim (0) of its input that x does not have there")
         shape_input = ir.Constant(context.fresh(output.name + "_shape"), np.array(written, np.int64))
     result = ir.Variable(context.fresh(output.name), output.dtype, output.shape)
     attributes = {"allowzero": allowzero} if allowzero else {}  # a 0 in s2 stays an empty dim
@@ -110,7 +110,7 @@ def _copies_written(entries: list[int], copied, data, result) -> list[int] | Non
 
 @reach(0)
 @consumes("h", "x", h={"Transpose"}, root={"Transpose"})
-def merge_transposes(match, context) -> Rewrite | Refusal:
+def merge_transposes(match, context) -> Rewrite:
     """y = Transpose(Transpose(x, p), q) -> Transpose(x, r), r[i] = p[q[i]]; x itself where r is
     the identity."""
     root, first = match.root, match.nodes["h"]
@@ -118,7 +118,7 @@ def merge_transposes(match, context) -> Rewrite | Refusal:
     inner, outer = attribute_or(first, "perm", context.opset, None), attribute_or(root, "perm", context.opset, None)
     if inner is None or outer is None:  # no perm: the axes reversed, which needs the rank
         if rank is None:
-            return Refusal("a Transpose without perm on a tensor of unknown rank", reported=False)
+            raise Refusal("a Transpose without perm on a tensor of unknown rank", reported=False)
         inner = list(range(rank))[::-1] if inner is None else inner
         outer = list(range(rank))[::-1] if outer is None else outer
     composed = [int(inner[axis]) for axis in outer]
@@ -132,18 +132,18 @@ def merge_transposes(match, context) -> Rewrite | Refusal:
 
 @reach(0)
 @consumes(root={"Transpose"})
-def drop_identity_transpose(match, context) -> Rewrite | Refusal:
+def drop_identity_transpose(match, context) -> Rewrite:
     """A Transpose whose perm keeps every axis in place forwards its input."""
     root = match.root
     perm = attribute_or(root, "perm", context.opset, None)
     if perm is None or list(perm) != sorted(perm):
-        return Refusal("it moves axes", reported=False)
+        raise Refusal("it moves axes", reported=False)
     return forwarded(root, root.inputs[0], "Transpose that keeps every axis forwards its input")
 
 
 @reach(0)
 @consumes("parts", "x", parts={"Slice"})
-def slices_as_split(match, context) -> Rewrite | Refusal:
+def slices_as_split(match, context) -> Rewrite:
     """parts[] = Slice(x, ...) that cut one axis of x into consecutive parts covering all of it
     (the TorchScript exporter's `chunk`; dynamo writes a Split) -> one Split of x. Each Slice
     must take one axis with step 1 and constant bounds; the parts are the slices of the axis
@@ -157,14 +157,14 @@ def slices_as_split(match, context) -> Rewrite | Refusal:
             axis, start, end = bounds
             by_axis.setdefault(axis, []).append((start, end, part))
     if not by_axis:
-        return Refusal("no Slice takes one axis of a static size with step 1", reported=False)
+        raise Refusal("no Slice takes one axis of a static size with step 1", reported=False)
     axis, cuts = max(by_axis.items(), key=lambda item: len(item[1]))
     cuts.sort(key=lambda cut: cut[:2])
     edges = [0] + [end for _, end, _ in cuts]
     if len(cuts) < 2 or [start for start, _, _ in cuts] != edges[:-1] or edges[-1] != shape[axis]:
-        return Refusal(f"the Slices of {x.name} do not cut axis {axis} into consecutive parts", reported=False)
+        raise Refusal(f"the Slices of {x.name} do not cut axis {axis} into consecutive parts", reported=False)
     if any(end <= start for start, end, _ in cuts):
-        return Refusal(f"a Slice of {x.name} is empty", reported=False)
+        raise Refusal(f"a Slice of {x.name} is empty", reported=False)
     sizes = ir.Constant(context.fresh(x.name + "_split_sizes"), np.array([e - s for s, e, _ in cuts], np.int64))
     outputs = [part.outputs[0] for _, _, part in cuts]
     parts = [ir.Variable(context.fresh(out.name), out.dtype, out.shape) for out in outputs]

@@ -40,37 +40,27 @@ SUMS = ("Add", "Sub")
 
 @reach(MAX_DEPTH)
 @consumes(every_line=True, root={"Add", "Sub"})
-def fold_linear_region(match, context) -> Rewrite | Refusal:
+def fold_linear_region(match, context) -> Rewrite:
     """y = Add/Sub(u, v) where u and v are linear in one tensor x through a region of dense,
     per-feature, reshape and sum nodes read only inside it -> one dense node of x."""
     root = match.root
     if not _is_sum(root):
-        return Refusal(f"{root.name}: an {root.op} of a constant is no sum of two branches", reported=False)
+        raise Refusal(f"{root.name}: an {root.op} of a constant is no sum of two branches", reported=False)
     region = _region(root, context.graph.outputs)
-    if isinstance(region, Refusal):
-        return region
     x, nodes = region
     if not any(node.op in DENSE_OPS for node in nodes):
-        return Refusal("no Gemm or MatMul in the region", reported=False)
-    shape_refusal = _rows_refusal(x, root, nodes)
-    if shape_refusal is not None:
-        return shape_refusal
+        raise Refusal("no Gemm or MatMul in the region", reported=False)
+    _check_rows(x, root, nodes)
     readers = [node for node in nodes if any(value is x for value in node.inputs)]
     layout = dense_layout(x, readers, nodes, len(nodes), context.opset)
-    if isinstance(layout, Refusal):
-        return layout
     dense = _region_map(x, nodes, context.opset)
-    if isinstance(dense, Refusal):
-        return dense
-    cost = _cost_refusal(nodes, dense)
-    if cost is not None:
-        return cost
+    _check_cost(nodes, dense)
     sums = sum(node.op in SUMS and _is_sum(node) for node in nodes)
     note = f"a linear region of {len(nodes)} nodes ({sums} sums) folded into one"
     return emitted_dense(context, x, dense, layout, root, note)
 
 
-def _region(root: ir.Node, graph_outputs) -> tuple[object, list[ir.Node]] | Refusal:
+def _region(root: ir.Node, graph_outputs) -> tuple[object, list[ir.Node]]:
     """(x, the region's nodes in graph order): grown back from the root one value at a time,
     a value whose maker is a region op and whose every reader has joined; x is the value where
     the walk narrows to one (the widest region that does). A value still read by a node that
@@ -93,7 +83,7 @@ def _region(root: ir.Node, graph_outputs) -> tuple[object, list[ir.Node]] | Refu
         for operand in _operands(maker):
             frontier[id(operand)] = operand
     if best is None or len(best[1]) < 2:
-        return Refusal("its operands are not linear in one tensor", reported=False)
+        raise Refusal("its operands are not linear in one tensor", reported=False)
     x, nodes = best
     return x, nodes[::-1]
 
@@ -137,55 +127,55 @@ def _keeps_last_axis(node: ir.Node) -> bool:
     return bool(before) and bool(after) and isinstance(before[-1], int) and before[-1] == after[-1]
 
 
-def _rows_refusal(x, root: ir.Node, nodes: list[ir.Node]) -> Refusal | None:
+def _check_rows(x, root: ir.Node, nodes: list[ir.Node]) -> None:
     """Refused unless rows map to rows: the root has x's leading dims, and each sum's operands
     one shape (a broadcast would mix rows); shapes compared as known, symbolic dims by name."""
     x_shape, out_shape = getattr(x, "shape", None), root.outputs[0].shape
     if x_shape is None or out_shape is None or not _known(x_shape) or not _known(out_shape):
-        return Refusal(f"{root.name}: the shapes of {x.name} and of its output are not known")
+        raise Refusal(f"{root.name}: the shapes of {x.name} and of its output are not known")
     if list(out_shape[:-1]) != list(x_shape[:-1]):
-        return Refusal(f"{root.name}: its output {list(out_shape)} does not keep the leading dims of {list(x_shape)}")
+        raise Refusal(f"{root.name}: its output {list(out_shape)} does not keep the leading dims of {list(x_shape)}")
     for node in nodes:
         if _is_sum(node):
             first, second = (getattr(value, "shape", None) for value in node.inputs[:2])
             if first is None or second is None or not _known(first) or list(first) != list(second):
-                return Refusal(f"{node.name}: its operands' shapes {first} and {second} are not one known shape")
-    return None
+                raise Refusal(f"{node.name}: its operands' shapes {first} and {second} are not one known shape")
 
 
 def _known(shape) -> bool:
     return all(isinstance(dim, int) or dim for dim in shape)
 
 
-def _region_map(x, nodes: list[ir.Node], opset: int) -> Dense | Refusal:
+def _region_map(x, nodes: list[ir.Node], opset: int) -> Dense:
     """x M + c of the root, each node's map composed in graph order from x's identity."""
     features = x.shape[-1]
     if not isinstance(features, int):
-        return Refusal(f"{x.name}: its last dim {features} is not known")
+        raise Refusal(f"{x.name}: its last dim {features} is not known")
     maps: dict[int, LinearMap] = {id(x): FeatureAffine(np.ones(features), np.zeros(features))}
     for node in nodes:
-        if _is_sum(node):
-            found = add_maps(maps[id(node.inputs[0])], maps[id(node.inputs[1])], -1.0 if node.op == "Sub" else 1.0)
-        else:
-            step = node_map(node, opset, reads_x=data_input(node) is x)
-            found = step if isinstance(step, Refusal) else compose_maps(maps[id(data_input(node))], step)
-        if isinstance(found, Refusal):
-            return Refusal(f"{node.name}: {found.reason}", reported=found.reported)
+        try:
+            if _is_sum(node):
+                sign = -1.0 if node.op == "Sub" else 1.0
+                found = add_maps(maps[id(node.inputs[0])], maps[id(node.inputs[1])], sign)
+            else:
+                step = node_map(node, opset, reads_x=data_input(node) is x)
+                found = compose_maps(maps[id(data_input(node))], step)
+        except Refusal as refusal:
+            raise Refusal(f"{node.name}: {refusal.reason}", reported=refusal.reported) from None
         maps[id(node.outputs[0])] = found
     result = maps[id(nodes[-1].outputs[0])]
     if not isinstance(result, Dense):
-        return Refusal("the region is a per-feature map alone", reported=False)
+        raise Refusal("the region is a per-feature map alone", reported=False)
     return result
 
 
-def _cost_refusal(nodes: list[ir.Node], dense: Dense) -> Refusal | None:
+def _check_cost(nodes: list[ir.Node], dense: Dense) -> None:
     """Refused where the one [C, D] product costs more multiply-adds per row than the region's
     dense nodes together (a low-rank pair with no full-width layer beside it)."""
     kept = sum(int(np.prod(constant_value(node.inputs[1]).shape)) for node in nodes if node.op in DENSE_OPS)
     composed = dense.in_features * dense.out_features
-    if composed <= kept:
-        return None
-    return Refusal(
-        f"one {dense.in_features} x {dense.out_features} product ({composed} multiply-adds per row) costs more "
-        f"than the region's dense nodes ({kept})"
-    )
+    if composed > kept:
+        raise Refusal(
+            f"one {dense.in_features} x {dense.out_features} product ({composed} multiply-adds per row) costs "
+            f"more than the region's dense nodes ({kept})"
+        )

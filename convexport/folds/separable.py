@@ -15,7 +15,7 @@ from .convnodes import conv_flops, conv_spec, make_conv, node_flops, spatial_sha
 
 @reach(0)
 @consumes(root={"Conv"})
-def conv_as_separable(match, context) -> Rewrite | Refusal:
+def conv_as_separable(match, context) -> Rewrite:
     """Conv(x) -> Conv_tall(x) [R, I, Kh, 1] -> Conv_wide [O, R, 1, Kw], when the kernel's rank
     R is low enough that the pair costs a quarter fewer FLOPs or more (highest_paying_rank). An unreported
     Refusal for grouped and 1-D/3-D convs, single rows or columns, and kernels of full rank or
@@ -25,7 +25,7 @@ def conv_as_separable(match, context) -> Rewrite | Refusal:
     if conv.attrs.get("group", 1) != 1 or (
         weight_shape is not None and (len(weight_shape) != 4 or 1 in weight_shape[2:])
     ):
-        return Refusal("not an ungrouped conv with a 2-D kernel of two rows and columns or more", reported=False)
+        raise Refusal("not an ungrouped conv with a 2-D kernel of two rows and columns or more", reported=False)
     x, output = conv.inputs[0], conv.outputs[0]
     spatial = spatial_shape(x)
     before = None if spatial is None or None in spatial else node_flops(conv)  # the node as it stands
@@ -37,15 +37,11 @@ def conv_as_separable(match, context) -> Rewrite | Refusal:
     )
     # split_separable's screen on the raw weight, before conv_spec's float64 copy: most kernels stop here
     if max_rank is not None and rank_at_least(weight, max_rank + 1):
-        return Refusal(f"the kernel has rank {max_rank + 1} or more; a split pays below it", reported=False)
+        raise Refusal(f"the kernel has rank {max_rank + 1} or more; a split pays below it", reported=False)
     spec = conv_spec(conv)
-    if isinstance(spec, Refusal):
-        return spec
     split = split_separable(spec, max_rank)
-    if isinstance(split, Refusal):
-        return split
     if before is None:
-        return Refusal("the input's spatial shape is unknown")
+        raise Refusal("the input's spatial shape is unknown")
     dtype = output_dtype(conv)
     tall, between = make_conv(context, x, split.tall, dtype, output.name + "_tall")
     wide, result = make_conv(context, between, split.wide, dtype, output.name + "_wide", output.shape)

@@ -24,7 +24,7 @@ from .convnodes import conv_attributes, conv_node, node_flops
 
 
 @consumes("heads", "x", heads={"Conv"})
-def merge_sibling_convs(match, context) -> Rewrite | Refusal:
+def merge_sibling_convs(match, context) -> Rewrite:
     """heads[] = Conv(x, w[], b[]?) -> one Conv of the largest set of ungrouped heads sharing
     attributes and kernel size, then a Split into the heads' outputs. Heads whose outputs meet
     in one node (an Add or Concat of branches) are left to the rules that fold those."""
@@ -32,10 +32,10 @@ def merge_sibling_convs(match, context) -> Rewrite | Refusal:
     candidates = [h for h in match.nodes["heads"] if int(h.attrs.get("group", 1)) == 1 and _alone(h, match)]
     heads = largest_compatible(candidates, _geometry)
     if len(heads) < 2:
-        return Refusal("fewer than two ungrouped sibling Convs of one geometry", reported=False)
+        raise Refusal("fewer than two ungrouped sibling Convs of one geometry", reported=False)
     shapes = [h.outputs[0].shape for h in heads]
     if any(s is None or len(s) < 3 or not isinstance(s[1], int) for s in shapes):
-        return Refusal(f"{x.name}: the channel counts of its sibling Convs' outputs are unknown")
+        raise Refusal(f"{x.name}: the channel counts of its sibling Convs' outputs are unknown")
     weights = [constant_value(h.inputs[1]) for h in heads]
     biases = [None if len(h.inputs) < 3 or is_absent(h.inputs[2]) else constant_value(h.inputs[2]) for h in heads]
     weight, bias = stack_conv_heads(weights, biases)

@@ -399,23 +399,21 @@ def _discard(rewrite: Rewrite) -> None:
         _disconnect_inputs(node)
 
 
-NOTHING_TO_DO = Refusal("the primitive found nothing to do", reported=False)
-
-
 def _called(rule: Rule, call) -> Rewrite | Refusal:
-    """A primitive's (or a prospect's completion's) result: a Rewrite or a Refusal (a user
-    primitive's None: nothing to do); the algebra's ValueError as a Refusal, a plugin's error
-    or wrong return type as a ConvexportError."""
+    """A primitive's (or a prospect's completion's) verdict: the Rewrite it returns, or the
+    Refusal it raises. Anything else is a bug: a built-in primitive's exception propagates (an
+    InternalError at the top: the tests run with it fatal, not hidden as "did not apply"); a
+    user's primitive's, or a return value that is no Rewrite, is a ConvexportError naming the rule."""
     try:
         result = call()
+    except Refusal as refusal:
+        return refusal
     except Exception as exc:
         if rule.plugin is not None:  # the user's code: a clear error naming the rule
             raise ConvexportError(
                 f"{rule.file}:{rule.line}: rule {rule.name!r}: primitive {rule.apply} raised "
                 f"{type(exc).__name__}: {first_line(exc)}"
             ) from exc
-        if isinstance(exc, ValueError):  # the algebra's word for shapes it cannot work with
-            return Refusal(f"{rule.apply} cannot handle these shapes: {exc}")
         if not rule.builtin:  # a user's pattern that does not bind what the primitive reads
             raise ConvexportError(
                 f"{rule.file}:{rule.line}: rule {rule.name!r}: primitive {rule.apply} raised "
@@ -423,12 +421,11 @@ def _called(rule: Rule, call) -> Rewrite | Refusal:
                 f"{rule.apply} reads? see docs/rules.md)"
             ) from exc
         raise
-    if result is None:
-        return NOTHING_TO_DO
-    if not isinstance(result, (Rewrite, Refusal)):
+    if not isinstance(result, Rewrite):
         raise ConvexportError(
-            f"{rule.file}:{rule.line}: rule {rule.name!r}: primitive {rule.apply} returned a "
-            f"{type(result).__name__}, not a Rewrite, a Refusal or None"
+            f"{rule.file}:{rule.line}: rule {rule.name!r}: primitive {rule.apply} returned "
+            f"{'None' if result is None else 'a ' + type(result).__name__}, not a Rewrite "
+            "(a primitive says no by raising Refusal)"
         )
     return result
 

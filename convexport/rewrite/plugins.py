@@ -1,8 +1,8 @@
 """User primitives: a rule file's `apply: module:function` or `apply: file.py:function`.
 
 Loaded only from rule files the user passes (a .py path is relative to the rule file). The
-function has the built-in primitives' signature, `f(match, context) -> Rewrite | Refusal |
-None` (convexport.rewrite.primitives.Rewrite, convexport.algebra.Refusal).
+function has the built-in primitives' signature, `f(match, context) -> Rewrite`, raising
+convexport.algebra.Refusal to say no (convexport.primitive has both).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """What a rule's `apply:` names: a primitive that turns a match into a Rewrite or a Refusal.
 
-A primitive is `f(match, context) -> Rewrite | Refusal`. It builds the replacement nodes
-from the match's tensors (the weight algebra lives in convexport.algebra) and says which
-tensors of the old graph they replace, or says why not with a Refusal (not `reported` where
-the match is simply not a case for it). It never edits the graph itself.
+A primitive is `f(match, context) -> Rewrite`. It builds the replacement nodes from the
+match's tensors (the weight algebra lives in convexport.algebra) and says which tensors of
+the old graph they replace, or raises a Refusal saying why not (not `reported` where the
+match is simply not a case for it), the one way it and the helpers under it say no. It never
+edits the graph itself.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class Rewrite:
 
     A rewrite with `complete` is a prospect: its nodes stand in for the real ones with their
     ops and shapes (constants of the right shape and dtype, values not meaningful), and
-    complete() builds the real rewrite, or the Refusal that its exactness checks give. Under
+    complete() builds the real rewrite, or raises the Refusal that its exactness checks give. Under
     --strategy cost the engine judges the prospect first and builds only what would pass, then
     judges the real rewrite too (which may add nodes, such as a border map). The prospect must
     cost what its completion's own nodes cost: a primitive offers one only where the shapes
@@ -32,7 +33,7 @@ class Rewrite:
     flops_before: float | None = None
     flops_after: float | None = None
     extra: dict = field(default_factory=dict)  # more report fields (e.g. a border map size)
-    complete: Callable[[], object] | None = None  # -> Rewrite | Refusal, for a prospect
+    complete: Callable[[], object] | None = None  # -> Rewrite (or raises Refusal), for a prospect
 
 
 Primitive = Callable[..., object]

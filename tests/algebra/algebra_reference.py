@@ -185,3 +185,13 @@ def ort_folded(x: np.ndarray, spec: ConvSpec, border: np.ndarray | None = None) 
 
 def assert_close_float32(actual: np.ndarray, expected: np.ndarray):
     np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def verdict(function, *args, **kwargs):
+    """What an algebra function gives: its result, or the Refusal it raises."""
+    from convexport.algebra import Refusal
+
+    try:
+        return function(*args, **kwargs)
+    except Refusal as refusal:
+        return refusal

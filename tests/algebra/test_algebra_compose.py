@@ -4,7 +4,7 @@ import random
 
 import numpy as np
 import pytest
-from algebra_reference import (PAD_MODES, OnnxConv, assert_close_float32, assert_exact, differs, emitted,
+from algebra_reference import (verdict, PAD_MODES, OnnxConv, assert_close_float32, assert_exact, differs, emitted,
                                ort_chain, ort_folded, random_conv, random_input, run_spec, torch_conv)
 
 from convexport.algebra import AxisGeometry, Composition, Refusal, compose, identity_conv, largest_group_count
@@ -49,7 +49,7 @@ def test_compose_is_exact_or_refused_with_reason(nd, pads1, pads2, bias, channel
     first, second, spatial = _chain(rng, nd, pads1, pads2, bias, channels)
     x = random_input(rng, first.weight.shape[1] * first.attrs["group"], spatial)
     expected = torch_conv(torch_conv(x, first), second)
-    result = compose(first.spec(spatial), second.spec(spatial), spatial)
+    result = verdict(compose, first.spec(spatial), second.spec(spatial), spatial)
 
     if pads2 == "zero" or pads1 == "full":   # h's padding is never read, or reads only x's padding
         assert isinstance(result, Composition), result
@@ -71,7 +71,7 @@ def test_bias_read_through_padding_becomes_a_border_map(nd, stride1, pads2):
     first = random_conv(rng, nd, 3, 4, 1, "zero", True, kernels=(1,), strides=(stride1,))
     second = random_conv(rng, nd, 4, 2, 1, pads2, True, kernels=(3, 5))
     spatial = tuple(max(_min_length(first, second, axis), rng.randint(9, 12)) for axis in range(nd))
-    result = compose(first.spec(spatial), second.spec(spatial), spatial)
+    result = verdict(compose, first.spec(spatial), second.spec(spatial), spatial)
 
     assert isinstance(result, Composition) and result.border is not None, result
     x = random_input(rng, 3, spatial)
@@ -87,7 +87,7 @@ def test_border_map_is_not_separable_in_2d():
     columns' corrections."""
     first = OnnxConv(np.ones((1, 1, 1, 1)), np.array([1.0]))
     second = OnnxConv(np.ones((1, 1, 3, 3)), None, {"pads": [1, 1, 1, 1]})
-    result = compose(first.spec((4, 4)), second.spec((4, 4)), (4, 4))
+    result = verdict(compose, first.spec((4, 4)), second.spec((4, 4)), (4, 4))
     border = result.border[0]
     assert border[0, 0] == -5 and border[0, 1] == -3 and border[1, 0] == -3 and border[1, 1] == 0
 
@@ -97,7 +97,7 @@ def test_unknown_shape_result_is_exact_for_every_length(nd):
     rng = random.Random(nd)
     first = random_conv(rng, nd, 2, 3, 1, "full", False, strides=(2,))
     second = random_conv(rng, nd, 3, 2, 1, "same", True, strides=(3,))
-    result = compose(first.spec(None), second.spec(None), None)
+    result = verdict(compose, first.spec(None), second.spec(None), None)
     assert isinstance(result, Composition) and result.border is None
     lengths = [max(_min_length(first, second, axis) for axis in range(nd)) + extra for extra in range(8)]
     for length in lengths:
@@ -122,7 +122,7 @@ def test_strided_first_conv_spreads_the_second_kernel():
     """A 2-tap second conv after a stride-3 first conv reads x taps 3 apart: dilation 3."""
     first = OnnxConv(np.array([[[2.0]]]), None, {"strides": [3]})
     second = OnnxConv(np.array([[[1.0, -1.0]]]), None)
-    spec = compose(first.spec(None), second.spec(None), None).spec
+    spec = verdict(compose, first.spec(None), second.spec(None), None).spec
     assert spec.strides == (3,) and spec.dilations == (3,)
     np.testing.assert_array_equal(spec.weight[0, 0], [2.0, -2.0])
 
@@ -131,7 +131,7 @@ def test_depthwise_after_depthwise_stays_depthwise():
     rng = random.Random(3)
     first = random_conv(rng, 2, 6, 6, 6, "zero", True, kernels=(3,), strides=(1,))
     second = random_conv(rng, 2, 6, 6, 6, "zero", True, kernels=(3,), strides=(1,))
-    result = compose(first.spec((8, 8)), second.spec((8, 8)), (8, 8))
+    result = verdict(compose, first.spec((8, 8)), second.spec((8, 8)), (8, 8))
     assert largest_group_count(result.spec.weight) == 6
     assert emitted(result.spec).weight.shape[:2] == (6, 1)
 
@@ -140,7 +140,7 @@ def test_grouped_after_grouped_keeps_the_groups():
     rng = random.Random(4)
     first = random_conv(rng, 1, 8, 8, 4, "zero", False, kernels=(3,))
     second = random_conv(rng, 1, 8, 4, 4, "zero", False, kernels=(3,))
-    result = compose(first.spec((20,)), second.spec((20,)), (20,))
+    result = verdict(compose, first.spec((20,)), second.spec((20,)), (20,))
     assert largest_group_count(result.spec.weight) == 4
 
 
@@ -150,7 +150,7 @@ def test_identity_is_neutral():
     spatial = (10, 9)
     x = random_input(rng, 3, spatial)
     for first, second in [(identity_conv(3, 2), conv.spec(spatial)), (conv.spec(spatial), identity_conv(3, 2))]:
-        result = compose(first, second, spatial)
+        result = verdict(compose, first, second, spatial)
         assert isinstance(result, Composition) and result.border is None
         assert_exact(run_spec(x, result.spec), torch_conv(x, conv))
 
@@ -189,7 +189,7 @@ def test_tap_pairs_meeting_on_no_middle_channel_do_not_block_the_fold():
     w2[0, 0] = [0.3, 1.0, -0.7]
     w2[0, 1, 1] = 2.0
     first, second = OnnxConv(w1, None, {"pads": [1, 1]}), OnnxConv(w2, None, {"pads": [1, 1]})
-    result = compose(first.spec((8,)), second.spec((8,)), (8,))
+    result = verdict(compose, first.spec((8,)), second.spec((8,)), (8,))
     assert isinstance(result, Composition), result
     x = random_input(random.Random(0), 1, (8,))
     assert_exact(run_spec(x, result.spec), torch_conv(torch_conv(x, first), second))
@@ -202,7 +202,7 @@ def test_a_pair_reading_only_padding_on_another_axis_is_harmless():
     w1[0, 0, :, [0, 2]] = [[1.0, 2.0, 3.0], [-1.0, 0.5, 4.0]]
     first = OnnxConv(w1, None, {"pads": [1, 1, 1, 1]})
     second = OnnxConv(np.ones((1, 1, 3, 1)), None, {"pads": [1, 0, 1, 0]})
-    result = compose(first.spec((5, 1)), second.spec((5, 1)), (5, 1))
+    result = verdict(compose, first.spec((5, 1)), second.spec((5, 1)), (5, 1))
     assert isinstance(result, Composition), result
     x = random_input(random.Random(1), 1, (5, 1))
     assert_exact(run_spec(x, result.spec), torch_conv(torch_conv(x, first), second))

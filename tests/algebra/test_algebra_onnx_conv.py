@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from algebra_reference import (OnnxConv, assert_close_float32, assert_exact, ort_chain, ort_folded, random_input,
+from algebra_reference import (verdict, OnnxConv, assert_close_float32, assert_exact, ort_chain, ort_folded, random_input,
                                run_spec, same_pads, torch_conv)
 
 from convexport.algebra import ConvSpec, Refusal, conv_from_onnx, conv_to_onnx
@@ -35,7 +35,7 @@ def test_round_trip_reproduces_the_conv(nd, kernel, stride, dilation, groups, pa
     conv = OnnxConv(seed.standard_normal((CHANNELS, CHANNELS // group, *[kernel] * nd)),
                     seed.standard_normal(CHANNELS) if bias else None, attrs)
     spatial = (dilation * (kernel - 1) + 3,) * nd
-    spec = conv_from_onnx(conv.weight, conv.bias, attrs, spatial)
+    spec = verdict(conv_from_onnx, conv.weight, conv.bias, attrs, spatial)
 
     weight, out_bias, out_attrs = conv_to_onnx(spec)
     expected_attrs = dict(attrs, dilations=[dilation if kernel > 1 else 1] * nd)
@@ -57,7 +57,7 @@ def test_auto_pad_matches_onnxruntime(nd, kernel, stride, auto_pad):
     spatial = tuple(rng.randint(kernel + 1, kernel + 6) for _ in range(nd))
     conv = OnnxConv(seed.standard_normal((3, 2, *[kernel] * nd)), seed.standard_normal(3),
                     {"auto_pad": auto_pad, "strides": [stride] * nd})
-    spec = conv_from_onnx(conv.weight, conv.bias, conv.attrs, spatial)
+    spec = verdict(conv_from_onnx, conv.weight, conv.bias, conv.attrs, spatial)
 
     x = random_input(rng, 2, spatial)
     assert_exact(run_spec(x, spec), torch_conv(x, conv))
@@ -66,7 +66,7 @@ def test_auto_pad_matches_onnxruntime(nd, kernel, stride, auto_pad):
 
 def test_same_with_stride_one_needs_no_static_shape():
     conv = OnnxConv(np.ones((1, 1, 4, 3)), None, {"auto_pad": "SAME_LOWER", "dilations": [1, 2]})
-    spec = conv_from_onnx(conv.weight, None, conv.attrs, None)
+    spec = verdict(conv_from_onnx, conv.weight, None, conv.attrs, None)
     assert (spec.pads_begin, spec.pads_end) == ((2, 2), (1, 2))
     for spatial in [(5, 6), (8, 7)]:
         x = torch.randn(1, 1, *spatial, dtype=torch.float64)
@@ -74,7 +74,7 @@ def test_same_with_stride_one_needs_no_static_shape():
 
 
 def test_same_with_stride_needs_the_input_length():
-    refusal = conv_from_onnx(np.ones((1, 1, 3)), None, {"auto_pad": "SAME_UPPER", "strides": [2]}, [None])
+    refusal = verdict(conv_from_onnx, np.ones((1, 1, 3)), None, {"auto_pad": "SAME_UPPER", "strides": [2]}, [None])
     assert isinstance(refusal, Refusal)
     assert "static spatial shape" in refusal.reason
     # Why: the pads depend on the input length, so no fixed pads serve every length.
@@ -83,7 +83,7 @@ def test_same_with_stride_needs_the_input_length():
 
 def test_groups_expand_to_a_block_diagonal_kernel():
     weight = np.arange(1, 1 + 6 * 2 * 3, dtype=float).reshape(6, 2, 3)
-    spec = conv_from_onnx(weight, None, {"group": 3}, None)
+    spec = verdict(conv_from_onnx, weight, None, {"group": 3}, None)
     assert spec.weight.shape == (6, 6, 3)
     for g in range(3):
         block = spec.weight[2 * g:2 * g + 2]
@@ -93,8 +93,8 @@ def test_groups_expand_to_a_block_diagonal_kernel():
 
 def test_an_all_zero_bias_is_kept_only_when_the_conv_had_one():
     weight = np.ones((2, 2, 1))
-    with_bias = conv_from_onnx(weight, np.zeros(2), {}, None)
-    without = conv_from_onnx(weight, None, {}, None)
+    with_bias = verdict(conv_from_onnx, weight, np.zeros(2), {}, None)
+    without = verdict(conv_from_onnx, weight, None, {}, None)
     assert conv_to_onnx(with_bias)[1] is not None
     assert conv_to_onnx(without)[1] is None
 

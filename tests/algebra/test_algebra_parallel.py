@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from algebra_reference import (GraphBuilder, OnnxConv, assert_close_float32, assert_exact, emitted, ort_folded,
+from algebra_reference import (verdict, GraphBuilder, OnnxConv, assert_close_float32, assert_exact, emitted, ort_folded,
                                random_input, run_spec, torch_conv)
 from onnx import helper
 
@@ -41,7 +41,7 @@ def test_parallel_convs_merge_exactly(nd, stride, mode, branches, static):
     spatial = tuple(rng.randint(7, 11) for _ in range(nd))
     shape = spatial if static else None
     specs = [conv.spec(shape) for conv in convs]
-    merged = concat_parallel(specs, shape) if mode == "concat" else combine_parallel(specs, signs, shape)
+    merged = verdict(concat_parallel, specs, shape) if mode == "concat" else combine_parallel(specs, signs, shape)
     assert isinstance(merged, ConvSpec), merged
 
     for length_shift in (0,) if static else (0, 1, 2):
@@ -57,7 +57,7 @@ def test_branch_with_identity_and_ort():
     spatial = (9, 10)
     conv = _branch(rng, 2, 3, 3, 1, -1)
     one = OnnxConv(np.random.default_rng(1).standard_normal((3, 3, 1, 1)), np.ones(3))
-    merged = combine_parallel([conv.spec(spatial), identity_conv(3, 2), one.spec(spatial)], [1.0, 1.0, -1.0], spatial)
+    merged = verdict(combine_parallel, [conv.spec(spatial), identity_conv(3, 2), one.spec(spatial)], [1.0, 1.0, -1.0], spatial)
     x = random_input(rng, 3, spatial)
     expected = torch_conv(x, conv) + x - torch_conv(x, one)
     assert_exact(run_spec(x, merged), expected)
@@ -71,7 +71,7 @@ def test_depthwise_minus_identity_keeps_kernel_3_and_depthwise():
     rng = np.random.default_rng(0)
     weight = rng.standard_normal((6, 1, 3, 3))
     depthwise = OnnxConv(weight, None, {"group": 6, "pads": [1, 1, 1, 1]})
-    merged = combine_parallel([depthwise.spec(None), identity_conv(6, 2)], [1.0, -1.0], None)
+    merged = verdict(combine_parallel, [depthwise.spec(None), identity_conv(6, 2)], [1.0, -1.0], None)
     out = emitted(merged)
     assert out.attrs["group"] == 6 and out.attrs["kernel_shape"] == [3, 3] and out.attrs["pads"] == [1, 1, 1, 1]
     np.testing.assert_array_equal(out.weight[:, 0, 1, 1], weight[:, 0, 1, 1] - 1)
@@ -92,7 +92,7 @@ def test_cancelling_branches_trim_to_a_smaller_kernel():
 def test_shifted_branches_share_a_dilated_window():
     """Two 1-tap branches at offsets 0 and 2 of the window: dilation 2, not 3 taps of dilation 1."""
     specs = [OnnxConv(np.ones((1, 1, 1)), None, {"pads": [pad, 2 - pad]}).spec(None) for pad in (0, 2)]
-    merged = combine_parallel(specs, [1.0, 1.0], None)
+    merged = verdict(combine_parallel, specs, [1.0, 1.0], None)
     assert merged.dilations == (2,) and merged.kernel_shape == (2,) and merged.pads_begin == (2,)
 
 
@@ -100,7 +100,7 @@ def test_concat_of_grouped_branches_stacks_channels():
     rng = random.Random(9)
     convs = [_branch(rng, 2, 4, 4, 2, 0, group=2), _branch(rng, 2, 4, 2, 2, 0)]
     spatial = (9, 8)
-    merged = concat_parallel([c.spec(spatial) for c in convs], spatial)
+    merged = verdict(concat_parallel, [c.spec(spatial) for c in convs], spatial)
     x = random_input(rng, 4, spatial)
     assert_exact(run_spec(x, merged), torch.cat([torch_conv(x, c) for c in convs], dim=1))
 
@@ -108,13 +108,13 @@ def test_concat_of_grouped_branches_stacks_channels():
 def test_parallel_refusals():
     x_spec = identity_conv(2, 1)
     strided = OnnxConv(np.ones((2, 2, 1)), None, {"strides": [2]}).spec(None)
-    assert "strides" in combine_parallel([x_spec, strided], [1, 1], None).reason
+    assert "strides" in verdict(combine_parallel, [x_spec, strided], [1, 1], None).reason
     wider = OnnxConv(np.ones((3, 2, 1)), None).spec(None)
-    assert "output channel" in combine_parallel([x_spec, wider], [1, 1], (5,)).reason
+    assert "output channel" in verdict(combine_parallel, [x_spec, wider], [1, 1], (5,)).reason
     with pytest.raises(ValueError):
         combine_parallel([x_spec, identity_conv(3, 1)], [1, 1], None)
     with pytest.raises(ValueError):
         combine_parallel([x_spec], [1, 1], None)
-    assert isinstance(concat_parallel([x_spec, wider], None), ConvSpec)
-    assert isinstance(combine_parallel([x_spec], [1.0], None), ConvSpec)
-    assert not isinstance(combine_parallel([x_spec, x_spec], [1, -1], None), Refusal)
+    assert isinstance(verdict(concat_parallel, [x_spec, wider], None), ConvSpec)
+    assert isinstance(verdict(combine_parallel, [x_spec], [1.0], None), ConvSpec)
+    assert not isinstance(verdict(combine_parallel, [x_spec, x_spec], [1, -1], None), Refusal)

@@ -6,7 +6,7 @@ from collections import Counter
 
 import numpy as np
 import torch
-from algebra_reference import OnnxConv, assert_exact, differs, run_spec, torch_conv
+from algebra_reference import verdict, OnnxConv, assert_exact, differs, run_spec, torch_conv
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -109,7 +109,7 @@ def _check_chain(convs, spatial, told) -> str:
     """Fold the chain left to right; check each fold against the chain's prefix."""
     current = convs[0].spec(told)
     for index, conv in enumerate(convs[1:], start=2):
-        result = compose(current, conv.spec(told), told)
+        result = verdict(compose, current, conv.spec(told), told)
         if isinstance(result, Refusal):
             if None not in told and "zero padding on spatial axis" in result.reason:
                 x = _random_x(current.in_channels, spatial)
@@ -169,7 +169,7 @@ def _check_sum(convs, with_identity, signs, spatial, told) -> str:
     specs = [conv.spec(told) for conv in convs]
     if with_identity:
         specs.append(identity_conv(specs[0].in_channels, specs[0].nd))
-    result = combine_parallel(specs, signs, told)
+    result = verdict(combine_parallel, specs, signs, told)
     if isinstance(result, Refusal):
         if None not in told:   # necessary: the branches' outputs differ in shape
             x = _random_x(specs[0].in_channels, spatial)

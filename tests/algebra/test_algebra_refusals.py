@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import torch
 import torch.nn.functional as F
-from algebra_reference import OnnxConv, assert_exact, differs, ort_chain, ort_folded, run_spec, torch_conv
+from algebra_reference import verdict, OnnxConv, assert_exact, differs, ort_chain, ort_folded, run_spec, torch_conv
 
 from convexport.algebra import (Composition, ConvSpec, Refusal, avgpool_as_conv, combine_parallel, compose,
                                 concat_parallel, conv_from_onnx, merge_zero_pad, scale_shift_before)
@@ -26,7 +26,7 @@ def _x(channels, *spatial):
 def test_same_3x3_after_same_3x3_is_refused():
     first, second = _conv((4, 3, 3, 3), bias=False, pads=[1, 1, 1, 1]), _conv((2, 4, 3, 3), pads=[1, 1, 1, 1])
     spatial = (7, 8)
-    result = compose(first.spec(spatial), second.spec(spatial), spatial)
+    result = verdict(compose, first.spec(spatial), second.spec(spatial), spatial)
     assert isinstance(result, Refusal)
     assert "zero padding" in result.reason and "real input" in result.reason
     x = _x(3, *spatial)
@@ -39,10 +39,10 @@ def test_leak_on_one_axis_of_two_names_that_axis():
     the first reads around: the first's window at a padded row still reads real x."""
     first = _conv((2, 2, 1, 3), bias=False, pads=[0, 1, 0, 1])
     second = _conv((2, 2, 3, 1), bias=False, pads=[1, 0, 1, 0])
-    result = compose(first.spec((5, 5)), second.spec((5, 5)), (5, 5))
+    result = verdict(compose, first.spec((5, 5)), second.spec((5, 5)), (5, 5))
     assert isinstance(result, Composition)   # x[-1, :] is padding on axis 0 too: exact
     first = _conv((2, 2, 3, 3), bias=False, pads=[0, 1, 0, 1])
-    result = compose(first.spec((6, 6)), second.spec((6, 6)), (6, 6))
+    result = verdict(compose, first.spec((6, 6)), second.spec((6, 6)), (6, 6))
     assert isinstance(result, Refusal) and "spatial axis 0" in result.reason
     x = _x(2, 6, 6)
     naive = run_spec(x, composite_conv(first.spec((6, 6)), second.spec((6, 6))))
@@ -52,10 +52,10 @@ def test_leak_on_one_axis_of_two_names_that_axis():
 def test_bias_through_padding_over_the_border_limit_is_refused():
     first, second = _conv((4, 3, 1, 1)), _conv((8, 4, 3, 3), pads=[1, 1, 1, 1])
     spatial = (16, 16)
-    result = compose(first.spec(spatial), second.spec(spatial), spatial, border_limit_bytes=4096)
+    result = verdict(compose, first.spec(spatial), second.spec(spatial), spatial, border_limit_bytes=4096)
     assert isinstance(result, Refusal)
     assert "bias" in result.reason and str(4 * 8 * 16 * 16) in result.reason and "4096" in result.reason
-    allowed = compose(first.spec(spatial), second.spec(spatial), spatial)
+    allowed = verdict(compose, first.spec(spatial), second.spec(spatial), spatial)
     assert isinstance(allowed, Composition) and allowed.border.shape == (8, 16, 16)
     x = _x(3, *spatial)
     assert differs(run_spec(x, allowed.spec), torch_conv(torch_conv(x, first), second))
@@ -63,7 +63,7 @@ def test_bias_through_padding_over_the_border_limit_is_refused():
 
 def test_bias_through_padding_with_unknown_shape_is_refused():
     first, second = _conv((4, 3, 1)), _conv((2, 4, 3), pads=[1, 1])
-    result = compose(first.spec(None), second.spec(None), [None])
+    result = verdict(compose, first.spec(None), second.spec(None), [None])
     assert isinstance(result, Refusal) and "static spatial shape" in result.reason
     x = _x(3, 9)
     assert differs(run_spec(x, composite_conv(first.spec(None), second.spec(None))),
@@ -72,13 +72,13 @@ def test_bias_through_padding_with_unknown_shape_is_refused():
 
 def test_same_auto_pad_with_stride_and_unknown_shape_is_refused():
     conv = _conv((2, 2, 3), auto_pad="SAME_UPPER", strides=[2])
-    result = conv_from_onnx(conv.weight, conv.bias, conv.attrs, [None])
+    result = verdict(conv_from_onnx, conv.weight, conv.bias, conv.attrs, [None])
     assert isinstance(result, Refusal) and "SAME_UPPER" in result.reason and "static" in result.reason
     # Any fixed pads are wrong for some length: the pads for L=10 used at L=11.
-    fixed = conv_from_onnx(conv.weight, conv.bias, conv.attrs, [10])
+    fixed = verdict(conv_from_onnx, conv.weight, conv.bias, conv.attrs, [10])
     x = _x(2, 11).numpy()
     assert differs(torch.tensor(ort_folded(x, fixed)), torch.tensor(ort_chain(x, [conv])))
-    assert isinstance(conv_from_onnx(conv.weight, conv.bias, {"auto_pad": "SAME_MIDDLE"}, None), Refusal)
+    assert isinstance(verdict(conv_from_onnx, conv.weight, conv.bias, {"auto_pad": "SAME_MIDDLE"}, None), Refusal)
 
 
 def test_parallel_output_lengths_agreeing_only_for_some_lengths_need_a_static_shape():
@@ -86,47 +86,47 @@ def test_parallel_output_lengths_agreeing_only_for_some_lengths_need_a_static_sh
     a = _conv((2, 2, 3), strides=[2], pads=[1, 1])     # floor((L - 1) / 2) + 1
     b = _conv((2, 2, 2), strides=[2], pads=[0, 0])     # floor((L - 2) / 2) + 1
     specs = [a.spec(None), b.spec(None)]
-    result = combine_parallel(specs, [1, 1], None)
+    result = verdict(combine_parallel, specs, [1, 1], None)
     assert isinstance(result, Refusal) and "static spatial shape" in result.reason
-    even = combine_parallel(specs, [1, 1], (10,))
+    even = verdict(combine_parallel, specs, [1, 1], (10,))
     x = _x(2, 10)
     assert_exact(run_spec(x, even), torch_conv(x, a) + torch_conv(x, b))
     x = _x(2, 9)
     assert torch_conv(x, a).shape != torch_conv(x, b).shape   # no fold serves L=9
-    assert isinstance(concat_parallel(specs, None), Refusal)
+    assert isinstance(verdict(concat_parallel, specs, None), Refusal)
 
 
 def test_parallel_output_length_mismatch_is_refused():
     a, b = _conv((2, 2, 3), pads=[1, 1]), _conv((2, 2, 3))
-    result = combine_parallel([a.spec((8,)), b.spec((8,))], [1, -1], (8,))
+    result = verdict(combine_parallel, [a.spec((8,)), b.spec((8,))], [1, -1], (8,))
     assert isinstance(result, Refusal) and "differ" in result.reason and "[8, 6]" in result.reason
     x = _x(2, 8)
     assert torch_conv(x, a).shape != torch_conv(x, b).shape
 
 
 def test_avgpool_excluding_pads_is_refused():
-    result = avgpool_as_conv(2, [3, 3], [1, 1], [1, 1], [1, 1], False, False, (6, 6))
+    result = verdict(avgpool_as_conv, 2, [3, 3], [1, 1], [1, 1], [1, 1], False, False, (6, 6))
     assert isinstance(result, Refusal) and "count_include_pad=0" in result.reason
-    naive = avgpool_as_conv(2, [3, 3], [1, 1], [1, 1], [1, 1], True, False, (6, 6))
+    naive = verdict(avgpool_as_conv, 2, [3, 3], [1, 1], [1, 1], [1, 1], True, False, (6, 6))
     x = _x(2, 6, 6)
     assert differs(run_spec(x, naive), F.avg_pool2d(x, 3, 1, 1, count_include_pad=False))
 
 
 def test_avgpool_ceil_mode_adding_a_window_is_refused():
-    result = avgpool_as_conv(1, [2], [2], [0], [0], True, True, (7,))
+    result = verdict(avgpool_as_conv, 1, [2], [2], [0], [0], True, True, (7,))
     assert isinstance(result, Refusal) and "ceil_mode" in result.reason
-    assert isinstance(avgpool_as_conv(1, [2], [2], [0], [0], True, True, [None]), Refusal)
-    naive = avgpool_as_conv(1, [2], [2], [0], [0], True, False, (7,))
+    assert isinstance(verdict(avgpool_as_conv, 1, [2], [2], [0], [0], True, True, [None]), Refusal)
+    naive = verdict(avgpool_as_conv, 1, [2], [2], [0], [0], True, False, (7,))
     x = _x(1, 7)
     assert differs(run_spec(x, naive), F.avg_pool1d(x, 2, 2, ceil_mode=True))
 
 
 def test_shift_before_a_padded_conv_is_refused():
     conv = _conv((2, 2, 3), pads=[1, 1])
-    result = scale_shift_before(conv.spec(None), 1.0, np.array([0.5, -1.0]))
+    result = verdict(scale_shift_before, conv.spec(None), 1.0, np.array([0.5, -1.0]))
     assert isinstance(result, Refusal) and "padding" in result.reason
     unpadded = dataclasses.replace(conv.spec(None), pads_begin=(0,), pads_end=(0,))
-    shifted_weights = scale_shift_before(unpadded, 1.0, np.array([0.5, -1.0]))
+    shifted_weights = verdict(scale_shift_before, unpadded, 1.0, np.array([0.5, -1.0]))
     naive = dataclasses.replace(shifted_weights, pads_begin=(1,), pads_end=(1,))
     x = _x(2, 7)
     shifted = x + torch.tensor([0.5, -1.0]).view(1, 2, 1)
@@ -135,7 +135,7 @@ def test_shift_before_a_padded_conv_is_refused():
 
 def test_negative_pad_is_refused():
     conv = _conv((2, 2, 3), pads=[2, 2])
-    result = merge_zero_pad(conv.spec(None), [-1], [0])
+    result = verdict(merge_zero_pad, conv.spec(None), [-1], [0])
     assert isinstance(result, Refusal) and "negative" in result.reason
     naive = dataclasses.replace(conv.spec(None), pads_begin=(1,))
     x = _x(2, 8)
