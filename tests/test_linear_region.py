@@ -263,3 +263,29 @@ def test_random_regions_fold_exactly(drawn):
     result = rewritten(model)
     assert_same(model, result, (2, 3, width), rtol=1e-4)
     assert set(op_counts(result.model)) <= {"MatMul", "Add"} and op_counts(result.model)["MatMul"] == 1, result.skipped
+
+
+def test_an_unknown_last_dim_is_read_from_the_dense_weight():
+    """Llama's o_proj input is attn.reshape(*input_shape, -1): with batch and sequence dynamic,
+    shape inference leaves its last dim unknown; the MatMul by a [32, 12] weight says it is 32
+    (DoRA's region, W x read twice, as peft's o_proj exports by TorchScript)."""
+    model = parsed("""
+        heads (float[b, s, 4, 8] t) => (float[b, s, 12] y) {
+            sh = Shape(t)
+            lead = Slice(sh, zero, two)
+            target = Concat <axis = 0> (lead, minus_one)
+            x = Reshape(t, target)
+            h = MatMul(x, w)
+            g = Mul(h, c)
+            a = Add(h, g)
+            l = MatMul(x, down)
+            u = MatMul(l, up)
+            y = Add(a, u)
+        }""", {"zero": np.array([0]), "two": np.array([2]), "minus_one": np.array([-1]), "w": normal(32, 12),
+               "c": normal(12), "down": normal(32, 2), "up": normal(2, 12)})
+    x = next(value for value in model.graph.value_info if value.name == "x")
+    assert not x.type.tensor_type.shape.dim[2].HasField("dim_value")
+    result = rewritten(model)
+    assert op_counts(result.model)["MatMul"] == 1, result.skipped
+    feeds = {"t": RNG.standard_normal((2, 5, 4, 8)).astype(np.float32)}
+    np.testing.assert_allclose(run(result.model, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-5)

@@ -28,7 +28,7 @@ import numpy as np
 from .. import ir
 from ..algebra import Refusal
 from ..algebra.dense import Dense, FeatureAffine, LinearMap, add_maps, compose_maps
-from ..ir import constant_value
+from ..ir import attribute_or, constant_value
 from ..rewrite.pattern import AFFINE
 from ..rewrite.primitives import Rewrite, consumes, reach
 from .dense_chain import DENSE_OPS, dense_layout, emitted_dense, node_map
@@ -146,11 +146,24 @@ def _known(shape) -> bool:
     return all(isinstance(dim, int) or dim for dim in shape)
 
 
+def _features(x, nodes: list[ir.Node], opset: int) -> int:
+    """x's last dim: from its shape, or, where a reshape to `[*dims, -1]` left it unknown (a
+    dynamic batch and sequence), from the rows of a dense node's weight that reads x (a valid
+    MatMul of x by a [C, D] constant has C there)."""
+    if isinstance(x.shape[-1], int):
+        return x.shape[-1]
+    for node in nodes:
+        gemm = node.op == "Gemm"
+        if node.op in DENSE_OPS and node.inputs[0] is x and not (gemm and attribute_or(node, "transA", opset, 0)):
+            weight = constant_value(node.inputs[1])
+            if weight.ndim == 2:
+                return weight.shape[1] if gemm and attribute_or(node, "transB", opset, 0) else weight.shape[0]
+    raise Refusal(f"{x.name}: its last dim {x.shape[-1]} is not known")
+
+
 def _region_map(x, nodes: list[ir.Node], opset: int) -> Dense:
     """x M + c of the root, each node's map composed in graph order from x's identity."""
-    features = x.shape[-1]
-    if not isinstance(features, int):
-        raise Refusal(f"{x.name}: its last dim {features} is not known")
+    features = _features(x, nodes, opset)
     maps: dict[int, LinearMap] = {id(x): FeatureAffine(np.ones(features), np.zeros(features))}
     for node in nodes:
         try:
