@@ -16,14 +16,17 @@ A primitive is `f(match, context) -> Rewrite`, which raises `Refusal` to say no:
 Read constants with `constant_value` (an initializer and a Constant node's output alike; None
 for a run-time tensor), attributes with `attribute_or(node, name, opset, default)` (the ONNX
 schema's default when the node does not set it), an omitted optional input with `is_absent`.
-Build with the graph classes: `Node(op, name, attrs, inputs, outputs)`, `Variable(name, dtype,
-shape)`, `Constant(name, value)` (an array, a NumPy scalar or a number). Declare `@reach(n)`
+Build with `NodeBuilder(context, dtype, base)` as the built-in folds do (`node(op, inputs,
+attrs, shape=...)`, `constant(value, base)`, `conv(...)`; its `nodes` for the Rewrite), or
+with the graph classes it wraps: `Node(op, name, attrs, inputs, outputs)`, `Variable(name,
+dtype, shape)`, `Constant(name, value)` (an array, a NumPy scalar or a number). Declare `@reach(n)`
 when the primitive reads no further than n nodes beyond its match, and `@consumes(...)` what
 it reads of the pattern, so that `rules check` refuses a rule whose pattern it would misread.
 docs/rules.md, "The primitive API", has each name with an example.
 """
 
 from .algebra import Refusal
+from .folds.builder import NodeBuilder
 from .ir import (
     NOT_IN_SCHEMA,
     Constant,
@@ -45,6 +48,7 @@ __all__ = [
     "Match",
     "NOT_IN_SCHEMA",
     "Node",
+    "NodeBuilder",
     "Refusal",
     "Rewrite",
     "RewriteContext",

@@ -19,24 +19,15 @@ from ..algebra.batching import grouped_from_branches, pack_linear_heads, stack_c
 from ..ir import attribute_or, constant_value, is_absent
 from ..rewrite.primitives import Rewrite, accepts, consumes
 from .branch_groups import BranchGroup, Layout, Step, drop_units, find_branch_group, largest_compatible, view_of
+from .builder import NodeBuilder
 from .conv_chain import output_dtype
 
 
-class _Builder:
-    """New nodes with fresh names, in order."""
+class _Builder(NodeBuilder):
+    """The batching folds' nodes, named `batched...` unless said, with the stacked view."""
 
     def __init__(self, context, dtype):
-        self.context, self.dtype, self.nodes = context, dtype, []
-
-    def node(self, op, inputs, attrs=None, shape=None, dtype=None, base="batched"):
-        output = ir.Variable(self.context.fresh(base), dtype=dtype or self.dtype, shape=list(shape) if shape else None)
-        self.nodes.append(
-            ir.Node(op, self.context.fresh(base + "_" + op.lower()), dict(attrs or {}), list(inputs), [output])
-        )
-        return output
-
-    def const(self, value, base="batched_const", dtype=None):
-        return ir.Constant(self.context.fresh(base), np.asarray(value, dtype or self.dtype))
+        super().__init__(context, dtype, "batched")
 
     def view(self, value, layout: Layout, axis: int):
         """The stacked tensor `value` (laid out as `layout`) shaped as layout.view_shape(axis),
@@ -45,7 +36,7 @@ class _Builder:
         if tuple(layout.held or ()) == tuple(target):
             return value
         dims = [d if isinstance(d, int) else 0 for d in target]  # 0 copies a symbolic leading dim
-        shape = self.const(np.array(dims, np.int64), "batched_shape", np.int64)
+        shape = self.constant(np.array(dims, np.int64), "batched_shape", np.int64)
         return self.node("Reshape", [value, shape], shape=target, base="batched_view")
 
 
@@ -66,11 +57,11 @@ def batch_conv_heads(match, context) -> Rewrite:
     biases = [None if len(h.inputs) < 3 or is_absent(h.inputs[2]) else constant_value(h.inputs[2]) for h in heads]
     weight, bias = stack_conv_heads(weights, biases)
     build = _Builder(context, output_dtype(heads[0]))
-    inputs = [match.values["x"], build.const(weight, "stacked_weight")]
+    inputs = [match.values["x"], build.constant(weight, "stacked_weight")]
     if bias is not None:
-        inputs.append(build.const(bias, "stacked_bias"))
+        inputs.append(build.constant(bias, "stacked_bias"))
     held = view_of(shape, 1, len(heads))
-    value = build.node("Conv", inputs, heads[0].attrs, held, base="stacked_conv")
+    value = build.node("Conv", inputs, heads[0].attrs, shape=held, base="stacked_conv")
     return _batched(
         build,
         value,
@@ -116,21 +107,24 @@ def batch_gathered_linears(match, context) -> Rewrite:
     if indices != list(range(x.shape[1])):
         gathered = build.node(
             "Gather",
-            [x, build.const(np.array(indices, np.int64), "indices", np.int64)],
+            [x, build.constant(np.array(indices, np.int64), "indices", np.int64)],
             {"axis": 1},
-            (batch, n, x.shape[2]),
+            shape=(batch, n, x.shape[2]),
             base="gathered",
         )
     value = _contract(
         build,
         gathered,
-        build.const(weight, "packed_weight"),
+        build.constant(weight, "packed_weight"),
         (batch, n, weight.shape[2]),
         context.params.get("form", "matmul"),
     )
     if bias is not None:
         value = build.node(
-            "Add", [value, build.const(bias, "packed_bias")], shape=(batch, n, weight.shape[2]), base="packed_bias_add"
+            "Add",
+            [value, build.constant(bias, "packed_bias")],
+            shape=(batch, n, weight.shape[2]),
+            base="packed_bias_add",
         )
     shape = (batch, weight.shape[2])
     return _batched(
@@ -148,13 +142,13 @@ def _contract(build, rows, weight, shape, form: str):
     Runtime's CPU Einsum is a generic contraction, slower than its batched GEMM at every size
     measured (bench/RESULTS.md, "Measurements behind the code")."""
     if form == "einsum":
-        return build.node("Einsum", [rows, weight], {"equation": "bni,nio->bno"}, shape, base="einsum")
+        return build.node("Einsum", [rows, weight], {"equation": "bni,nio->bno"}, shape=shape, base="einsum")
     if form != "matmul":
         raise ValueError(f"form must be matmul or einsum, not {form!r}")
     batch, n, _ = shape
     by_class = build.node("Transpose", [rows], {"perm": [1, 0, 2]}, base="by_class")
     product = build.node("MatMul", [by_class, weight], shape=(n, batch, shape[2]), base="batched_matmul")
-    return build.node("Transpose", [product], {"perm": [1, 0, 2]}, shape, base="by_row")
+    return build.node("Transpose", [product], {"perm": [1, 0, 2]}, shape=shape, base="by_row")
 
 
 def _per_column(bias: np.ndarray, out_features: int) -> bool:
@@ -211,12 +205,9 @@ def _batched(build, value, start: Layout, ends, note, require_step=False) -> Rew
 def _split_back(build, view, group: BranchGroup, note: str, numbers: dict) -> Rewrite:
     """No join: one Split of the stacked tensor hands each branch end its slice."""
     layout = group.last
-    sizes = build.const(np.full(layout.count, layout.shape[group.axis], np.int64), "split_sizes", np.int64)
-    outputs = [
-        ir.Variable(build.context.fresh("branch"), dtype=build.dtype, shape=list(layout.shape)) for _ in group.ends
-    ]
-    build.nodes.append(
-        ir.Node("Split", build.context.fresh("batched_split"), {"axis": group.axis}, [view, sizes], outputs)
+    sizes = build.constant(np.full(layout.count, layout.shape[group.axis], np.int64), "split_sizes", np.int64)
+    outputs = build.node(
+        "Split", [view, sizes], {"axis": group.axis}, shape=layout.shape, outputs=len(group.ends), base="branch"
     )
     return Rewrite(
         build.nodes,
@@ -231,7 +222,7 @@ def _built_step(build, value, step: Step):
     first = step.readers[0]
     if step.kind == "unary":
         return build.node(
-            first.op, [value, *first.inputs[1:]], first.attrs, step.before.held, dtype=first.outputs[0].dtype
+            first.op, [value, *first.inputs[1:]], first.attrs, shape=step.before.held, dtype=first.outputs[0].dtype
         )
     if step.kind == "reshape":
         return value
@@ -239,7 +230,7 @@ def _built_step(build, value, step: Step):
     if step.kind == "binary":
         operand = _tiled(build, step) if step.tile else step.operand
         inputs = [operand, view] if step.operand_first else [view, operand]
-        return build.node(first.op, inputs, first.attrs, step.after.held)
+        return build.node(first.op, inputs, first.attrs, shape=step.after.held)
     if step.kind == "conv":
         weights = [constant_value(r.inputs[1]) for r in step.readers]
         biases = [
@@ -247,11 +238,11 @@ def _built_step(build, value, step: Step):
             for r in step.readers
         ]
         weight, bias, group = grouped_from_branches(weights, biases, int(first.attrs.get("group", 1)))
-        inputs = [view, build.const(weight, "grouped_weight")]
+        inputs = [view, build.constant(weight, "grouped_weight")]
         if bias is not None:
-            inputs.append(build.const(bias, "grouped_bias"))
-        return build.node("Conv", inputs, {**first.attrs, "group": group}, step.after.held, base="grouped_conv")
-    return build.node(first.op, [view, *first.inputs[1:]], first.attrs, step.after.held)  # reduce
+            inputs.append(build.constant(bias, "grouped_bias"))
+        return build.node("Conv", inputs, {**first.attrs, "group": group}, shape=step.after.held, base="grouped_conv")
+    return build.node(first.op, [view, *first.inputs[1:]], first.attrs, shape=step.after.held)  # reduce
 
 
 def _tiled(build, step: Step):
@@ -259,10 +250,10 @@ def _tiled(build, step: Step):
     layout, axis, operand = step.before, step.axis, step.operand
     rank, op_shape = len(layout.shape), tuple(operand.shape)
     aligned = (1,) * (rank - len(op_shape)) + op_shape
-    repeats = build.const(
+    repeats = build.constant(
         np.array([layout.count if i == axis else 1 for i in range(rank)], np.int64), "repeats", np.int64
     )
     if len(op_shape) != rank:
-        shape = build.const(np.array(aligned, np.int64), "shape", np.int64)
+        shape = build.constant(np.array(aligned, np.int64), "shape", np.int64)
         operand = build.node("Reshape", [operand, shape], shape=aligned, base="aligned")
     return build.node("Tile", [operand, repeats], shape=view_of(aligned, axis, layout.count), base="tiled")

@@ -16,8 +16,9 @@ from .. import ir
 from ..algebra import Refusal, scale_shift_onnx_weight
 from ..rewrite.pattern import AFFINE
 from ..rewrite.primitives import Rewrite, consumes, reach
+from .builder import NodeBuilder
 from .conv_chain import output_dtype
-from .convnodes import conv_attributes, conv_node, conv_weights
+from .convnodes import conv_attributes, conv_weights
 from .linear_nodes import channel_affine
 
 
@@ -33,7 +34,8 @@ def affine_into_concat_parts(match, context) -> Rewrite:
         raise Refusal(f"{root.name}: {root.op} is no per-channel map", reported=False)
     scale, shift = affine
     graph_outputs = {id(t) for t in context.graph.outputs}
-    parts, nodes, start = [], [], 0
+    build = NodeBuilder(context, output_dtype(root))
+    parts, start = [], 0
     for index, part in enumerate(concat.inputs):
         channels = part.shape[1] if part.shape is not None and len(part.shape) >= 3 else None
         if not isinstance(channels, int):
@@ -43,20 +45,19 @@ def affine_into_concat_parts(match, context) -> Rewrite:
         if np.all(slice_scale == 1.0) and not np.any(slice_shift):
             parts.append(part)
             continue
-        folded = _scaled_part(part, index, slice_scale, slice_shift, concat, graph_outputs, context)
-        nodes.append(folded)
-        parts.append(folded.outputs[0])
+        parts.append(_scaled_part(part, index, slice_scale, slice_shift, concat, graph_outputs, build))
     if start != scale.shape[0]:
         raise Refusal(f"{concat.name}: its parts have {start} channels, the map {scale.shape[0]}")
     output = root.outputs[0]
-    joined = ir.Variable(context.fresh(output.name), output_dtype(root), output.shape)
-    nodes.append(ir.Node("Concat", context.fresh(output.name + "_concat"), {"axis": 1}, parts, [joined]))
-    note = f"{root.op} after a Concat folded into the {len(nodes) - 1} Conv(s) of its parts"
-    return Rewrite(nodes, [(output, joined)], note)
+    convs = len(build.nodes)
+    joined = build.node("Concat", parts, {"axis": 1}, base=output.name, shape=output.shape)
+    note = f"{root.op} after a Concat folded into the {convs} Conv(s) of its parts"
+    return Rewrite(build.nodes, [(output, joined)], note)
 
 
-def _scaled_part(part, index: int, scale, shift, concat: ir.Node, graph_outputs: set[int], context):
-    """The Conv making `part`, with the map's slice folded in; or why it cannot be."""
+def _scaled_part(part, index: int, scale, shift, concat: ir.Node, graph_outputs: set[int], build: NodeBuilder):
+    """The output of a new Conv making `part` with the map's slice folded in (the Conv's
+    own dtype); or why it cannot be."""
     producer = part.inputs[0] if len(part.inputs) == 1 else None
     if producer is None or producer.op != "Conv":
         raise Refusal(f"{concat.name}: part {index} ({part.name}) is not made by a Conv")
@@ -65,5 +66,5 @@ def _scaled_part(part, index: int, scale, shift, concat: ir.Node, graph_outputs:
         raise Refusal(f"{concat.name}: part {index} ({part.name}) is also read elsewhere")
     weights = conv_weights(producer)
     weight, bias = scale_shift_onnx_weight(*weights, scale, shift)
-    attrs, dtype = conv_attributes(producer), output_dtype(producer)
-    return conv_node(context, producer.inputs[0], weight, bias, attrs, dtype, part.name, part.shape)[0]
+    weight, bias = (None if a is None else a.astype(output_dtype(producer)) for a in (weight, bias))
+    return build.conv(producer.inputs[0], weight, bias, conv_attributes(producer), base=part.name, shape=part.shape)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import ir
 from ..algebra import Refusal
 from ..rewrite.primitives import Rewrite, consumes, reach
+from .builder import NodeBuilder
 from .conv_chain import output_dtype
 
 
@@ -38,9 +38,9 @@ def flatten_concats(match, context) -> Rewrite:
     if not merged:
         raise Refusal("no input is a Concat on the same axis read only here", reported=False)
     output = root.outputs[0]
-    result = ir.Variable(context.fresh(output.name + "_flat"), dtype=output_dtype(root), shape=output.shape)
-    node = ir.Node("Concat", context.fresh(root.name + "_flat"), {"axis": axis}, flat, [result])
-    return Rewrite([node], [(output, result)], f"{merged} nested Concat(s) flattened")
+    build = NodeBuilder(context, output_dtype(root), output.name + "_flat")
+    result = build.node("Concat", flat, {"axis": axis}, shape=output.shape)
+    return Rewrite(build.nodes, [(output, result)], f"{merged} nested Concat(s) flattened")
 
 
 @reach(0)
@@ -53,10 +53,8 @@ def repeat_as_tile(match, context) -> Rewrite:
         raise Refusal("the repeated tensor's shape is unknown", reported=False)
     rank = len(shape)
     axis = root.attrs["axis"] % rank
-    repeats = ir.Constant(
-        context.fresh("repeats"), np.array([len(parts) if i == axis else 1 for i in range(rank)], np.int64)
-    )
     output = root.outputs[0]
-    result = ir.Variable(context.fresh(output.name + "_tiled"), dtype=output_dtype(root), shape=output.shape)
-    node = ir.Node("Tile", context.fresh(root.name + "_tile"), {}, [parts[0], repeats], [result])
-    return Rewrite([node], [(output, result)], f"a tensor concatenated with itself {len(parts)} times as a Tile")
+    build = NodeBuilder(context, output_dtype(root), output.name + "_tiled")
+    repeats = build.constant(np.array([len(parts) if i == axis else 1 for i in range(rank)], np.int64), "repeats")
+    result = build.node("Tile", [parts[0], repeats], shape=output.shape)
+    return Rewrite(build.nodes, [(output, result)], f"a tensor concatenated with itself {len(parts)} times as a Tile")

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import ir
 from ..algebra import DEFAULT_BORDER_LIMIT_BYTES, Refusal, apply_conv
 from ..ir import constant_value
 from ..rewrite.primitives import Rewrite, accepts, consumes, reach
+from .builder import NodeBuilder
 from .conv_chain import output_dtype
 from .linear_nodes import linear_spec
 
@@ -50,16 +50,14 @@ def linear_of_constant_map(match, context) -> Rewrite:
     if size > limit:
         raise Refusal(f"the map after {node.op} would take {size} bytes, over the limit of {limit}")
     moved = apply_conv(spec, value, with_bias=False)
-    dtype = output_dtype(node)
-    inner = ir.Variable(context.fresh(node.outputs[0].name + "_before_map"), dtype=dtype)
+    base = node.outputs[0].name
+    build = NodeBuilder(context, output_dtype(node))
     inputs = [t if tensor is add.outputs[0] else tensor for tensor in node.inputs]
-    moved_node = ir.Node(node.op, context.fresh(node.name + "_moved"), dict(node.attrs), inputs, [inner])
-    result = ir.Variable(context.fresh(node.outputs[0].name + "_plus_map"), dtype=dtype)
-    constant = ir.Constant(context.fresh(node.outputs[0].name + "_map"), np.asarray(moved, dtype))
-    plus = ir.Node("Add", context.fresh(node.name + "_map_add"), inputs=[inner, constant], outputs=[result])
+    inner = build.node(node.op, inputs, node.attrs, base=base + "_before_map")
+    result = build.node("Add", [inner, build.constant(moved, base + "_map")], base=base + "_plus_map")
     # The cost of the move is the Add's: over t before, over the (maybe larger) output after.
     return Rewrite(
-        [moved_node, plus],
+        build.nodes,
         [(node.outputs[0], result)],
         f"constant map moved past {node.op} ({size} bytes as float32)",
         float(value.size),
@@ -74,12 +72,6 @@ def merge_constant_adds(match, context) -> Rewrite:
     m1, m2 = (constant_value(match.values[name]).astype(np.float64) for name in ("m1", "m2"))
     total = m1 + m2
     output = match.root.outputs[0]
-    dtype = output_dtype(match.root)
-    result = ir.Variable(context.fresh(output.name + "_sum"), dtype=dtype)
-    node = ir.Node(
-        "Add",
-        context.fresh(match.root.name + "_merged"),
-        inputs=[match.values["t"], ir.Constant(context.fresh(output.name + "_summed_map"), np.asarray(total, dtype))],
-        outputs=[result],
-    )
-    return Rewrite([node], [(output, result)], "two constant Adds merged into one")
+    build = NodeBuilder(context, output_dtype(match.root), output.name + "_sum")
+    result = build.node("Add", [match.values["t"], build.constant(total, output.name + "_summed_map")])
+    return Rewrite(build.nodes, [(output, result)], "two constant Adds merged into one")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from .. import ir
-from ..algebra import Refusal, combine_parallel, concat_parallel, identity_conv
+from ..algebra import Refusal, combine_parallel, concat_parallel, conv_to_onnx, identity_conv
 from ..rewrite.primitives import Rewrite, accepts, consumes, reach
+from .builder import NodeBuilder
 from .conv_chain import output_dtype
-from .convnodes import make_conv, node_flops, output_elements, spatial_shape
+from .convnodes import node_flops, output_elements, spatial_shape
 from .linear_nodes import linear_spec
 
 
@@ -72,14 +72,12 @@ def _replace_root(match, context, merged, tensors, specs, note, activation=None)
     """The root's output from the merged Conv (and, for activated branches, the activation
     once after it); FLOPs of the branches (and their activations) against the new nodes'."""
     output, x = match.root.outputs[0], match.values["x"]
-    node, folded = make_conv(context, x, merged, output_dtype(match.root), output.name, output.shape)
-    before, after = _flops(tensors, x), node_flops(node, output.shape)
-    nodes = [node]
+    build = NodeBuilder(context, output_dtype(match.root))
+    folded = build.conv(x, *conv_to_onnx(merged), base=output.name, shape=output.shape)
+    before, after = _flops(tensors, x), node_flops(build.nodes[0], output.shape)
     if activation is not None:
-        activated = ir.Variable(context.fresh(output.name), output_dtype(match.root), output.shape)
-        name = context.fresh(output.name + "_act")
-        nodes.append(ir.Node(activation.op, name, dict(activation.attrs), [folded], [activated]))
-        folded, note = activated, note + f" and one {activation.op}"
+        folded = build.node(activation.op, [folded], activation.attrs, base=output.name + "_act", shape=output.shape)
+        note += f" and one {activation.op}"
         elements = output_elements(output.shape)
         before, after = (None, None) if None in (before, after, elements) else (before + elements, after + elements)
-    return Rewrite(nodes, [(output, folded)], note, before, after)
+    return Rewrite(build.nodes, [(output, folded)], note, before, after)

@@ -10,6 +10,7 @@ from ..algebra import (
     Composition,
     Refusal,
     compose,
+    conv_to_onnx,
     scale_shift_after,
     scale_shift_onnx_weight,
 )
@@ -18,7 +19,8 @@ from ..algebra.outline import composite_outline
 from ..ir import tensor_dtype
 from ..rewrite.pattern import LINEAR
 from ..rewrite.primitives import Rewrite, accepts, consumes, reach
-from .convnodes import conv_attributes, conv_node, conv_weights, make_conv, node_flops, spatial_shape
+from .builder import NodeBuilder
+from .convnodes import conv_attributes, conv_weights, node_flops, spatial_shape
 from .linear_nodes import channel_affine, composed_note, data_input, linear_spec
 
 
@@ -41,8 +43,9 @@ def compose_linear(match, context) -> Rewrite:
     note = composed_note(first.op, second.op)
     rescaled = _rescaled_conv(first, second, context.opset)
     if rescaled is not None:
-        node, _ = conv_node(context, x, *rescaled, output_dtype(second), output.name, output.shape)
-        return _rewrite(first, second, [node], note)
+        build = NodeBuilder(context, output_dtype(second))
+        build.conv(x, *rescaled, base=output.name, shape=output.shape)
+        return _rewrite(first, second, build.nodes, note)
     prospect = _prospect(first, second, x, note, context) if first.op == second.op == "Conv" else None
     return prospect if prospect is not None else _composed(first, second, x, note, context)
 
@@ -51,21 +54,15 @@ def _composed(first: ir.Node, second: ir.Node, x, note: str, context) -> Rewrite
     """The composite conv itself, and a border map where first's bias reads through second's padding."""
     output = second.outputs[0]
     composition = _composition(first, second, spatial_shape(x), context)
-    node, folded = make_conv(context, x, composition.spec, output_dtype(second), output.name, output.shape)
-    nodes, extra = [node], {}
+    build = NodeBuilder(context, output_dtype(second))
+    folded = build.conv(x, *conv_to_onnx(composition.spec), base=output.name, shape=output.shape)
+    extra = {}
     if composition.border is not None:
-        border = ir.Constant(
-            context.fresh(output.name + "_border"), composition.border[None].astype(output_dtype(second))
-        )
-        corrected = ir.Variable(
-            context.fresh(output.name + "_corrected"), dtype=output_dtype(second), shape=output.shape
-        )
-        nodes.append(
-            ir.Node("Add", context.fresh(output.name + "_border_add"), inputs=[folded, border], outputs=[corrected])
-        )
+        border = build.constant(composition.border[None], output.name + "_border")
+        build.node("Add", [folded, border], base=output.name + "_border", shape=output.shape)
         extra["border_map_bytes"] = int(composition.border.size * output_dtype(second).itemsize)
         note += f" plus a constant border map of {extra['border_map_bytes']} bytes"
-    return _rewrite(first, second, nodes, note, extra)
+    return _rewrite(first, second, build.nodes, note, extra)
 
 
 def _prospect(first: ir.Node, second: ir.Node, x, note: str, context) -> Rewrite | None:
@@ -92,22 +89,13 @@ def _prospect(first: ir.Node, second: ir.Node, x, note: str, context) -> Rewrite
         geometry[1],
     )
     dtype, output = output_dtype(second), second.outputs[0]
-    inputs = [
-        x,
-        ir.Constant(output.name + "_prospect_weight", np.broadcast_to(np.zeros((), dtype), outline.weight_shape)),
-    ]
+    zero = np.zeros((), dtype)  # broadcast: a stand-in weight of any size takes no memory
+    build = NodeBuilder(context, dtype, output.name + "_prospect")
+    inputs = [x, build.constant(np.broadcast_to(zero, outline.weight_shape), output.name + "_prospect_weight")]
     if weights[0][1] is not None or weights[1][1] is not None:
-        inputs.append(
-            ir.Constant(output.name + "_prospect_bias", np.broadcast_to(np.zeros((), dtype), outline.out_channels))
-        )
-    stand_in = ir.Node(
-        "Conv",
-        output.name + "_prospect",
-        {"group": outline.group},
-        inputs,
-        [ir.Variable(output.name + "_prospect", dtype=dtype, shape=output.shape)],
-    )
-    prospect = _rewrite(first, second, [stand_in], note)
+        inputs.append(build.constant(np.broadcast_to(zero, outline.out_channels), output.name + "_prospect_bias"))
+    build.node("Conv", inputs, {"group": outline.group}, shape=output.shape)
+    prospect = _rewrite(first, second, build.nodes, note)
     prospect.complete = lambda: _composed(first, second, x, note, context)
     return prospect
 

@@ -8,7 +8,8 @@ from ..algebra import Refusal, pointwise_after_transposed, scale_shift_transpose
 from ..ir import attribute_or, tensor_dtype
 from ..rewrite.pattern import LINEAR
 from ..rewrite.primitives import Rewrite, consumes, reach
-from .convnodes import all_finite, conv_attributes, conv_node, conv_weights
+from .builder import NodeBuilder
+from .convnodes import all_finite, conv_attributes, conv_weights
 from .linear_nodes import channel_affine, composed_note
 
 
@@ -54,7 +55,9 @@ def _rewrite(first: ir.Node, second: ir.Node, weight, bias, groups: int, context
     if not all_finite(weight, bias):
         raise Refusal(f"{second.name}: the folded weights overflow to inf or NaN")
     attrs = {**conv_attributes(first), "group": groups}
-    node, folded = conv_node(context, first.inputs[0], weight, bias, attrs, dtype, output.name, output.shape, first.op)
+    build = NodeBuilder(context, dtype)
+    folded = build.conv(first.inputs[0], weight, bias, attrs, base=output.name, shape=output.shape, op=first.op)
+    (node,) = build.nodes
     before = _flops(first, first.inputs[1].shape, second)
     after = _flops(node, weight.shape)
     note = composed_note(first.op, second.op).replace("one Conv", "one ConvTranspose")

@@ -44,33 +44,6 @@ def conv_spec(node: ir.Node) -> ConvSpec:
     return conv_from_onnx(*weights, conv_attributes(node), spatial_shape(node.inputs[0]))
 
 
-def make_conv(context, x, spec: ConvSpec, dtype: np.dtype, base: str, shape=None) -> tuple[ir.Node, ir.Variable]:
-    """A Conv node computing `spec` on x; weights cast back to the model's dtype. `shape` is
-    its output's, where the caller knows it (that of the tensor it stands in for)."""
-    return conv_node(context, x, *conv_to_onnx(spec), dtype, base, shape)
-
-
-def conv_node(
-    context,
-    x,
-    weight: np.ndarray,
-    bias: np.ndarray | None,
-    attrs: dict,
-    dtype: np.dtype,
-    base: str,
-    shape=None,
-    op: str = "Conv",
-) -> tuple[ir.Node, ir.Variable]:
-    """A Conv (or, with `op`, a ConvTranspose) node with these ONNX weight, bias (or None) and
-    attributes, as make_conv."""
-    inputs = [x, ir.Constant(context.fresh(base + "_weight"), weight.astype(dtype))]
-    if bias is not None:
-        inputs.append(ir.Constant(context.fresh(base + "_bias"), bias.astype(dtype)))
-    output = ir.Variable(context.fresh(base), dtype, shape)
-    node = ir.Node(op, context.fresh(f"{base}_{op.lower()}"), attrs, inputs, [output])
-    return node, output
-
-
 def node_flops(node: ir.Node, output_shape=None) -> float | None:
     """The node's count (flops.py: whole tensors, a symbolic batch as 1) from its output's
     shape, or `output_shape` for a new node that has none yet; None where a dim past the

@@ -31,6 +31,7 @@ from ..algebra.dense import (
 from ..ir import attribute_or, constant_value, is_absent
 from ..rewrite.pattern import AFFINE, DENSE
 from ..rewrite.primitives import Rewrite, accepts, consumes, reach
+from .builder import NodeBuilder
 from .convnodes import all_finite
 from .linear_nodes import ELEMENTWISE, data_input
 
@@ -255,34 +256,21 @@ def emitted_dense(
         x_shape = getattr(x, "shape", None)
         dense_shape = None if x_shape is None else [*x_shape[:-1], dense.weight.shape[1]]
         output = ir.Variable(output.name, dtype, dense_shape)
+    # each output has the replaced tensor's shape (no constant here broadcasts it); the float64
+    # weights are cast back to the model's dtype by the builder
+    build = NodeBuilder(context, dtype, output.name)
+    weight = np.ascontiguousarray(dense.weight.T if layout.as_gemm and layout.trans_b else dense.weight)
+    inputs = [x, build.constant(weight, output.name + "_weight")]
+    bias = None if dense.bias is None else build.constant(dense.bias, output.name + "_bias")
     if layout.as_gemm:
         attrs = {key: 1 for key, on in (("transA", layout.trans_a), ("transB", layout.trans_b)) if on}
-        inputs = [
-            x,
-            _constant(context, output.name + "_weight", dense.weight.T if layout.trans_b else dense.weight, dtype),
-        ]
-        if dense.bias is not None:
-            inputs.append(_constant(context, output.name + "_bias", dense.bias, dtype))
-        nodes = [_node(context, "Gemm", inputs, attrs, dtype, output)]
+        result = build.node("Gemm", inputs + ([bias] if bias is not None else []), attrs, shape=output.shape)
     else:
-        weight = _constant(context, output.name + "_weight", dense.weight, dtype)
-        nodes = [_node(context, "MatMul", [x, weight], {}, dtype, output)]
-        if dense.bias is not None:
-            bias = _constant(context, output.name + "_bias", dense.bias, dtype)
-            nodes.append(_node(context, "Add", [nodes[0].outputs[0], bias], {}, dtype, output))
+        result = build.node("MatMul", inputs, shape=output.shape)
+        if bias is not None:
+            result = build.node("Add", [result, bias], shape=output.shape)
     if final_shape is not None:
         output = root.outputs[0]
-        nodes.append(_node(context, "Reshape", [nodes[-1].outputs[0], final_shape], {}, dtype, output))
-    written = " + ".join(node.op for node in nodes)
-    return Rewrite(nodes, [(output, nodes[-1].outputs[0])], f"{note} {written}")
-
-
-def _constant(context, base: str, value: np.ndarray, dtype: np.dtype) -> ir.Constant:
-    """A folded float64 weight, cast back to the model's dtype."""
-    return ir.Constant(context.fresh(base), np.ascontiguousarray(value).astype(dtype))
-
-
-def _node(context, op: str, inputs: list, attrs: dict, dtype: np.dtype, output) -> ir.Node:
-    """A node whose output has the replaced tensor's shape (no constant here broadcasts it)."""
-    result = ir.Variable(context.fresh(output.name + "_" + op.lower()), dtype, output.shape)
-    return ir.Node(op, context.fresh(output.name + "_" + op.lower() + "_node"), attrs, inputs, [result])
+        result = build.node("Reshape", [result, final_shape], shape=output.shape)
+    written = " + ".join(node.op for node in build.nodes)
+    return Rewrite(build.nodes, [(output, result)], f"{note} {written}")

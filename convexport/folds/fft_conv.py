@@ -16,6 +16,7 @@ from ..algebra import Refusal, conv_to_onnx
 from ..algebra.fft_conv import plan_fft_conv
 from ..ir import constant_value
 from ..rewrite.primitives import Rewrite, accepts, consumes, reach
+from .builder import NodeBuilder
 from .convnodes import conv_spec, spatial_shape
 
 MICROSOFT = "com.microsoft"
@@ -71,33 +72,23 @@ def _known_shape(tensor) -> tuple[int, ...] | None:
     return None if value is None else value.shape
 
 
-class _Graph:
-    """Builds the FFT convolution's nodes; `nodes` is where the next node goes (the main graph,
-    or the body of a Scan while that is being built)."""
+class _Graph(NodeBuilder):
+    """Builds the FFT convolution's nodes (float32, named `fft...`); `nodes` is where the next
+    node goes (the main graph, or the body of a Scan while that is being built)."""
 
     def __init__(self, context, opset: int):
-        self.context, self.opset, self.nodes = context, opset, []
-
-    def node(self, op, inputs, attrs=None, outputs=1, base="fft", domain=None):
-        made = [ir.Variable(self.context.fresh(base), dtype=np.float32) for _ in range(outputs)]
-        node = ir.Node(op, self.context.fresh(base + "_" + op.lower()), dict(attrs or {}), list(inputs), made)
-        if domain:
-            node.domain = domain
-        self.nodes.append(node)
-        return made[0] if outputs == 1 else made
-
-    def const(self, value, base="fft_const"):
-        return ir.Constant(self.context.fresh(base), np.asarray(value))
+        super().__init__(context, np.float32, "fft")
+        self.opset = opset
 
     def ints(self, values, base="fft_ints"):
-        return self.const(np.asarray(values, np.int64), base)
+        return self.constant(np.asarray(values, np.int64), base)
 
     def dft(self, x, axis, inverse=False, onesided=False, length=None):
         """DFT along `axis` (DFT-17 below opset 20, DFT-20 from it)."""
         attrs = {"inverse": int(inverse), "onesided": int(onesided)}
-        length_input = self.const(np.array(length, np.int64), "fft_length") if length else ir.Variable.empty()
+        length_input = self.constant(np.array(length, np.int64), "fft_length") if length else ir.Variable.empty()
         if self.opset >= 20:
-            return self.node("DFT", [x, length_input, self.const(np.array(axis, np.int64), "fft_axis")], attrs)
+            return self.node("DFT", [x, length_input, self.constant(np.array(axis, np.int64), "fft_axis")], attrs)
         inputs = [x, length_input] if length else [x]
         return self.node("DFT", inputs, {**attrs, "axis": axis})
 
@@ -117,13 +108,13 @@ class _Graph:
         output channel ([1, 1, *N', 2]) instead of all of them ([B, O, *N', 2]); they are freed
         before the next ones are made."""
         kernel = plan.spectrum[..., None]  # [O, I, *N', 1] complex
-        k_real = self.const(kernel.real.astype(np.float32), "fft_kernel_real")
-        k_imag = self.const(kernel.imag.astype(np.float32), "fft_kernel_imag")
+        k_real = self.constant(kernel.real.astype(np.float32), "fft_kernel_real")
+        k_imag = self.constant(kernel.imag.astype(np.float32), "fft_kernel_imag")
         image = ir.Variable(self.context.fresh("fft_image"), np.float32, [spec.in_channels, *spatial_shape(x)])
         body = self._body([image], lambda one: self._one_image(one, k_real, k_imag, kernel.shape[1:], plan, spec))
         result = self.node("Scan", [x], {"body": body, "num_scan_inputs": 1})  # [B, O, *out]
         if spec.has_bias and np.any(spec.bias):
-            bias = self.const(spec.bias.reshape(1, -1, *[1] * spec.nd).astype(np.float32), "fft_bias")
+            bias = self.constant(spec.bias.reshape(1, -1, *[1] * spec.nd).astype(np.float32), "fft_bias")
             result = self.node("Add", [result, bias])
         return result
 
@@ -138,8 +129,8 @@ class _Graph:
         half = (*plan.sizes[:-1], plan.half)
         frequencies = int(np.prod(half))
         kernel = plan.spectrum.reshape(spec.out_channels, spec.in_channels, frequencies)
-        k_real = self.const(kernel.real.astype(np.float32), "fft_kernel_real")
-        k_imag = self.const(kernel.imag.astype(np.float32), "fft_kernel_imag")
+        k_real = self.constant(kernel.real.astype(np.float32), "fft_kernel_real")
+        k_imag = self.constant(kernel.imag.astype(np.float32), "fft_kernel_imag")
         end = {
             2 + i: size - length - a
             for i, (size, length, a) in enumerate(zip(plan.sizes, spatial_shape(x), spec.pads_begin))
@@ -148,7 +139,7 @@ class _Graph:
         ms = {"signal_ndim": nd, "onesided": 1, "normalized": 0}
         spectrum = self.node("Rfft", [padded], ms, domain=MICROSOFT)  # [B, I, *N', 2]
         flat = self.node("Reshape", [spectrum, self.ints([0, 1, spec.in_channels, frequencies, 2])])
-        x_real, x_imag = (self.node("Gather", [flat, self.const(np.array(i, np.int64))], {"axis": -1}) for i in (0, 1))
+        x_real, x_imag = (self.node("Gather", [flat, self.ints(i)], {"axis": -1}) for i in (0, 1))
         summed = self.ints([2])
 
         def product(a, b):  # [B, 1, I, F] * [O, I, F] -> [B, O, 1, F]: broadcast products summed over I
@@ -168,7 +159,7 @@ class _Graph:
             "Slice", [signal, self.ints([0] * nd), self.ints(ends), self.ints(axes), self.ints(list(plan.strides))]
         )
         if spec.has_bias and np.any(spec.bias):
-            bias = self.const(spec.bias.reshape(1, -1, *[1] * nd).astype(np.float32), "fft_bias")
+            bias = self.constant(spec.bias.reshape(1, -1, *[1] * nd).astype(np.float32), "fft_bias")
             result = self.node("Add", [result, bias])
         return result
 

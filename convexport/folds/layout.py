@@ -21,6 +21,7 @@ from .. import ir
 from ..algebra import Refusal
 from ..ir import attribute_or, constant_value
 from ..rewrite.primitives import Rewrite, consumes, reach
+from .builder import NodeBuilder
 from .cleanup import forwarded, slice_parameters
 
 
@@ -71,15 +72,15 @@ def merge_reshapes(match, context) -> Rewrite:
     allowzero = int(attribute_or(root, "allowzero", context.opset, 0))
     entries = [int(entry) for entry in np.asarray(target).reshape(-1)]
     shape_input = root.inputs[1]
+    build = NodeBuilder(context, output.dtype, output.name)
     if not allowzero and 0 in entries:
         written = _copies_written(entries, h.shape, x.shape, output.shape)
         if written is None:
             raise Refusal(f"{root.name}: its shape copies a dim (0) of its input that x does not have there")
-        shape_input = ir.Constant(context.fresh(output.name + "_shape"), np.array(written, np.int64))
-    result = ir.Variable(context.fresh(output.name), output.dtype, output.shape)
+        shape_input = build.constant(np.array(written, np.int64), output.name + "_shape")
     attributes = {"allowzero": allowzero} if allowzero else {}  # a 0 in s2 stays an empty dim
-    node = ir.Node("Reshape", context.fresh(root.name), attributes, [x, shape_input], [result])
-    return Rewrite([node], [(output, result)], "Reshape of a Reshape is one Reshape")
+    result = build.node("Reshape", [x, shape_input], attributes, shape=output.shape)
+    return Rewrite(build.nodes, [(output, result)], "Reshape of a Reshape is one Reshape")
 
 
 def _copies_written(entries: list[int], copied, data, result) -> list[int] | None:
@@ -125,9 +126,9 @@ def merge_transposes(match, context) -> Rewrite:
     x, output = match.values["x"], root.outputs[0]
     if composed == sorted(composed):
         return forwarded(root, x, "Transpose of a Transpose that puts the axes back forwards its input")
-    result = ir.Variable(context.fresh(output.name), output.dtype, output.shape)
-    node = ir.Node("Transpose", context.fresh(root.name), {"perm": composed}, [x], [result])
-    return Rewrite([node], [(output, result)], "Transpose of a Transpose is one Transpose")
+    build = NodeBuilder(context, output.dtype, output.name)
+    result = build.node("Transpose", [x], {"perm": composed}, shape=output.shape)
+    return Rewrite(build.nodes, [(output, result)], "Transpose of a Transpose is one Transpose")
 
 
 @reach(0)
@@ -165,11 +166,11 @@ def slices_as_split(match, context) -> Rewrite:
         raise Refusal(f"the Slices of {x.name} do not cut axis {axis} into consecutive parts", reported=False)
     if any(end <= start for start, end, _ in cuts):
         raise Refusal(f"a Slice of {x.name} is empty", reported=False)
-    sizes = ir.Constant(context.fresh(x.name + "_split_sizes"), np.array([e - s for s, e, _ in cuts], np.int64))
+    build = NodeBuilder(context, base=x.name)
+    sizes = build.constant(np.array([e - s for s, e, _ in cuts], np.int64), x.name + "_split_sizes")
     outputs = [part.outputs[0] for _, _, part in cuts]
-    parts = [ir.Variable(context.fresh(out.name), out.dtype, out.shape) for out in outputs]
-    split = ir.Node("Split", context.fresh(x.name + "_split"), {"axis": axis}, [x, sizes], parts)
-    return Rewrite([split], list(zip(outputs, parts)), f"{len(cuts)} Slices of one axis as one Split")
+    parts = build.node("Split", [x, sizes], {"axis": axis}, outputs=outputs)
+    return Rewrite(build.nodes, list(zip(outputs, parts)), f"{len(cuts)} Slices of one axis as one Split")
 
 
 def _one_axis_bounds(node: ir.Node, shape) -> tuple[int, int, int] | None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 
 from .. import flops
-from ..algebra import Refusal
+from ..algebra import Refusal, conv_to_onnx
 from ..algebra.separable import rank_at_least, split_separable
 from ..ir import constant_value
 from ..rewrite.primitives import Rewrite, consumes, reach
+from .builder import NodeBuilder
 from .conv_chain import output_dtype
-from .convnodes import conv_flops, conv_spec, make_conv, node_flops, spatial_shape
+from .convnodes import conv_flops, conv_spec, node_flops, spatial_shape
 
 
 @reach(0)
@@ -43,11 +44,12 @@ def conv_as_separable(match, context) -> Rewrite:
     if before is None:
         raise Refusal("the input's spatial shape is unknown")
     dtype = output_dtype(conv)
-    tall, between = make_conv(context, x, split.tall, dtype, output.name + "_tall")
-    wide, result = make_conv(context, between, split.wide, dtype, output.name + "_wide", output.shape)
+    build = NodeBuilder(context, dtype)
+    between = build.conv(x, *conv_to_onnx(split.tall), base=output.name + "_tall")
+    result = build.conv(between, *conv_to_onnx(split.wide), base=output.name + "_wide", shape=output.shape)
     after = conv_flops(split.tall, [*output.shape[:3], spatial[1]]) + conv_flops(split.wide, output.shape)
     return Rewrite(
-        [tall, wide],
+        build.nodes,
         [(output, result)],
         f"{'x'.join(map(str, spec.kernel_shape))} kernel of rank {split.rank} split into "
         f"{spec.kernel_shape[0]}x1 and 1x{spec.kernel_shape[1]} convs",

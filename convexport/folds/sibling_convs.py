@@ -19,8 +19,9 @@ from ..algebra.batching import stack_conv_heads
 from ..ir import constant_value, is_absent
 from ..rewrite.primitives import Rewrite, consumes
 from .branch_groups import largest_compatible
+from .builder import NodeBuilder
 from .conv_chain import output_dtype
-from .convnodes import conv_attributes, conv_node, node_flops
+from .convnodes import conv_attributes, node_flops
 
 
 @consumes("heads", "x", heads={"Conv"})
@@ -42,13 +43,14 @@ def merge_sibling_convs(match, context) -> Rewrite:
     dtype = output_dtype(heads[0])
     base = x.name + "_siblings"
     stacked_shape = [*shapes[0][:1], int(weight.shape[0]), *shapes[0][2:]]
-    conv, stacked = conv_node(context, x, weight, bias, conv_attributes(heads[0]), dtype, base, stacked_shape)
-    sizes = ir.Constant(context.fresh(base + "_sizes"), np.array([s[1] for s in shapes], np.int64))
-    parts = [ir.Variable(context.fresh(h.outputs[0].name), dtype, h.outputs[0].shape) for h in heads]
-    split = ir.Node("Split", context.fresh(base + "_split"), {"axis": 1}, [stacked, sizes], parts)
+    build = NodeBuilder(context, dtype)
+    stacked = build.conv(x, weight, bias, conv_attributes(heads[0]), base=base, shape=stacked_shape)
+    sizes = build.constant(np.array([s[1] for s in shapes], np.int64), base + "_sizes")
+    parts = build.node("Split", [stacked, sizes], {"axis": 1}, base=base, outputs=[h.outputs[0] for h in heads])
+    conv = build.nodes[0]
     before = [node_flops(h) for h in heads]
     return Rewrite(
-        [conv, split],
+        build.nodes,
         [(h.outputs[0], part) for h, part in zip(heads, parts)],
         f"{len(heads)} sibling Convs ({'/'.join(str(s[1]) for s in shapes)} wide) as one Conv and a Split",
         None if None in before else sum(before),

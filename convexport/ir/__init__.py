@@ -1,10 +1,10 @@
 """The one place that touches ONNX protos and graph objects.
 
 The rewrite stage works on an onnx-graphsurgeon graph, imported once and exported once
-(convert.py); everything else reads and writes ModelProtos. Build nodes and tensors with the
-graph classes themselves (`ir.Node(op, name, attrs, inputs, outputs)`, `ir.Variable(name,
-dtype, shape)`, `ir.Constant(name, array)`): a node joins its inputs' readers and its
-outputs' producers as it is made.
+(convert.py); everything else reads and writes ModelProtos. The graph classes are
+`ir.Node(op, name, attrs, inputs, outputs)`, `ir.Variable(name, dtype, shape)`,
+`ir.Constant(name, array)`: a node joins its inputs' readers and its outputs' producers as it
+is made. The folds build through one builder over them, convexport.folds.builder.NodeBuilder.
 
     convert.py   ModelProto <-> Graph; a few nodes as a model of their own
     query.py     constant values, attributes with schema defaults, dtypes, the opset
