@@ -40,6 +40,15 @@ def returns_refusal(match, context):
     return Refusal("no")
 
 
+def identity_by_builder(match, context):
+    from convexport.primitive import NodeBuilder
+
+    out = match.root.outputs[0]
+    build = NodeBuilder(context, out.dtype, out.name)
+    result = build.node("Identity", [match.values["x"]], shape=out.shape)
+    return Rewrite(build.nodes, [(out, result)], "double negation as an Identity")
+
+
 def refuses(match, context):
     from convexport.primitive import Refusal
 
@@ -130,3 +139,12 @@ def test_a_plugin_says_no_by_raising_refusal(tmp_path):
     result = convexport.optimize(double_negation_model(), rules=[path], write=False, profile=False,
                                  builtin_rules=False)
     assert [entry["reason"] for entry in result.report["skipped"]] == ["the user's reason"]
+
+
+def test_a_plugin_builds_with_the_builtin_builder(tmp_path):
+    path = rule_file(tmp_path, "my_primitives.py:identity_by_builder")
+    model = double_negation_model()
+    outcome = rewrite_model(model, parse_rule_file(path, set(builtin_primitives())), builtin_primitives(), "all")
+    assert op_counts(outcome.model) == {"Relu": 1, "Identity": 1}
+    feeds = {"x": np.array([-1, 0, 2], np.float32)}
+    np.testing.assert_array_equal(run(outcome.model, feeds)[0], run(model, feeds)[0])
