@@ -166,10 +166,17 @@ def _reshape_map(node: ir.Node) -> FeatureAffine:
     a BatchNorm1d, then reshapes back): every per-feature map commutes with it, so within the
     chain it is the identity; the chain's end must then have the dense output's shape
     (fold_dense_chain checks)."""
-    before, after = getattr(node.inputs[0], "shape", None), node.outputs[0].shape
-    if before is None or after is None or not isinstance(before[-1], int) or before[-1] != after[-1]:
+    if not keeps_last_axis(node):
         raise Refusal(f"{node.name}: a {node.op} that does not keep the last axis")
-    return FeatureAffine(np.ones(before[-1]), np.zeros(before[-1]))
+    features = node.outputs[0].shape[-1]
+    return FeatureAffine(np.ones(features), np.zeros(features))
+
+
+def keeps_last_axis(node: ir.Node) -> bool:
+    """A Reshape or Flatten whose input and output end in one known dim: it moves no feature
+    between rows (the last axis stays whole), so every row keeps its features."""
+    before, after = getattr(node.inputs[0], "shape", None), node.outputs[0].shape
+    return bool(before) and bool(after) and isinstance(before[-1], int) and before[-1] == after[-1]
 
 
 def _affine_of(node: ir.Node, opset: int) -> FeatureAffine:

@@ -31,7 +31,7 @@ from ..algebra.dense import Dense, FeatureAffine, LinearMap, add_maps, compose_m
 from ..ir import attribute_or, constant_value
 from ..rewrite.pattern import AFFINE
 from ..rewrite.primitives import Rewrite, consumes, reach
-from .dense_chain import DENSE_OPS, dense_layout, emitted_dense, node_map
+from .dense_chain import DENSE_OPS, dense_layout, emitted_dense, keeps_last_axis, node_map
 from .linear_nodes import data_input
 
 MAX_DEPTH = 24  # nodes in a region: DoRA's has 9, GPT-2's LoRA on Conv1D 6; a bound on the walk per sum
@@ -46,8 +46,7 @@ def fold_linear_region(match, context) -> Rewrite:
     root = match.root
     if not _is_sum(root):
         raise Refusal(f"{root.name}: an {root.op} of a constant is no sum of two branches", reported=False)
-    region = _region(root, context.graph.outputs)
-    x, nodes = region
+    x, nodes = _region(root, context.graph.outputs)
     if not any(node.op in DENSE_OPS for node in nodes):
         raise Refusal("no Gemm or MatMul in the region", reported=False)
     _check_rows(x, root, nodes)
@@ -55,7 +54,7 @@ def fold_linear_region(match, context) -> Rewrite:
     layout = dense_layout(x, readers, nodes, len(nodes), context.opset)
     dense = _region_map(x, nodes, context.opset)
     _check_cost(nodes, dense)
-    sums = sum(node.op in SUMS and _is_sum(node) for node in nodes)
+    sums = sum(map(_is_sum, nodes))
     note = f"a linear region of {len(nodes)} nodes ({sums} sums) folded into one"
     return emitted_dense(context, x, dense, layout, root, note)
 
@@ -114,17 +113,10 @@ def _is_region_op(node: ir.Node) -> bool:
     if node.op in DENSE_OPS:
         return constant_value(node.inputs[1]) is not None and constant_value(node.inputs[0]) is None
     if node.op in ("Reshape", "Flatten"):
-        return _keeps_last_axis(node)
+        return keeps_last_axis(node)
     if _is_sum(node):
         return True
     return node.op in AFFINE and any(constant_value(value) is not None for value in node.inputs)
-
-
-def _keeps_last_axis(node: ir.Node) -> bool:
-    """A Reshape or Flatten whose input and output end in one known dim: it moves no feature
-    between rows (x's last axis stays whole), so every row keeps its features."""
-    before, after = getattr(node.inputs[0], "shape", None), node.outputs[0].shape
-    return bool(before) and bool(after) and isinstance(before[-1], int) and before[-1] == after[-1]
 
 
 def _check_rows(x, root: ir.Node, nodes: list[ir.Node]) -> None:
