@@ -124,6 +124,9 @@ def print_optimize_summary(report: dict, console: Console) -> None:
         console.print(f"profile: skipped: {report['profile_skipped']}", markup=False)
     if profile and profile.get("speedup"):
         console.print(speed_line(profile))
+    cold = first_run_line(profile) if profile else None
+    if cold:
+        console.print(cold, markup=False)
     if profile and profile.get("memory_regression"):
         console.print(f"[red]peak memory up {profile['memory_ratio'] - 1:.0%}[/red] (regression)")
     if report.get("size_regression"):
@@ -236,6 +239,22 @@ def speed_line(profile: dict) -> str:
         return f"speed: no measurable change ({profile['speedup']:.2f}x, {noise}) on {profile['provider']}"
     colour = "green" if profile["speedup"] > 1 else "red"
     return f"speedup: [{colour}]{profile['speedup']:.2f}x[/{colour}] ({noise}) on {profile['provider']}"
+
+
+# A first run this long is worth a line: a deployment pays it in every new session (on CUDA,
+# cuDNN sets up each convolution: mobileone_s0 on an H100 10.1 s before convexport, 1.6 s after).
+FIRST_RUN_NOTE_S = 0.5
+
+
+def first_run_line(profile: dict) -> str | None:
+    """The first run's time before -> after where either is long (see FIRST_RUN_NOTE_S)."""
+    first = [profile.get(side, {}).get("phases_s", {}).get("first_run") for side in ("before", "after")]
+    if None in first or max(first) < FIRST_RUN_NOTE_S:
+        return None
+    return (
+        f"first run: {first[0]:.1f} s -> {first[1]:.1f} s (one-off work each new session pays before its "
+        "runs settle; the latency above leaves it out)"
+    )
 
 
 def size(count: int) -> str:

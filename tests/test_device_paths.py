@@ -55,7 +55,9 @@ def test_the_optimized_graph_is_also_validated_on_the_device(on_fake_cuda):
     assert on_device["passed"] and on_device["provider"] == "CUDAExecutionProvider" and on_device["tf32"] is False
     assert set(on_device["tf32_effect"]) == {"y"}
     cuda_sessions = [(device, tf32) for device, tf32, _ in made if device == "cuda"]
-    assert cuda_sessions.count(("cuda", False)) == 3 and cuda_sessions.count(("cuda", True)) == 1  # TF32 on once
+    # original and optimized with TF32 off, then the optimized with TF32 on, once: TF32's effect
+    # is read against the TF32-off session's outputs (each CUDA session's first run builds cuDNN's plans)
+    assert cuda_sessions == [("cuda", False), ("cuda", False), ("cuda", True)]
     assert ("cpu", False, "the optimized graph") in made  # the CPU check stays the reference
 
 

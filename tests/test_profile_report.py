@@ -8,6 +8,7 @@ import time
 import onnx
 import onnx.parser
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 import convexport
@@ -15,6 +16,7 @@ from convexport.cli import app
 from convexport.export import graph_input_specs
 from convexport import profile
 from convexport.profile import profile_models
+from convexport.report import print_optimize_summary
 from convexport.report_html import render
 
 
@@ -104,6 +106,49 @@ def test_a_first_run_longer_than_the_warm_up_budget_does_not_size_the_runs(monke
     assert measured["runs"] >= 100 and measured["m"]["warmup_runs"] >= 1 + 2 * profile.WARM_WINDOW
 
 
+class ProfiledSession:
+    """A session whose runs take `profiled` seconds while ORT's profiler is on (until
+    end_profiling) and `plain` seconds after; its first run takes `first` (the search). Each run
+    makes one Conv kernel event as long as the run, in microseconds as ORT writes them."""
+
+    def __init__(self, folder, first: float, profiled: float, plain: float):
+        self.folder, self.first, self.profiled, self.plain = folder, first, profiled, plain
+        self.events, self.profiling, self.clock = [], True, 0
+
+    def run(self):
+        pause = self.first if not self.events else self.profiled if self.profiling else self.plain
+        if self.profiling:
+            self.events.append({"cat": "Session", "name": "model_run", "ts": self.clock, "dur": pause * 1e6})
+            self.events.append({"cat": "Node", "name": "c_kernel_time", "ts": self.clock + 1, "dur": pause * 1e6 - 2,
+                                "args": {"op_name": "Conv"}})
+            self.clock += int(pause * 1e6) + 10
+        SlowStart(slow=0, first=0, then=pause)()
+
+    def end_profiling(self):
+        self.profiling = False
+        path = self.folder / "events.json"
+        path.write_text(json.dumps(self.events))
+        return str(path)
+
+
+def test_no_warm_up_or_timed_run_carries_the_profiler(monkeypatch, tmp_path):
+    """The per-op pass follows the first run and profiling ends before the warm-up: the settled
+    time that sizes the runs, and the latency, are the unprofiled run time (before: mobileone's
+    warm-up on an H200 settled at its profiled 10.2 ms, not its 3.9 ms), and the per-op times
+    leave out the first run's search and the lead runs."""
+    session = ProfiledSession(tmp_path, first=0.05, profiled=0.004, plain=0.001)
+    monkeypatch.setattr(profile, "create_session", lambda model, device, profile_path=None, what="": session)
+    monkeypatch.setattr(profile, "session_runner", lambda session, feeds, device: session.run)
+    monkeypatch.setattr(profile, "TIME_BUDGET_S", 0.2)
+    model = onnx.parser.parse_model("<ir_version: 10, opset_import: [\"\" : 18]> g (float[1] x) => (float[1] y) { y = Relu(x) }")
+    result = profile.profile_models({"m": model}, [], "cpu", memory=False)
+    measured = result["m"]
+    assert result["runs"] >= 150  # 0.2 s of 1 ms runs (50 when sized from the profiled 4 ms)
+    assert measured["latency_ms"]["median"] < 2.5 and measured["op_time_ms"]["Conv"] == pytest.approx(4, rel=0.01)
+    assert measured["profiled_run_ms"] == pytest.approx(4, rel=0.01) and not measured["op_times_trusted"]
+    assert measured["phases_s"]["first_run"] >= 0.05
+
+
 def ort_events(run_windows, kernels):
     """A profiler's events: model_run (start, duration) per run, and (op, start, duration) kernels."""
     events = [{"cat": "Session", "name": "model_run", "ts": start, "dur": length} for start, length in run_windows]
@@ -131,6 +176,18 @@ def test_per_op_times_of_a_real_profile_sum_to_its_latency(optimized):
     entry = optimized.report["profile"]["after"]
     assert entry["op_time_coverage"] > 0 and entry["op_times_trusted"] == (abs(entry["op_time_coverage"] - 1) <= 0.2)
     assert optimized.report["profile"]["provider_options"] == {}
+
+
+@pytest.mark.parametrize("before, after, shown", [(10.1, 1.6, True), (0.01, 0.6, True), (0.3, 0.2, False)])
+def test_a_long_first_run_is_told_before_and_after(optimized, before, after, shown):
+    """mobileone_s0 on an H100: its first run took 10.1 s (cuDNN sets up each of its convolutions),
+    1.6 s after convexport; every session a deployment opens pays it."""
+    report = json.loads(json.dumps(optimized.report))
+    report["profile"]["before"]["phases_s"]["first_run"] = before
+    report["profile"]["after"]["phases_s"]["first_run"] = after
+    console = Console(record=True, width=300)
+    print_optimize_summary(report, console)
+    assert (f"first run: {before:.1f} s -> {after:.1f} s" in console.export_text()) is shown
 
 
 def test_untrusted_per_op_times_are_not_charted(optimized):
