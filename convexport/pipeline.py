@@ -207,6 +207,9 @@ def _optimize(model, options: OptimizeOptions) -> OptimizeResult:
 
     say("exporting")
     exported = export_model(loaded, specs, options.opset, options.dynamic_batch, options.freeze_input_defaults)
+    # the loaded model's weights live on in the exported models; its own copy is not needed any
+    # more (where shape inference gave a new model, a large one's weights were held twice)
+    loaded.onnx_model = loaded.program = None
     say("rewriting")
     folded = ir.fold_to_fixed_point(exported.model, loaded.source)  # the rules see constants as constants
     primitives = builtin_primitives()

@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 
 from .errors import ConvexportError
-from .exact_check import ExactReference, exact_reference, judge
+from .exact_check import ExactReference, exact_reference, judge, release_cycles
 from .float64 import Float64Evaluator, Float64Unavailable
 from .inputs import InputSpec, dynamic_dims_note, random_inputs, with_overrides
 from .runtime import MissingKernel, RunFailure, checked_run, create_session
@@ -237,14 +237,50 @@ def compare_models(
     of the two sessions whether its convolutions and matrix products may round their inputs
     to TF32 (10-bit mantissas)."""
     tolerances.check_outputs([out.name for out in reference.graph.output], labels[0])
-    ref_session = _evaluator(reference, labels[0], device, tf32[0])
-    cand_session = _evaluator(candidate, labels[1], device, tf32[1])
-    names = [out.name for out in ref_session.get_outputs()]
     result = ValidationResult(True, runs + len(extra_feeds), tolerances, inputs=[str(spec) for spec in inputs])
-    missing = [name for name in names if name not in {o.name for o in cand_session.get_outputs()}]
-    if missing:
-        result.passed, result.problem = False, f"candidate lacks output(s) {', '.join(missing)}"
+    # One session at a time: the reference's outputs on every input set are computed and its
+    # session released before the candidate's opens (a session holds the model's weights: two
+    # at once doubled validation's peak memory on large models).
+    names, all_feeds, expected_runs = _reference_runs(
+        reference, inputs, runs, seed, extra_feeds, labels[0], device, tf32[0]
+    )
+    if exact is True:
+        exact = exact_reference(reference, all_feeds, graph_stats(candidate)["flops"], exact_budget_s)
+    if exact:
+        result.reference = "float64" if exact.available(0) else "float32"
+        result.reference_note, result.exact = exact.note, exact
+    actual_runs, problem = _candidate_runs(candidate, names, all_feeds, labels[1], device, tf32[1])
+    if problem is not None:
+        result.passed, result.problem = False, problem
         return result
+    result.sample = (all_feeds[0], actual_runs[0]) if all_feeds else None
+    candidate64 = _float64_or_none(candidate) if exact and exact.candidate_too else None
+    for index, (feeds, expected, actual) in enumerate(zip(all_feeds, expected_runs, actual_runs)):
+        float64_run = candidate64.run(feeds) if candidate64 is not None and exact.available(index) else None
+        for position, (name, ref, cand) in enumerate(zip(names, expected, actual)):
+            if ref.shape != cand.shape:
+                result.passed = False
+                result.problem = f"output {name!r}: shape {cand.shape} instead of {ref.shape}"
+                return result
+            if exact and exact.available(index):
+                exact_values = dict(zip(names, exact.outputs[index]))[name]
+                candidate_float64 = float64_run[position] if float64_run is not None else None
+                error = compare_exactly(ref, cand, exact_values, candidate_float64, tolerances, name)
+            else:
+                error = compare_arrays(ref, cand, *tolerances.for_output(name, _dtype_name(ref)))
+            result.outputs[name] = result.outputs[name].merge(error) if name in result.outputs else error
+    if candidate64 is not None:
+        del candidate64
+        release_cycles()
+    result.passed = all(error.mismatches == 0 for error in result.outputs.values())
+    return result
+
+
+def _reference_runs(reference, inputs, runs, seed, extra_feeds, label, device, tf32):
+    """The reference's output names, the input sets (`runs` made up, then `extra_feeds`) and
+    its outputs on each; its session is gone when this returns."""
+    session = _evaluator(reference, label, device, tf32)
+    names = [out.name for out in session.get_outputs()]
     # run r gives dynamic dims the size r + 1, so a graph that only works at one size fails
     try:
         made_up = [random_inputs(inputs, seed + run, dynamic_size=run + 1) for run in range(runs)]
@@ -252,43 +288,31 @@ def compare_models(
         raise NoMadeUpInputs(str(exc)) from None
     hint = dynamic_dims_note(inputs, f"take the sizes 1 to {runs}")
     all_feeds = made_up + list(extra_feeds)
-    if exact is True:
-        exact = exact_reference(reference, all_feeds, graph_stats(candidate)["flops"], exact_budget_s)
-    candidate64 = _float64_or_none(candidate) if exact and exact.candidate_too else None
-    if exact:
-        result.reference = "float64" if exact.available(0) else "float32"
-        result.reference_note, result.exact = exact.note, exact
+    outputs = []
     for index, feeds in enumerate(all_feeds):
         is_made_up = index < runs  # the rest are the caller's own arrays: no dims to fix
         try:
-            expected = checked_run(
-                lambda feeds=feeds: ref_session.run(names, feeds), feeds, labels[0], hint if is_made_up else ""
+            outputs.append(
+                checked_run(lambda feeds=feeds: session.run(names, feeds), feeds, label, hint if is_made_up else "")
             )
         except RunFailure as exc:
             if is_made_up:
                 raise NoMadeUpInputs(str(exc)) from exc
             raise
-        try:
-            actual = checked_run(lambda feeds=feeds: cand_session.run(names, feeds), feeds, labels[1])
-        except RunFailure as exc:  # the reference runs on these inputs: the candidate is wrong
-            result.passed, result.problem = False, str(exc)
-            return result
-        if index == 0:
-            result.sample = (feeds, actual)
-        for name, ref, cand in zip(names, expected, actual):
-            if ref.shape != cand.shape:
-                result.passed = False
-                result.problem = f"output {name!r}: shape {cand.shape} instead of {ref.shape}"
-                return result
-            if exact and exact.available(index):
-                exact_values = dict(zip(names, exact.outputs[index]))[name]
-                float64_run = candidate64.run(feeds)[names.index(name)] if candidate64 is not None else None
-                error = compare_exactly(ref, cand, exact_values, float64_run, tolerances, name)
-            else:
-                error = compare_arrays(ref, cand, *tolerances.for_output(name, _dtype_name(ref)))
-            result.outputs[name] = result.outputs[name].merge(error) if name in result.outputs else error
-    result.passed = all(error.mismatches == 0 for error in result.outputs.values())
-    return result
+    return names, all_feeds, outputs
+
+
+def _candidate_runs(candidate, names, all_feeds, label, device, tf32) -> tuple[list, str | None]:
+    """The candidate's outputs on each input set, or why it fails where the reference runs (a
+    missing output, a failed run: the candidate is wrong); its session is gone when this returns."""
+    session = _evaluator(candidate, label, device, tf32)
+    missing = [name for name in names if name not in {o.name for o in session.get_outputs()}]
+    if missing:
+        return [], f"candidate lacks output(s) {', '.join(missing)}"
+    try:
+        return [checked_run(lambda feeds=feeds: session.run(names, feeds), feeds, label) for feeds in all_feeds], None
+    except RunFailure as exc:
+        return [], str(exc)
 
 
 class _ReferenceSession:

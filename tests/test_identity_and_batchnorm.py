@@ -141,7 +141,7 @@ def with_identities(model: onnx.ModelProto, rng) -> onnx.ModelProto:
     for node in inserted:
         nodes.insert(int(rng.integers(0, len(nodes) + 1)), node)
     outputs = list(graph.output)
-    if rng.random() < 0.3:
+    if graph.initializer and rng.random() < 0.3:   # (a random graph of Relus alone has no weights)
         nodes.append(helper.make_node("Identity", [graph.initializer[0].name], ["also_out"], name="out_id"))
         outputs.append(tensor("also_out", None))
     return make_model(nodes, list(graph.input), outputs,

@@ -191,13 +191,27 @@ def _as_dense(linear: LinearMap) -> Dense:
     return Dense(np.diag(linear.scale), linear.shift if np.any(linear.shift) else None)
 
 
+def _signed_sum(arrays: Sequence[np.ndarray], signs: Sequence[float]) -> np.ndarray:
+    """sum_i sign_i a_i in one new array (signs of +-1 add or subtract in place: a sum of
+    4096 x 4096 weights scaled each by its sign first took 2 s on a 1 GiB LoRA/BN MLP)."""
+    total = np.multiply(arrays[0], signs[0], dtype=np.float64)
+    for sign, array in zip(signs[1:], arrays[1:]):
+        if sign == 1:
+            total += array
+        elif sign == -1:
+            total -= array
+        else:
+            total += sign * array
+    return total
+
+
 def sum_dense(terms: Sequence[Dense], signs: Sequence[float]) -> Dense:
     """sum_i sign_i (x W_i + b_i) = x (sum_i sign_i W_i) + sum_i sign_i b_i, all W_i [C, D];
     refused where the shapes differ (the sum would broadcast)."""
     shapes = {term.weight.shape for term in terms}
     if len(shapes) != 1:
         raise Refusal(f"the terms' weights differ in shape ({sorted(shapes)}): their sum broadcasts", reported=False)
-    weight = sum(sign * term.weight for sign, term in zip(signs, terms))
+    weight = _signed_sum([term.weight for term in terms], signs)
     biases = [(sign, term.bias) for sign, term in zip(signs, terms) if term.bias is not None]
     bias = sum(sign * b for sign, b in biases) if biases else None
     return Dense(weight, bias)

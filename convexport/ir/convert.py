@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.logger import G_LOGGER
 
 from .naming import name_nodes
 from .provenance import Provenance
-from .scopes import all_graphs
+from .scopes import all_graphs, proto_scopes
 
 # onnx-graphsurgeon warns (on stderr, several lines) whenever a bfloat16 constant is read as
 # float32, which is exact; convexport keeps stderr for its one-line messages.
@@ -21,11 +24,10 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
     """The model's graph, every node named (reports name nodes), its overridable initializers
     kept as the graph inputs they are (see below), and, as `graph.provenance`, what the model
     says of its nodes, values and scopes that gs does not keep (provenance.py: export_graph
-    puts it back). The graph owns a copy of the model: gs's exporter renames an imported
-    initializer's proto in place, which must never reach the caller's model."""
-    own = onnx.ModelProto()
-    own.CopyFrom(model)
-    graph = gs.import_onnx(own)
+    puts it back). The graph's initializers read the model's own protos until a rewrite needs
+    their values (no copy of the weights: a 1 GiB model's took 2.4 s and 1 GiB); export_graph
+    gives a renamed one a proto of its own first (see _owned_if_renamed)."""
+    graph = gs.import_onnx(model)
     _inputs_with_defaults_stay_inputs(graph, model)
     given = [[node.name for node in scope.nodes] for scope in all_graphs(graph)]
     name_nodes(graph)
@@ -69,7 +71,15 @@ def export_graph(graph: gs.Graph, template: onnx.ModelProto) -> onnx.ModelProto:
     """gs.Graph -> ModelProto with the template's IR version, opsets, producer, doc and
     metadata, the template's initializers for the inputs that have one, and the provenance
     import_graph recorded put back on its nodes, values and scopes."""
-    model = gs.export_onnx(graph, do_type_check=False, opset_imports=_opset_imports(graph, template))
+    for scope in all_graphs(graph):
+        for tensor in scope.tensors().values():
+            _owned_if_renamed(tensor)
+        for node in scope.nodes:  # a Constant node's value, an attribute holding a tensor
+            for value in node.attrs.values():
+                _owned_if_renamed(value)
+    with _weights_held_back(graph) as held_back:
+        model = gs.export_onnx(graph, do_type_check=False, opset_imports=_opset_imports(graph, template))
+        _write_held_back(model, held_back)
     input_names = {t.name for t in graph.inputs}
     model.graph.initializer.extend(init for init in overridable_initializers(template) if init.name in input_names)
     model.ir_version = template.ir_version
@@ -82,6 +92,56 @@ def export_graph(graph: gs.Graph, template: onnx.ModelProto) -> onnx.ModelProto:
     if provenance is not None:
         provenance.restore(model)
     return model
+
+
+# An array this large is written into the exported model's proto directly (_weights_held_back)
+HELD_BACK_BYTES = 1 << 20
+
+
+@contextlib.contextmanager
+def _weights_held_back(graph: gs.Graph):
+    """Large array-valued constants exported with an empty placeholder, their arrays kept by
+    name for _write_held_back, and given back to the graph after: gs's exporter makes every
+    initializer a proto of its own and the model then copies them all in (two copies of the
+    new weights at once: 2 GiB at the peak of a 1 GiB model's rewrite); written into the
+    model's protos one by one, a weight is copied once, beside one tensor's bytes."""
+    held: dict[str, np.ndarray] = {}
+    tensors = [t for scope in all_graphs(graph) for t in scope.tensors().values() if isinstance(t, gs.Constant)]
+    for tensor in tensors:
+        values = tensor._values  # (an unread initializer's LazyValues: exported from its proto, no copy)
+        if isinstance(values, np.ndarray) and values.nbytes >= HELD_BACK_BYTES and tensor.export_dtype == values.dtype:
+            held[tensor.name] = values
+            tensor.values = np.empty(0, values.dtype)
+    try:
+        yield held
+    finally:
+        for tensor in tensors:
+            if tensor.name in held:
+                tensor.values = held[tensor.name]
+
+
+def _write_held_back(model: onnx.ModelProto, held: dict[str, np.ndarray]) -> None:
+    for scope in proto_scopes(model.graph):
+        for initializer in scope.initializer:
+            values = held.get(initializer.name)
+            if values is not None:
+                del initializer.dims[:]
+                initializer.dims.extend(values.shape)
+                initializer.raw_data = np.ascontiguousarray(values).tobytes()
+
+
+def _owned_if_renamed(tensor: gs.Tensor) -> None:
+    """gs's exporter gives a constant whose values were never read the imported proto itself,
+    its name set in place to the tensor's: a renamed one, or an attribute's unnamed tensor
+    (setting "" marks the field set), gets a copy of its proto first, so that the model
+    import_graph read never changes."""
+    values = getattr(tensor, "_values", None)  # gs keeps unread values as LazyValues over the proto
+    if not isinstance(values, gs.ir.tensor.LazyValues) or not isinstance(values.tensor, onnx.TensorProto):
+        return
+    if values.tensor.name != tensor.name or not values.tensor.HasField("name"):
+        own = onnx.TensorProto()
+        own.CopyFrom(values.tensor)
+        tensor._values = gs.ir.tensor.LazyValues(own)
 
 
 def _opset_imports(graph: gs.Graph, template: onnx.ModelProto) -> list[onnx.OperatorSetIdProto]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 from dataclasses import dataclass, field, replace
 
 import onnx
@@ -32,6 +33,10 @@ from .rulefile import Rule
 from .runtime_fusions import RuntimeFusions
 
 MAX_PASSES = 32
+# 256 MiB of float32 weights (a collection takes 46 ms on a 1 GiB LoRA/BN MLP: after every
+# 4096 x 4096 fold, 2.2 s in all): see _Run.release_replaced
+COLLECT_AFTER_ELEMENTS = 64 << 20
+COLLECT_WEIGHT_BYTES = 64 << 20  # a model this large gets the collections of _weighty
 STRATEGIES = ("all", "cost", "measure")
 STRATEGY_ALIASES = {"exact": "all"}  # its old name: every strategy applies only exact rewrites
 
@@ -76,6 +81,24 @@ class _Run:
     explained: dict[str, dict[str, str]] = field(default_factory=dict)  # rule -> anchor -> its last verdict
     folded: int = 0  # nodes of constants computed between passes (_fold_constant_nodes)
     provenance: ir.Provenance | None = None  # the main graph's (import_graph): made nodes derive from replaced ones
+    weights_made: int = 0  # elements of the constants rewrites made since the collector last ran
+
+    def release_replaced(self, rewrite: Rewrite) -> None:
+        """Free the weights of the nodes rewrites replaced once the elements of those made (by
+        their shapes: a constant not yet read stays unread) since the last time reach
+        COLLECT_AFTER_ELEMENTS: the replaced weights are garbage, but in cycles (a gs
+        tensor's reader lists point back to it), which only Python's collector frees, and
+        large arrays do not make it run (a 0.25 GiB LoRA/BN MLP held 1.2 GiB of replaced
+        weights at the rewrite stage's peak; issue 34)."""
+        self.weights_made += sum(
+            math.prod(tensor.shape)
+            for node in rewrite.nodes
+            for tensor in node.inputs
+            if isinstance(tensor, ir.Constant)
+        )
+        if self.weights_made >= COLLECT_AFTER_ELEMENTS:
+            gc.collect()
+            self.weights_made = 0
 
     def explaining(self, rule: Rule, anchor, verdict: str) -> None:
         if rule.name in self.explain:
@@ -104,7 +127,19 @@ def rewrite_model(
     (the root op's nodes), what happened there last: the pattern line or condition that
     failed, the primitive's or the decision's refusal, or the rewrite."""
     with _collector_paused():
-        return _rewrite(model, rules, primitives, strategy, source, limit, device, decided, frozenset(explain))
+        outcome = _rewrite(model, rules, primitives, strategy, source, limit, device, decided, frozenset(explain))
+    if _weighty(model):
+        # the graph is garbage now, in cycles that hold every weight a rewrite read (a 1 GiB
+        # LoRA/BN MLP: 1 GiB held through validation until the collector happened to run)
+        gc.collect()
+    return outcome
+
+
+def _weighty(model: onnx.ModelProto) -> bool:
+    """Whether the model's weights are worth a collection of their own (a full collection
+    takes tens of milliseconds where torch is loaded: after every rewrite of every model, the
+    test suite's thousands of small rewrites took minutes longer)."""
+    return ir.weight_bytes(model) >= COLLECT_WEIGHT_BYTES
 
 
 @contextlib.contextmanager
@@ -113,7 +148,8 @@ def _collector_paused():
     allocates a few objects per node and tensor, each allocation counts toward the next
     collection, and a full collection walks every object of the process (torch's included).
     The graph's node <-> tensor cycles wait for the next collection after the rewrite, as they
-    would have waited for the next full one anyway."""
+    would have waited for the next full one anyway; large replaced weights are collected as
+    they pile up (_Run.release_replaced)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -154,6 +190,8 @@ def _rewrite(model, rules, primitives, strategy, source, limit, device, decided,
     current, still_there, invalid = model, list(state.skipped.values()), None
     if changed_at_all:
         graph = ir.cleaned_up(graph)
+        if _weighty(model):
+            gc.collect()  # the replaced weights release_replaced has not collected yet, before the copy
         current = ir.export_graph(graph, model)
         if not ir.fully_shaped(current):  # else its value_info already holds all inference would give
             try:
@@ -241,6 +279,7 @@ def _run_scope(graph: ir.Graph, rules: list[Rule], base: RewriteContext, state: 
             state.explaining(rule, anchor, f"rewritten: {verdict.note}")
             state.provenance.derive(verdict.nodes, covered, rule.name)
             _apply(graph, verdict, base.fresh, state.changes, members)
+            state.release_replaced(verdict)
             state.created.extend(verdict.nodes)
             changed = True
             matcher.graph_outputs = set(map(id, graph.outputs))
