@@ -29,13 +29,13 @@ validation compares float32 runs with rtol/atol as before), and the report says 
 
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
+from . import heap
 from .float64 import Float64Evaluator, Float64Unavailable
 
 FACTOR = 4.0
@@ -50,13 +50,6 @@ FLOAT64_BUDGET_S = 2.0
 FLOAT64_FLOPS_PER_S = 2e9
 FIRST_RUN_OVER_BUDGET = 4
 FLOAT64_WEIGHT_BYTES = 512 << 20
-
-
-def release_cycles() -> None:
-    """Free what a float64 evaluator held now: ONNX's reference evaluator and its ops refer to
-    each other, so its float64 weights (twice the model's) outlived it until the collector's
-    next pass, beside the next session's (0.25 GiB of weights: 1.25 GiB held on)."""
-    gc.collect()
 
 
 @dataclass
@@ -101,7 +94,7 @@ def exact_reference(
     except Float64Unavailable as exc:
         return ExactReference(none, note=f"unavailable: {exc}")
     finally:
-        release_cycles()
+        heap.release_after(model)  # the float64 evaluator's ops refer back to it: its weights (2x) in a cycle
     ran = sum(value is not None for value in outputs)
     per_run = (time.perf_counter() - began) / ran
     candidate_too = candidate_flops is not None and ran * per_run * candidate_flops / flops < budget_s

@@ -24,7 +24,7 @@ except ImportError as missing:  # an install that skipped it, or one of the two 
         "ONNX Runtime is not importable: pip install onnxruntime-gpu (Linux x86-64, Windows) or onnxruntime "
         f"(macOS, Linux aarch64), only one of the two ({missing})"
     ) from missing
-from .ir import needs_external_data, save_with_external_data
+from .ir import needs_external_data, save_with_external_data, weight_bytes
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -163,7 +163,7 @@ def create_session(
     try:
         if isinstance(model, str):
             return ort.InferenceSession(model, options, providers=providers)
-        if needs_external_data(model):
+        if needs_external_data(model) or weight_bytes(model) >= SESSION_FROM_FILES_BYTES:
             return _session_from_files(model, options, providers)
         return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
     except Exception as exc:
@@ -222,8 +222,14 @@ def checked_run(call, feeds: dict, what: str, hint: str = ""):
         raise RunFailure(f"ONNX Runtime cannot run {what} on {shapes}: {ort_reason(exc)}{hint}") from exc
 
 
+# Weights from this size on reach ONNX Runtime as files with external data, not as serialised
+# bytes: the bytes, ORT's parse of them and its tensors held three copies at once (a 1.0 GiB
+# conv model just under the 1 GiB of external-data outputs peaked at 5.2x its weights).
+SESSION_FROM_FILES_BYTES = 256 << 20
+
+
 def _session_from_files(model: onnx.ModelProto, options, providers) -> ort.InferenceSession:
-    """A model too large to serialise, saved with external data to a temporary folder that
+    """A large model saved with external data to a temporary folder that
     lives as long as the session (ONNX Runtime may map the data file)."""
     folder = tempfile.TemporaryDirectory(prefix="convexport-")
     path = os.path.join(folder.name, "model.onnx")

@@ -29,8 +29,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from . import heap
 from .errors import ConvexportError
-from .exact_check import ExactReference, exact_reference, judge, release_cycles
+from .exact_check import ExactReference, exact_reference, judge
 from .float64 import Float64Evaluator, Float64Unavailable
 from .inputs import InputSpec, dynamic_dims_note, random_inputs, with_overrides
 from .runtime import MissingKernel, RunFailure, checked_run, create_session
@@ -244,6 +245,7 @@ def compare_models(
     names, all_feeds, expected_runs = _reference_runs(
         reference, inputs, runs, seed, extra_feeds, labels[0], device, tf32[0]
     )
+    heap.release_after(reference)  # its session, before the float64 evaluator's or the candidate's
     if exact is True:
         exact = exact_reference(reference, all_feeds, graph_stats(candidate)["flops"], exact_budget_s)
     if exact:
@@ -271,7 +273,7 @@ def compare_models(
             result.outputs[name] = result.outputs[name].merge(error) if name in result.outputs else error
     if candidate64 is not None:
         del candidate64
-        release_cycles()
+        heap.release_after(candidate)
     result.passed = all(error.mismatches == 0 for error in result.outputs.values())
     return result
 

@@ -111,7 +111,7 @@ def test_the_rewrite_frees_the_weights_it_replaced(monkeypatch):
     """The weights a fold read and replaced are garbage in cycles (gs tensors and their reader
     lists): collected as they pile up and when the rewrite ends, not held through validation."""
     monkeypatch.setattr("convexport.rewrite.engine.COLLECT_AFTER_ELEMENTS", 1)
-    monkeypatch.setattr("convexport.rewrite.engine.COLLECT_WEIGHT_BYTES", 1000)
+    monkeypatch.setattr("convexport.heap.LARGE_BYTES", 1000)
     loaded = []
     load = gs.ir.tensor.LazyValues.load
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 import onnx
 
-from .. import ir
+from .. import heap, ir
 from ..algebra import Refusal
 from ..errors import ConvexportError, first_line
 from .changes import ChangeLog
@@ -36,7 +36,6 @@ MAX_PASSES = 32
 # 256 MiB of float32 weights (a collection takes 46 ms on a 1 GiB LoRA/BN MLP: after every
 # 4096 x 4096 fold, 2.2 s in all): see _Run.release_replaced
 COLLECT_AFTER_ELEMENTS = 64 << 20
-COLLECT_WEIGHT_BYTES = 64 << 20  # a model this large gets the collections of _weighty
 STRATEGIES = ("all", "cost", "measure")
 STRATEGY_ALIASES = {"exact": "all"}  # its old name: every strategy applies only exact rewrites
 
@@ -128,18 +127,10 @@ def rewrite_model(
     failed, the primitive's or the decision's refusal, or the rewrite."""
     with _collector_paused():
         outcome = _rewrite(model, rules, primitives, strategy, source, limit, device, decided, frozenset(explain))
-    if _weighty(model):
-        # the graph is garbage now, in cycles that hold every weight a rewrite read (a 1 GiB
-        # LoRA/BN MLP: 1 GiB held through validation until the collector happened to run)
-        gc.collect()
+    # the graph is garbage now, in cycles that hold every weight a rewrite read (a 1 GiB
+    # LoRA/BN MLP: 1 GiB held through validation until the collector happened to run)
+    heap.release_after(model)
     return outcome
-
-
-def _weighty(model: onnx.ModelProto) -> bool:
-    """Whether the model's weights are worth a collection of their own (a full collection
-    takes tens of milliseconds where torch is loaded: after every rewrite of every model, the
-    test suite's thousands of small rewrites took minutes longer)."""
-    return ir.weight_bytes(model) >= COLLECT_WEIGHT_BYTES
 
 
 @contextlib.contextmanager
@@ -190,8 +181,7 @@ def _rewrite(model, rules, primitives, strategy, source, limit, device, decided,
     current, still_there, invalid = model, list(state.skipped.values()), None
     if changed_at_all:
         graph = ir.cleaned_up(graph)
-        if _weighty(model):
-            gc.collect()  # the replaced weights release_replaced has not collected yet, before the copy
+        heap.release_after(model)  # the replaced weights release_replaced has not collected yet, before the copy
         current = ir.export_graph(graph, model)
         if not ir.fully_shaped(current):  # else its value_info already holds all inference would give
             try:
