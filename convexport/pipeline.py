@@ -472,17 +472,13 @@ class Stages:
 _CHECKER_ERRORS = (onnx.checker.ValidationError, onnx.shape_inference.InferenceError)
 
 
-CHECKER_MAX_BYTES = 256 << 20  # see _checker_problem
-
-
 def _checker_problem(original: onnx.ModelProto, rewritten: onnx.ModelProto) -> str | None:
     """Why onnx.checker's full check (types and shapes included) refuses the rewritten model
     where it accepts the original, or None: no rewrite may turn a valid model invalid, whether
-    or not it is validated by running it. A model of CHECKER_MAX_BYTES of weights or more is
-    checked by ONNX Runtime's loading instead, when validated or not (_load_problem): protobuf
-    cannot hand one over 2 GiB to the checker whole, and the checker serialises the model (a
-    1 GiB conv model: 4.5 s and a copy of its weights)."""
-    if rewritten is original or needs_external_data(rewritten) or ir.weight_bytes(rewritten) >= CHECKER_MAX_BYTES:
+    or not it is validated by running it. A model kept from serialisation (ir.large: over 2 GiB
+    protobuf cannot hand it to the checker whole; from 256 MiB the checker's copy costs
+    seconds) is checked by ONNX Runtime's loading instead, when validated or not (_load_problem)."""
+    if rewritten is original or ir.kept_from_serialisation(rewritten):
         return None
     try:
         onnx.checker.check_model(rewritten, full_check=True)

@@ -24,7 +24,7 @@ except ImportError as missing:  # an install that skipped it, or one of the two 
         "ONNX Runtime is not importable: pip install onnxruntime-gpu (Linux x86-64, Windows) or onnxruntime "
         f"(macOS, Linux aarch64), only one of the two ({missing})"
     ) from missing
-from .ir import needs_external_data, save_with_external_data, weight_bytes
+from .ir import kept_from_serialisation, save_with_external_data
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -163,7 +163,7 @@ def create_session(
     try:
         if isinstance(model, str):
             return ort.InferenceSession(model, options, providers=providers)
-        if needs_external_data(model) or weight_bytes(model) >= SESSION_FROM_FILES_BYTES:
+        if kept_from_serialisation(model):
             return _session_from_files(model, options, providers)
         return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
     except Exception as exc:
@@ -220,12 +220,6 @@ def checked_run(call, feeds: dict, what: str, hint: str = ""):
             f"{name}:{'x'.join(map(str, value.shape)) or 'scalar'}:{value.dtype}" for name, value in feeds.items()
         )
         raise RunFailure(f"ONNX Runtime cannot run {what} on {shapes}: {ort_reason(exc)}{hint}") from exc
-
-
-# Weights from this size on reach ONNX Runtime as files with external data, not as serialised
-# bytes: the bytes, ORT's parse of them and its tensors held three copies at once (a 1.0 GiB
-# conv model just under the 1 GiB of external-data outputs peaked at 5.2x its weights).
-SESSION_FROM_FILES_BYTES = 256 << 20
 
 
 def _session_from_files(model: onnx.ModelProto, options, providers) -> ort.InferenceSession:

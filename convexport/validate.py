@@ -223,7 +223,6 @@ def compare_models(
     extra_feeds: list[dict] = (),
     labels: tuple[str, str] = ("the reference model", "the candidate"),
     device: str = "cpu",
-    tf32: tuple[bool, bool] = (False, False),
     exact: ExactReference | bool = True,
     exact_budget_s: float | None = None,
 ) -> ValidationResult:
@@ -234,24 +233,21 @@ def compare_models(
     else with the tolerances; explicit tolerances (--rtol/--atol) bound the candidate against
     the reference's own run besides. The reference failing to run is a RunFailure (the inputs
     do not suit the model); the candidate failing where the reference runs fails the
-    validation. `labels` name the two models in those messages. On CUDA, `tf32` says for each
-    of the two sessions whether its convolutions and matrix products may round their inputs
-    to TF32 (10-bit mantissas)."""
+    validation. `labels` name the two models in those messages. On CUDA both run with TF32 off
+    (tf32_effect measures it on its own)."""
     tolerances.check_outputs([out.name for out in reference.graph.output], labels[0])
     result = ValidationResult(True, runs + len(extra_feeds), tolerances, inputs=[str(spec) for spec in inputs])
     # One session at a time: the reference's outputs on every input set are computed and its
     # session released before the candidate's opens (a session holds the model's weights: two
     # at once doubled validation's peak memory on large models).
-    names, all_feeds, expected_runs = _reference_runs(
-        reference, inputs, runs, seed, extra_feeds, labels[0], device, tf32[0]
-    )
+    names, all_feeds, expected_runs = _reference_runs(reference, inputs, runs, seed, extra_feeds, labels[0], device)
     heap.release_after(reference)  # its session, before the float64 evaluator's or the candidate's
     if exact is True:
         exact = exact_reference(reference, all_feeds, graph_stats(candidate)["flops"], exact_budget_s)
     if exact:
         result.reference = "float64" if exact.available(0) else "float32"
         result.reference_note, result.exact = exact.note, exact
-    actual_runs, problem = _candidate_runs(candidate, names, all_feeds, labels[1], device, tf32[1])
+    actual_runs, problem = _candidate_runs(candidate, names, all_feeds, labels[1], device)
     if problem is not None:
         result.passed, result.problem = False, problem
         return result
@@ -278,10 +274,10 @@ def compare_models(
     return result
 
 
-def _reference_runs(reference, inputs, runs, seed, extra_feeds, label, device, tf32):
+def _reference_runs(reference, inputs, runs, seed, extra_feeds, label, device):
     """The reference's output names, the input sets (`runs` made up, then `extra_feeds`) and
     its outputs on each; its session is gone when this returns."""
-    session = _evaluator(reference, label, device, tf32)
+    session = _evaluator(reference, label, device)
     names = [out.name for out in session.get_outputs()]
     # run r gives dynamic dims the size r + 1, so a graph that only works at one size fails
     try:
@@ -304,10 +300,10 @@ def _reference_runs(reference, inputs, runs, seed, extra_feeds, label, device, t
     return names, all_feeds, outputs
 
 
-def _candidate_runs(candidate, names, all_feeds, label, device, tf32) -> tuple[list, str | None]:
+def _candidate_runs(candidate, names, all_feeds, label, device) -> tuple[list, str | None]:
     """The candidate's outputs on each input set, or why it fails where the reference runs (a
     missing output, a failed run: the candidate is wrong); its session is gone when this returns."""
-    session = _evaluator(candidate, label, device, tf32)
+    session = _evaluator(candidate, label, device)
     missing = [name for name in names if name not in {o.name for o in session.get_outputs()}]
     if missing:
         return [], f"candidate lacks output(s) {', '.join(missing)}"

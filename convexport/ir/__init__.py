@@ -22,7 +22,14 @@ from .constant import Constant
 from .convert import IR_VERSION, export_graph, import_graph, nodes_as_model, overridable_initializers
 from .dedupe import Deduplicated, deduplicate_initializers
 from .folding import constant_node_values, fold_constants, fold_to_fixed_point
-from .large import external_data_files, needs_external_data, save_with_external_data, serialized_bytes, weight_bytes
+from .large import (
+    external_data_files,
+    kept_from_serialisation,
+    needs_external_data,
+    save_with_external_data,
+    serialized_bytes,
+    weight_bytes,
+)
 from .naming import NameGenerator
 from .provenance import Provenance
 from .query import (
@@ -59,6 +66,7 @@ __all__ = [
     "fold_to_fixed_point",
     "constant_node_values",
     "needs_external_data",
+    "kept_from_serialisation",
     "save_with_external_data",
     "weight_bytes",
     "serialized_bytes",

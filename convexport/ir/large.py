@@ -76,6 +76,19 @@ def needs_external_data(model: onnx.ModelProto) -> bool:
     return weight_bytes(model) >= EXTERNAL_DATA_THRESHOLD
 
 
+# Weights from this size on never go through protobuf serialisation whole, though they fit:
+# ONNX Runtime gets such a model as files (serialised bytes, ORT's parse of them and its
+# tensors held three copies at once: a 1.0 GiB conv model peaked at 5.2x its weights) and
+# ORT's loading stands in for onnx's checker (which serialises it: 4.5 s on that model).
+SERIALISED_MAX_BYTES = 256 << 20
+
+
+def kept_from_serialisation(model: onnx.ModelProto) -> bool:
+    """Whether the model is too large to be serialised whole: over protobuf's limit
+    (needs_external_data), or of SERIALISED_MAX_BYTES of weights or more."""
+    return needs_external_data(model) or weight_bytes(model) >= SERIALISED_MAX_BYTES
+
+
 def skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[tuple[onnx.TensorProto, onnx.TensorProto]]]:
     """A copy of the model whose large initializers have no data (marked external, with no
     location yet), and the (original, stripped) pairs of those initializers. The large data is

@@ -96,7 +96,7 @@ class _Run:
             if isinstance(tensor, ir.Constant)
         )
         if self.weights_made >= COLLECT_AFTER_ELEMENTS:
-            gc.collect()
+            heap.release()
             self.weights_made = 0
 
     def explaining(self, rule: Rule, anchor, verdict: str) -> None:
