@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import signal
 import stat
 import tempfile
@@ -143,6 +144,23 @@ def temporary_beside(destination: str | Path) -> Iterator[tuple[str | None, Path
         raise ConvexportError(f"{destination}: cannot write ({exc.strerror or exc})") from exc
     finally:
         Path(temporary).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def temporary_folder_beside(destination: str | Path, prefix: str) -> Iterator[Path]:
+    """A new folder beside the (regular file) destination while the block runs, removed with
+    what is left in it at the end; signals that end the process raise meanwhile, as in
+    temporary_beside. Files in it are renamed into place without a copy (the same file system)."""
+    final = Path(os.path.realpath(destination))
+    try:
+        folder = Path(tempfile.mkdtemp(prefix=prefix, dir=final.parent))
+    except OSError as exc:
+        raise ConvexportError(f"{destination}: cannot write ({exc.strerror or exc})") from exc
+    try:
+        with ending_signals_raise():
+            yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def rename_all(pairs: Sequence[tuple[str, Path]]) -> None:

@@ -28,7 +28,7 @@ from onnx import numpy_helper
 from onnx.reference.op_run import OpRun
 
 from . import flops
-from .ir import proto_scopes
+from .ir import is_file_backed, proto_scopes, tensor_array
 
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
 DOUBLE = onnx.TensorProto.DOUBLE
@@ -61,6 +61,8 @@ def as_float64(model: onnx.ModelProto) -> onnx.ModelProto:
         for index, tensor in enumerate(graph.initializer):
             if tensor.data_type in FLOAT_TYPES:
                 graph.initializer[index].CopyFrom(_widened(tensor))
+            elif is_file_backed(tensor):  # the reference evaluator reads no file-backed tensor
+                graph.initializer[index].CopyFrom(numpy_helper.from_array(tensor_array(tensor), tensor.name))
         for value in (*graph.input, *graph.output, *graph.value_info):
             if value.type.tensor_type.elem_type in FLOAT_TYPES:
                 value.type.tensor_type.elem_type = DOUBLE
@@ -70,7 +72,7 @@ def as_float64(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _widened(tensor: onnx.TensorProto) -> onnx.TensorProto:
-    return numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float64), tensor.name)
+    return numpy_helper.from_array(tensor_array(tensor).astype(np.float64), tensor.name)
 
 
 def _widen_node(node: onnx.NodeProto) -> None:

@@ -110,31 +110,42 @@ def _split_factory(source: str) -> tuple[str, str, str]:
 
 
 def _load_onnx(path: Path):
-    """The model, its external data read in, and the external data files it names."""
+    """The model and the external data files it names. A large model's external weights stay
+    in their files, file-backed (ir.weight_files: read tensor by tensor when a rule needs one);
+    a smaller one's are read in."""
     import onnx
     from google.protobuf.message import DecodeError
     from onnx.external_data_helper import load_external_data_for_model
 
-    from .ir import external_data_files
+    from .ir import external_data_files, kept_from_serialisation, point_at_files
 
     try:
         model = onnx.load(str(path), load_external_data=False)
-        data_files = [path.parent / name for name in external_data_files(model)]
-        load_external_data_for_model(model, str(path.parent))
-    # onnx.checker.ValidationError: an external-data file that is missing
-    except (DecodeError, ValueError, OSError, RuntimeError, onnx.checker.ValidationError) as exc:
-        raise ConvexportError(
-            f"{path}: not a readable ONNX model ({first_line(exc)}); re-export it or check the file was copied whole"
-        ) from exc
+    except (DecodeError, ValueError, OSError, RuntimeError) as exc:
+        raise _unreadable(path, exc) from exc
     if not model.graph.node and not model.graph.output:
         raise ConvexportError(f"{path}: the file parses as ONNX but holds no graph")
-    from .ir import needs_external_data
-
-    try:  # a model over 2 GiB by path: protobuf cannot hand it to the checker whole
-        onnx.checker.check_model(str(path) if needs_external_data(model) else model, full_check=False)
+    data_files = [path.parent / name for name in external_data_files(model)]
+    large = kept_from_serialisation(model)
+    try:
+        if large:
+            point_at_files(model, path.parent)
+        else:
+            load_external_data_for_model(model, str(path.parent))
+    # onnx.checker.ValidationError: an external-data file that is missing
+    except (ValueError, OSError, onnx.checker.ValidationError) as exc:
+        raise _unreadable(path, exc) from exc
+    try:  # a large model by path, its weights unread (the checker would serialise it whole)
+        onnx.checker.check_model(str(path) if large else model, full_check=False)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         raise ConvexportError(f"{path}: invalid ONNX model: {first_line(exc)}") from exc
     return model, data_files
+
+
+def _unreadable(path: Path, exc: BaseException) -> ConvexportError:
+    return ConvexportError(
+        f"{path}: not a readable ONNX model ({first_line(exc)}); re-export it or check the file was copied whole"
+    )
 
 
 def _load_exported_program(path: Path, default_output: Path, trust_pickle: bool) -> LoadedModel:

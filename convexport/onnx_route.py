@@ -105,7 +105,7 @@ def _per_channel_prelu_slopes(model: onnx.ModelProto, reference: onnx.ModelProto
         slope, rank = weights[node.input[1]], ranks.get(node.input[0], 0)
         if len(slope.dims) != 1 or slope.dims[0] == 1 or rank < 3:
             continue
-        values = onnx.numpy_helper.to_array(slope).reshape([slope.dims[0]] + [1] * (rank - 2))
+        values = ir.tensor_array(slope).reshape([slope.dims[0]] + [1] * (rank - 2))
         name = slope.name if readers[slope.name] == 1 else f"{slope.name}_per_channel_{node.output[0]}"
         if name == slope.name:
             slope.CopyFrom(onnx.numpy_helper.from_array(values, name))

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from . import __version__, ir
+from . import __version__, heap, ir
 from .errors import ConvexportError, InternalError, ValidationError, first_line
 from .explain import ExplainRequest, explanations
 from .export import ExportResult, export_model
@@ -25,8 +25,10 @@ from .files import (
     check_not_an_input,
     check_paths,
     give_permissions_of,
+    is_stream,
     rename_all,
     temporary_beside,
+    temporary_folder_beside,
     write_atomically,
 )
 from .folds import builtin_primitives
@@ -181,6 +183,11 @@ def _as_list(given) -> list:
 
 
 def _optimize(model, options: OptimizeOptions) -> OptimizeResult:
+    with contextlib.ExitStack() as cleanup:  # a large optimized model's weights folder, until written
+        return _optimized(model, options, cleanup)
+
+
+def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -> OptimizeResult:
     if not options.made_up_inputs and options.input_data is None:
         raise ConvexportError("made_up_inputs=False needs input_data: the .npz of arrays to validate on instead")
     examples = _example_tensors(options.inputs)
@@ -204,6 +211,8 @@ def _optimize(model, options: OptimizeOptions) -> OptimizeResult:
     destination = _destination(loaded, options.output, options.other_outputs) if options.write else None
     if not options.write:
         check_paths(loaded.files, list(options.other_outputs))
+    elif not is_stream(destination):  # a large model's sessions make their folders on the output's disk
+        cleanup.enter_context(ir.scratch_beside(Path(os.path.realpath(destination)).parent))
 
     say("exporting")
     exported = export_model(loaded, specs, options.opset, options.dynamic_batch, options.freeze_input_defaults)
@@ -214,16 +223,17 @@ def _optimize(model, options: OptimizeOptions) -> OptimizeResult:
     folded = ir.fold_to_fixed_point(exported.model, loaded.source)  # the rules see constants as constants
     primitives = builtin_primitives()
     decided: dict = {}  # cost/measure decisions, replayed by the bisection below
-    outcome = rewrite_model(
-        folded,
-        rule_list,
-        primitives,
-        strategy,
-        loaded.source,
-        device=device,
-        decided=decided,
-        explain=frozenset(request.rule for request in explain),
-    )
+    with ir.counting_bytes(BytesShown(say, "rewriting", "of weights read", ir.weight_bytes(folded))):
+        outcome = rewrite_model(
+            folded,
+            rule_list,
+            primitives,
+            strategy,
+            loaded.source,
+            device=device,
+            decided=decided,
+            explain=frozenset(request.rule for request in explain),
+        )
     deduplicated = ir.deduplicate_initializers(outcome.model)  # copies of a weight, written once
     outcome.model = deduplicated.model
     report = _report(loaded, destination, exported, outcome, device, strategy)
@@ -242,6 +252,18 @@ def _optimize(model, options: OptimizeOptions) -> OptimizeResult:
     def rewritten_with(limit: int) -> onnx.ModelProto:  # the first `limit` rewrites only, for a bisection
         return rewrite_model(folded, rule_list, primitives, strategy, loaded.source, limit, device, decided).model
 
+    if destination is not None and _spilled_before_validation(outcome.model, exported.reference, destination):
+        # its weights written beside the output now (read back by ONNX Runtime's sessions, not
+        # held: the 1 GiB the rewrite made), renamed into place once it is validated
+        say("writing weights")
+        folder = cleanup.enter_context(temporary_folder_beside(destination, ir.SPILL_PREFIX))
+        try:
+            with ir.counting_bytes(BytesShown(say, "writing weights", "written", ir.weight_bytes(outcome.model))):
+                outcome.model = ir.spill(outcome.model, folder)
+        except OSError as exc:  # a full disk
+            raise ConvexportError(f"{destination}: cannot write ({exc.strerror or exc})") from exc
+        del deduplicated
+        heap.release()
     invalid = outcome.invalid or _checker_problem(exported.reference, outcome.model)
     if invalid is None and not options.validate and outcome.model is not exported.reference:
         invalid = _load_problem(outcome.model)  # (validation loads it anyway)
@@ -352,9 +374,20 @@ def _optimize(model, options: OptimizeOptions) -> OptimizeResult:
         report["profile"] = _judged_profile(measured, unchanged=outcome.model is exported.reference)
     if destination is not None:
         say("writing")
-        save_atomically(outcome.model, destination)
+        with ir.counting_bytes(BytesShown(say, "writing", "written", ir.weight_bytes(outcome.model))):
+            save_atomically(outcome.model, destination)
     report["timings_s"] = stages.finish()
+    if loaded.kind == "onnx":  # a large model's weights in files: named as a model read from its folder names them
+        ir.relative_to(exported.reference, Path(loaded.source).parent)
+        if destination is None:
+            ir.relative_to(outcome.model, Path(loaded.source).parent)
     return OptimizeResult(report, outcome.model, exported.reference, destination)
+
+
+def _spilled_before_validation(model: onnx.ModelProto, reference: onnx.ModelProto, destination: Path) -> bool:
+    """Whether the optimized model's weights go to their output folder before validation:
+    a large model (ir.kept_from_serialisation) written to a file, not a stream."""
+    return model is not reference and ir.kept_from_serialisation(model) and not is_stream(destination)
 
 
 # The float64 reference's time budget: this share of what optimize spent before validating, and
@@ -434,6 +467,22 @@ def _gpu_name() -> str | None:
         return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
     except (OSError, subprocess.TimeoutExpired):
         return None
+
+
+class BytesShown:
+    """A large model's step told in bytes as its weights are read or written (ir.counting_bytes):
+    "rewriting (0.41 of 1.01 GiB of weights read)", each time the figure shown changes."""
+
+    def __init__(self, say: Callable[[str, str], None], step: str, what: str, total: int):
+        self.say, self.step, self.what, self.total = say, step, what, total
+        self.done, self.shown = 0, ""
+
+    def __call__(self, length: int) -> None:
+        self.done += length
+        text = f"{self.done / 2**30:.2f} of {self.total / 2**30:.2f} GiB {self.what}"
+        if text != self.shown:
+            self.shown = text
+            self.say(self.step, text)
 
 
 class Stages:
@@ -723,9 +772,11 @@ def _output_spec(value: onnx.ValueInfoProto) -> str:
 
 
 def save_atomically(model: onnx.ModelProto, destination: Path) -> None:
-    """OUT, written atomically (files.py). Weights of 1 GiB or more go to <OUT>.data beside it
-    (beside the file, where OUT is a link to one in the same folder): both are written to
-    temporary files first and renamed into place together."""
+    """OUT, written atomically (files.py). Weights of 1 GiB or more, and weights in files
+    already, go to <OUT>.data beside it (beside the file, where OUT is a link to one in the same
+    folder): both are written to temporary files first and renamed into place together. A
+    model whose weights were spilled beside OUT before validation (ir.spill) has its weights
+    file renamed into place, not copied, and points at it, named as the written model names it."""
     if not needs_external_data(model):
         write_atomically(destination, lambda path: onnx.save(model, path))
         return
@@ -738,6 +789,15 @@ def save_atomically(model: onnx.ModelProto, destination: Path) -> None:
             "them beside the path it is read by, so give the file's own path; nothing was written"
         )
     data = weights_file(destination)
+    spilled = ir.spilled_weights(model)
+    if spilled is not None and spilled.parent.parent == data.parent:
+        with temporary_beside(destination) as (model_temporary, model_final):
+            ir.moved_weights(model, spilled, data.name)
+            onnx.save(model, model_temporary)
+            give_permissions_of(model_final, model_temporary)
+            give_permissions_of(data, spilled)
+            rename_all([(str(spilled), data), (model_temporary, model_final)])
+        return
     with (
         temporary_beside(destination) as (model_temporary, model_final),
         temporary_beside(data) as (data_temporary, data_final),

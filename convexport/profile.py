@@ -30,6 +30,7 @@ alternated run by run (bench/RESULTS.md, "Measurements behind the code").
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -46,7 +47,7 @@ import onnx
 from . import ir
 from .errors import ConvexportError
 from .inputs import DEFAULT_DYNAMIC_SIZE, InputSpec, dynamic_dims_note, random_inputs
-from .ir import needs_external_data, save_with_external_data
+from .ir import files_for_runtime, kept_from_serialisation
 from .runtime import (
     CPU,
     CUDA,
@@ -314,10 +315,10 @@ def _peak_memory(model: onnx.ModelProto, feeds, runs: int) -> dict:
     """Measured in a fresh Python process (peak_memory.py), so that nothing of this one is
     counted; a process of its own rather than multiprocessing's spawn, which re-runs the
     caller's script (a script without an `if __name__ == "__main__":` guard would start over)."""
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as large:
         model_path, feeds_path = os.path.join(folder, "model.onnx"), os.path.join(folder, "feeds.npz")
-        if needs_external_data(model):
-            save_with_external_data(model, model_path, "model.onnx.data")
+        if kept_from_serialisation(model):  # its weights mapped from their files, as validation's sessions
+            model_path = large.enter_context(files_for_runtime(model))
         else:
             onnx.save(model, model_path)
         np.savez(feeds_path, **feeds)

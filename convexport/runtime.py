@@ -7,9 +7,7 @@ import contextlib
 import contextvars
 import ctypes
 import functools
-import os
 import re
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -24,7 +22,8 @@ except ImportError as missing:  # an install that skipped it, or one of the two 
         "ONNX Runtime is not importable: pip install onnxruntime-gpu (Linux x86-64, Windows) or onnxruntime "
         f"(macOS, Linux aarch64), only one of the two ({missing})"
     ) from missing
-from .ir import kept_from_serialisation, save_with_external_data
+from . import ir
+from .ir import kept_from_serialisation
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -223,11 +222,15 @@ def checked_run(call, feeds: dict, what: str, hint: str = ""):
 
 
 def _session_from_files(model: onnx.ModelProto, options, providers) -> ort.InferenceSession:
-    """A large model saved with external data to a temporary folder that
-    lives as long as the session (ONNX Runtime may map the data file)."""
-    folder = tempfile.TemporaryDirectory(prefix="convexport-")
-    path = os.path.join(folder.name, "model.onnx")
-    save_with_external_data(model, path, "model.onnx.data")
-    session = ort.InferenceSession(path, options, providers=providers)
-    session.convexport_files = folder
+    """A large model's session from a file (ir.files_for_runtime: ONNX Runtime maps the
+    weights of a model it opens from a file, and copies those of one given as bytes), which
+    lives as long as the session: its generator's clean-up runs when the session is collected."""
+    files = ir.files_for_runtime(model)
+    path = files.__enter__()
+    try:
+        session = ort.InferenceSession(path, options, providers=providers)
+    except BaseException:
+        files.__exit__(None, None, None)
+        raise
+    session.convexport_files = files
     return session

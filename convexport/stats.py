@@ -13,7 +13,7 @@ from collections import Counter
 import onnx
 
 from . import flops
-from .ir import proto_scopes, proto_subgraphs
+from .ir import proto_scopes, proto_subgraphs, tensor_array
 
 
 def graph_stats(model: onnx.ModelProto) -> dict:
@@ -72,7 +72,7 @@ def _small_integers(scopes: list[onnx.GraphProto]) -> dict[str, list[int]]:
     for graph in scopes:
         for init in graph.initializer:
             if init.data_type == onnx.TensorProto.INT64 and math.prod(init.dims) <= 8:
-                found[init.name] = onnx.numpy_helper.to_array(init).reshape(-1).tolist()
+                found[init.name] = tensor_array(init).reshape(-1).tolist()
     return found
 
 

@@ -127,11 +127,13 @@ def test_large_outputs_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
     assert data.exists() and onnx.load(first.output) is not None
     model_before, data_before = first.output.read_bytes(), data.read_bytes()
 
-    def broken(*args, **kwargs):
-        Path(args[3]).write_bytes(b"partial")
+    def broken(large, out, location):
+        out.write(b"partial")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("convexport.pipeline.save_with_external_data", broken)
+    # the weights are written before validation (ir.spill), or as the model is saved
+    monkeypatch.setattr("convexport.ir.disk.write_weights", broken)
+    monkeypatch.setattr("convexport.ir.large.write_weights", broken)
     with pytest.raises(convexport.ConvexportError, match="No space left"):
         convexport.optimize(conv_bn(), output=tmp_path / "out.onnx", profile=False)
     assert unchanged(first.output, model_before) and unchanged(data, data_before)

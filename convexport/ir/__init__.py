@@ -12,6 +12,8 @@ is made. The folds build through one builder over them, convexport.folds.builder
     scopes.py    subgraphs, topological order, clean-up
     shapes.py    shape inference, and whether a model needs it
     large.py     models of 1 GiB of weights or more: external data, the weightless skeleton
+    weight_files.py  a large model's weights left in their files, read one at a time
+    disk.py      a large model's weights written beside its output; the model handed to ORT as a file
     provenance.py  what the exporter wrote about nodes, values and scopes, kept; the modules a rewrite folded
     folding.py   constant folding before the rules (onnxscript's) and between them (one node at a time)
 """
@@ -21,6 +23,7 @@ from onnx_graphsurgeon import Graph, Node, Tensor, Variable
 from .constant import Constant
 from .convert import IR_VERSION, export_graph, import_graph, nodes_as_model, overridable_initializers
 from .dedupe import Deduplicated, deduplicate_initializers
+from .disk import SPILL_PREFIX, files_for_runtime, scratch_beside, spill, spilled_weights
 from .folding import constant_node_values, fold_constants, fold_to_fixed_point
 from .large import (
     external_data_files,
@@ -47,6 +50,7 @@ from .query import (
 )
 from .scopes import all_graphs, cleaned_up, node_subgraphs, proto_scopes, proto_subgraphs, tensor_map, toposort
 from .shapes import fully_shaped, infer_shapes
+from .weight_files import counting_bytes, is_file_backed, moved_weights, point_at_files, relative_to, tensor_array
 
 __all__ = [
     "Constant",
@@ -71,6 +75,17 @@ __all__ = [
     "weight_bytes",
     "serialized_bytes",
     "NameGenerator",
+    "SPILL_PREFIX",
+    "files_for_runtime",
+    "scratch_beside",
+    "counting_bytes",
+    "is_file_backed",
+    "moved_weights",
+    "spilled_weights",
+    "point_at_files",
+    "relative_to",
+    "spill",
+    "tensor_array",
     "Provenance",
     "DEFAULT_OPSET",
     "NOT_IN_SCHEMA",

@@ -12,6 +12,7 @@ from onnx_graphsurgeon.logger import G_LOGGER
 from .naming import name_nodes
 from .provenance import Provenance
 from .scopes import all_graphs, proto_scopes
+from .weight_files import is_file_backed, tensor_array
 
 # onnx-graphsurgeon warns (on stderr, several lines) whenever a bfloat16 constant is read as
 # float32, which is exact; convexport keeps stderr for its one-line messages.
@@ -28,11 +29,28 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
     their values (no copy of the weights: a 1 GiB model's took 2.4 s and 1 GiB); export_graph
     gives a renamed one a proto of its own first (see _owned_if_renamed)."""
     graph = gs.import_onnx(model)
+    _file_backed_read_from_files(graph)
     _inputs_with_defaults_stay_inputs(graph, model)
     given = [[node.name for node in scope.nodes] for scope in all_graphs(graph)]
     name_nodes(graph)
     graph.provenance = Provenance.record(model, graph, given)
     return graph
+
+
+class FileValues(gs.ir.tensor.LazyValues):
+    """A file-backed initializer's values (weight_files), read from its file when a rule asks
+    for them: gs's own would read them into the proto, and keep them there."""
+
+    def load(self) -> np.ndarray:
+        values = tensor_array(self.tensor)
+        return values if values.flags.writeable else values.copy()
+
+
+def _file_backed_read_from_files(graph: gs.Graph) -> None:
+    for tensor in graph.tensors().values():
+        values = getattr(tensor, "_values", None)
+        if isinstance(values, gs.ir.tensor.LazyValues) and is_file_backed(values.tensor):
+            tensor._values = FileValues(values.tensor)
 
 
 def overridable_initializers(model: onnx.ModelProto) -> list[onnx.TensorProto]:
@@ -101,11 +119,12 @@ HELD_BACK_BYTES = 1 << 20
 @contextlib.contextmanager
 def _weights_held_back(graph: gs.Graph):
     """Large array-valued constants exported with an empty placeholder, their arrays kept by
-    name for _write_held_back, and given back to the graph after: gs's exporter makes every
-    initializer a proto of its own and the model then copies them all in (two copies of the
-    new weights at once: 2 GiB at the peak of a 1 GiB model's rewrite); written into the
-    model's protos one by one, a weight is copied once, beside one tensor's bytes."""
-    held: dict[str, np.ndarray] = {}
+    name for _write_held_back, and the graph's constants reading the exported protos after:
+    gs's exporter makes every initializer a proto of its own and the model then copies them
+    all in (two copies of the new weights at once: 2 GiB at the peak of a 1 GiB model's
+    rewrite); written into the model's protos one by one, each array freed as it is written,
+    a weight is held once, beside one tensor's bytes."""
+    held: dict[str, np.ndarray | onnx.TensorProto] = {}
     tensors = [t for scope in all_graphs(graph) for t in scope.tensors().values() if isinstance(t, gs.Constant)]
     for tensor in tensors:
         values = tensor._values  # (an unread initializer's LazyValues: exported from its proto, no copy)
@@ -116,18 +135,24 @@ def _weights_held_back(graph: gs.Graph):
         yield held
     finally:
         for tensor in tensors:
-            if tensor.name in held:
-                tensor.values = held[tensor.name]
+            kept = held.get(tensor.name)
+            if isinstance(kept, onnx.TensorProto):
+                tensor._values = gs.ir.tensor.LazyValues(kept)
+            elif kept is not None:
+                tensor.values = kept
 
 
-def _write_held_back(model: onnx.ModelProto, held: dict[str, np.ndarray]) -> None:
+def _write_held_back(model: onnx.ModelProto, held: dict) -> None:
+    """Each held array into its initializer's proto, the array replaced in `held` by the proto."""
     for scope in proto_scopes(model.graph):
         for initializer in scope.initializer:
             values = held.get(initializer.name)
-            if values is not None:
+            if isinstance(values, np.ndarray):
                 del initializer.dims[:]
                 initializer.dims.extend(values.shape)
                 initializer.raw_data = np.ascontiguousarray(values).tobytes()
+                held[initializer.name] = initializer
+                del values
 
 
 def _owned_if_renamed(tensor: gs.Tensor) -> None:
@@ -141,7 +166,7 @@ def _owned_if_renamed(tensor: gs.Tensor) -> None:
     if values.tensor.name != tensor.name or not values.tensor.HasField("name"):
         own = onnx.TensorProto()
         own.CopyFrom(values.tensor)
-        tensor._values = gs.ir.tensor.LazyValues(own)
+        tensor._values = type(values)(own)
 
 
 def _opset_imports(graph: gs.Graph, template: onnx.ModelProto) -> list[onnx.OperatorSetIdProto]:

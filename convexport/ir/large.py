@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+
+from .weight_files import is_file_backed, write_weights
 
 EXTERNAL_DATA_THRESHOLD = 1 << 30  # weights from here on are saved as external data
 EXTERNAL_TENSOR_MIN_BYTES = 1024  # smaller tensors stay inside the model file
@@ -59,21 +60,29 @@ def _framed(size: int) -> int:
 
 
 def _external_bytes(tensor: onnx.TensorProto) -> int:
-    """The length of a tensor's data in an external file (0 for a tensor held in the model)."""
+    """The length of a tensor's data in an external file (0 for a tensor held in the model, and
+    for a skeleton's stripped one, which names no file)."""
     if tensor.data_location != onnx.TensorProto.EXTERNAL:
         return 0
     entries = {entry.key: entry.value for entry in tensor.external_data}
+    if "location" not in entries:
+        return 0
     if "length" in entries:
         return int(entries["length"])
     return int(np.prod(tensor.dims)) * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:
-    return sum(_data_bytes(tensor) for tensor in model.graph.initializer)
+    """The bytes of the main graph's initializers, held in the model or in external files."""
+    return sum(_data_bytes(tensor) + _external_bytes(tensor) for tensor in model.graph.initializer)
 
 
 def needs_external_data(model: onnx.ModelProto) -> bool:
-    return weight_bytes(model) >= EXTERNAL_DATA_THRESHOLD
+    """Whether the model is saved with its large tensors in a data file: from
+    EXTERNAL_DATA_THRESHOLD of weights on, and always where they are in files already
+    (weight_files: a location no model on disk may hold)."""
+    initializers = model.graph.initializer
+    return weight_bytes(model) >= EXTERNAL_DATA_THRESHOLD or any(map(is_file_backed, initializers))
 
 
 # Weights from this size on never go through protobuf serialisation whole, though they fit:
@@ -90,8 +99,9 @@ def kept_from_serialisation(model: onnx.ModelProto) -> bool:
 
 
 def skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[tuple[onnx.TensorProto, onnx.TensorProto]]]:
-    """A copy of the model whose large initializers have no data (marked external, with no
-    location yet), and the (original, stripped) pairs of those initializers. The large data is
+    """A copy of the model whose large initializers (file-backed ones among them) have no data
+    (marked external, with no location yet), and the (original, stripped) pairs of those
+    initializers. The large data is
     never copied (a whole-model copy cleared afterwards took 2 s a GiB of weights)."""
     light = onnx.ModelProto()
     _copy_fields(model, light, skip="graph")
@@ -99,7 +109,7 @@ def skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[tuple[onnx.T
     stripped = []
     for tensor in model.graph.initializer:
         copy = light.graph.initializer.add()
-        if _data_bytes(tensor) < EXTERNAL_TENSOR_MIN_BYTES:
+        if _data_bytes(tensor) < EXTERNAL_TENSOR_MIN_BYTES and not is_file_backed(tensor):
             copy.CopyFrom(tensor)
             continue
         copy.name, copy.data_type = tensor.name, tensor.data_type
@@ -128,13 +138,7 @@ def save_with_external_data(model: onnx.ModelProto, path: str | Path, location: 
     `location`)."""
     light, stripped = skeleton(model)
     with open(data_path or Path(path).parent / location, "wb") as data:
-        for original, copy in stripped:
-            offset = data.tell()
-            payload = original.raw_data or numpy_helper.to_array(original).tobytes()
-            data.write(payload)
-            for key, value in (("location", location), ("offset", str(offset)), ("length", str(len(payload)))):
-                entry = copy.external_data.add()
-                entry.key, entry.value = key, value
+        write_weights(stripped, data, location)
     onnx.save(light, str(path))
 
 

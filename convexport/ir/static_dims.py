@@ -23,6 +23,7 @@ import onnx
 from onnx import numpy_helper
 
 from .scopes import proto_scopes
+from .weight_files import tensor_array
 
 
 def fold_static_dims(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -85,7 +86,7 @@ def _constant_arrays(model: onnx.ModelProto) -> dict[str, np.ndarray]:
         tensors += [(node.output[0], node.attribute[0].t) for node in scope.node if _holds_a_tensor(node)]
         for name, tensor in tensors:
             if tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and np.prod(tensor.dims) <= 16:
-                found[name] = numpy_helper.to_array(tensor)
+                found[name] = tensor_array(tensor)
     return found
 
 

@@ -1,0 +1,172 @@
+"""A large model's weights left in their files (convexport/ir/weight_files.py, issue 34), taken
+with the size threshold lowered: read tensor by tensor when a rule needs one, the optimized
+model's written beside the output before validation and renamed into place after, ONNX Runtime
+given files to map; the input's external data checked as ONNX Runtime checks it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from helpers import tensor
+from onnx import helper
+from test_large_models import RNG, contents, lora_bn_block
+
+import convexport
+from convexport import ir, pipeline
+from convexport.ir import disk, weight_files
+from convexport.validate import ValidationResult
+
+WIDTH = 32
+
+
+@pytest.fixture
+def large(monkeypatch):
+    """Models of 1000 bytes of weights on are large; tensors of 100 bytes on go to data files."""
+    monkeypatch.setattr("convexport.ir.large.SERIALISED_MAX_BYTES", 1000)
+    monkeypatch.setattr("convexport.ir.large.EXTERNAL_TENSOR_MIN_BYTES", 100)
+
+
+def saved(folder: Path) -> Path:
+    """lora_bn_block, then a MatMul by a weight `keep` that no rule folds, saved in `folder`
+    with its tensors of 100 bytes or more in model.onnx.data."""
+    model = lora_bn_block(WIDTH)
+    graph = model.graph
+    graph.node.append(helper.make_node("MatMul", ["y", "keep"], ["z"]))
+    keep = RNG.standard_normal((WIDTH, WIDTH)).astype(np.float32)
+    graph.initializer.append(onnx.numpy_helper.from_array(keep, "keep"))
+    del graph.output[:]
+    graph.output.append(tensor("z", [4, WIDTH]))
+    folder.mkdir(exist_ok=True)
+    path = folder / "model.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, location="model.onnx.data", size_threshold=100)
+    return path
+
+
+def test_a_large_models_weights_stay_in_their_files_and_only_folded_ones_are_read(tmp_path, large, monkeypatch):
+    path = saved(tmp_path / "in")
+    before = contents(path.parent)
+    loaded = convexport.loading.load_model(str(path)).onnx_model
+    big = [init for init in loaded.graph.initializer if np.prod(init.dims) * 4 >= 100]
+    assert big and all(ir.is_file_backed(init) and not init.raw_data for init in big)
+
+    read = []
+    real = ir.convert.tensor_array
+    monkeypatch.setattr(ir.convert, "tensor_array", lambda t: read.append(t.name) or real(t))
+    told = []
+    result = convexport.optimize(str(path), output=tmp_path / "out.onnx", profile=False, progress=told.append)
+    assert result.report["validation"]["passed"]
+    assert any(line.startswith("rewriting (") and "GiB of weights read)" in line for line in told)
+    assert any(line.startswith("writing weights (") and "GiB written)" in line for line in told)
+    assert "keep" not in read and {"w", "a", "u"} <= set(read)  # the fold read its weights, not the others
+    assert contents(path.parent) == before
+
+    written = onnx.load(str(tmp_path / "out.onnx"))  # the kept weight copied into the output's data file
+    keep = next(init for init in written.graph.initializer if init.name == "keep")
+    original = onnx.load(str(path))
+    expected = next(init for init in original.graph.initializer if init.name == "keep")
+    assert np.array_equal(onnx.numpy_helper.to_array(keep), onnx.numpy_helper.to_array(expected))
+    # the models returned name their files as onnx.load(load_external_data=False) gives them
+    locations = {e.value for init in result.original.graph.initializer for e in init.external_data if e.key == "location"}
+    assert locations == {"model.onnx.data"}
+    locations = {e.value for init in result.model.graph.initializer for e in init.external_data if e.key == "location"}
+    assert locations == {"out.onnx.data"}
+
+
+def test_the_optimized_weights_are_on_disk_beside_the_output_while_validated(tmp_path, large, monkeypatch):
+    path = saved(tmp_path / "in")
+    seen = []
+    real = pipeline.compare_models
+
+    def spying(reference, candidate, *args, **kwargs):
+        large_tensors = [init for init in candidate.graph.initializer if np.prod(init.dims) * 4 >= 100]
+        seen.append([(ir.is_file_backed(init), weight_files.file_range(init)[0]) for init in large_tensors])
+        return real(reference, candidate, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "compare_models", spying)
+    result = convexport.optimize(str(path), output=tmp_path / "out.onnx", profile=False)
+    assert result.report["validation"]["passed"]
+    ((*tensors,),) = seen
+    assert tensors and all(backed for backed, _ in tensors)
+    folders = {Path(file).parent for _, file in tensors}
+    assert len(folders) == 1 and folders.pop().name.startswith(disk.SPILL_PREFIX)
+    assert sorted(os.listdir(tmp_path)) == ["in", "out.onnx", "out.onnx.data"]  # the folder gone, renamed
+
+
+def test_a_failed_validation_leaves_nothing_beside_the_output(tmp_path, large, monkeypatch):
+    path = saved(tmp_path / "in")
+    (tmp_path / "out").mkdir()
+    real = pipeline.compare_models
+
+    def failing(*args, **kwargs) -> ValidationResult:
+        result = real(*args, **kwargs)
+        result.passed = False
+        return result
+
+    monkeypatch.setattr(pipeline, "compare_models", failing)
+    with pytest.raises(convexport.ValidationError):
+        convexport.optimize(str(path), output=tmp_path / "out" / "o.onnx", profile=False)
+    assert os.listdir(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("linked", [True, False])
+def test_onnx_runtime_gets_a_file_of_the_model_whose_weights_are_elsewhere(tmp_path, large, monkeypatch, linked):
+    """A session of a model whose weights are in the input's folder and in memory: the model
+    file in a folder of its own, the input's data file linked there (or copied, where the
+    system refuses the link), the held weights written there."""
+    path = saved(tmp_path / "in")
+    model = convexport.loading.load_model(str(path)).onnx_model
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((8, 8), np.float32), "held"))
+    if not linked:
+        monkeypatch.setattr(os, "link", lambda *args: (_ for _ in ()).throw(OSError(18, "Invalid cross-device link")))
+    with ir.files_for_runtime(model) as file:
+        names = sorted(os.listdir(Path(file).parent))
+        session = convexport.runtime.create_session(file)
+        x = RNG.standard_normal((4, WIDTH)).astype(np.float32)
+        (actual,) = session.run(None, {"x": x})
+    (expected,) = convexport.runtime.create_session(str(path)).run(None, {"x": x})
+    assert names == ["linked0.data", "model.onnx", disk.WEIGHTS_NAME]
+    assert np.array_equal(actual, expected)
+    assert not Path(file).parent.exists()
+    assert (os.stat(tmp_path / "in" / "model.onnx.data").st_nlink == 1)  # the link gone with the folder
+
+
+@pytest.mark.parametrize("location, message", [
+    ("../elsewhere.data", "is not inside"),
+    ("/tmp/absolute.data", "is not inside"),
+    ("missing.data", "does not exist"),
+])
+def test_external_data_outside_the_models_folder_is_refused(tmp_path, large, location, message):
+    path = saved(tmp_path / "in")
+    (tmp_path / "elsewhere.data").write_bytes((tmp_path / "in" / "model.onnx.data").read_bytes())
+    model = onnx.load(str(path), load_external_data=False)
+    for init in model.graph.initializer:
+        for entry in init.external_data:
+            if entry.key == "location":
+                entry.value = location
+    onnx.save(model, str(path))
+    with pytest.raises(convexport.ConvexportError, match=f"not a readable ONNX model.*{message}"):
+        convexport.optimize(str(path), output=tmp_path / "out.onnx", profile=False)
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_a_range_beyond_the_end_of_its_file_is_refused(tmp_path, large):
+    path = saved(tmp_path / "in")
+    data = tmp_path / "in" / "model.onnx.data"
+    data.write_bytes(data.read_bytes()[:-8])
+    with pytest.raises(convexport.ConvexportError, match="lie outside"):
+        convexport.optimize(str(path), output=tmp_path / "out.onnx", profile=False)
+
+
+def test_onnx_runtimes_folder_goes_on_the_outputs_disk_during_a_run(tmp_path, large):
+    """A session's temporary folder is made beside the output (where the data files' disk is
+    the output's: /tmp may be memory, and would take copies of them)."""
+    path = saved(tmp_path / "in")
+    model = convexport.loading.load_model(str(path)).onnx_model
+    (tmp_path / "out").mkdir()
+    with ir.scratch_beside(tmp_path / "out"), ir.files_for_runtime(model) as file:
+        assert Path(file).parent.parent == tmp_path / "out" and Path(file).parent.name.startswith(".convexport-")
+    assert os.listdir(tmp_path / "out") == []
