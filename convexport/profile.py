@@ -25,7 +25,11 @@ model) and the models take turns in blocks of up to BLOCK runs (A x10, B x10, A 
 at least ALTERNATIONS blocks each, so machine noise (a machine slowing down for a few seconds)
 hits them alike. The first run of each block is not counted: ORT's worker threads spin for a
 while after a run, and one session's spinning threads would slow the other's next run if they
-alternated run by run (bench/RESULTS.md, "Measurements behind the code").
+alternated run by run (bench/RESULTS.md, "Measurements behind the code"). Where a model is
+large (ir.kept_from_serialisation: 256 MiB of weights or more), each model's session is made,
+timed and released before the next one's is made (`one_at_a_time` in the result): two sessions
+would hold both models' weights at once; the runs are then sized from the first model's.
+Every session is released before the peak memory is measured.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from . import ir
+from . import heap, ir
 from .errors import ConvexportError
 from .inputs import DEFAULT_DYNAMIC_SIZE, InputSpec, dynamic_dims_note, random_inputs
 from .ir import files_for_runtime, kept_from_serialisation
@@ -103,16 +107,35 @@ def profile_models(
     feeds = random_inputs(inputs, seed=0) if feeds is None else feeds
     batch = next((int(v.shape[0]) for v in feeds.values() if v.ndim), 1)
     hint = dynamic_dims_note(inputs, f"made {DEFAULT_DYNAMIC_SIZE}")
-    sessions = {
-        label: _warmed_session(model, label, feeds, device, warmup, hint, per_op, memory and device == "cuda")
-        for label, model in models.items()
-    }
-    if runs is None:
-        slowest = max(session.settled_s for session in sessions.values())
-        runs = int(min(MAX_RUNS, max(MIN_RUNS, TIME_BUDGET_S / max(slowest, 1e-6))))
-    timed_began = time.perf_counter()
-    latencies = _block_latency(sessions, runs, progress)
-    timed_s = time.perf_counter() - timed_began
+
+    def warmed(label: str, model: onnx.ModelProto) -> _Session:
+        return _warmed_session(model, label, feeds, device, warmup, hint, per_op, memory and device == "cuda")
+
+    one_at_a_time = any(isinstance(m, onnx.ModelProto) and kept_from_serialisation(m) for m in models.values())
+    if one_at_a_time:  # a large model: never two sessions, each holding a model's weights (issue 34)
+        sessions, latencies, timed_s = {}, {}, 0.0
+        for label, model in models.items():
+            session = sessions[label] = warmed(label, model)
+            runs = runs or _runs_for(session.settled_s)  # the first model's (the original, as given)
+            told = (
+                None
+                if progress is None
+                else _offset_progress(progress, sum(map(len, latencies.values())), runs * len(models))
+            )
+            timed_began = time.perf_counter()
+            latencies.update(_block_latency({label: session}, runs, told))
+            timed_s += time.perf_counter() - timed_began
+            session.run = None  # its session released
+            heap.release()
+    else:
+        sessions = {label: warmed(label, model) for label, model in models.items()}
+        if runs is None:
+            runs = _runs_for(max(session.settled_s for session in sessions.values()))
+        timed_began = time.perf_counter()
+        latencies = _block_latency(sessions, runs, progress)
+        timed_s = time.perf_counter() - timed_began
+        for session in sessions.values():
+            session.run = None  # released before the peak memory is measured in a process of its own
     result = {
         "device": device,
         "provider": CUDA if device == "cuda" else CPU,
@@ -122,6 +145,8 @@ def profile_models(
         "batch": batch,
         "timed_s": round(timed_s, 3),
     }
+    if one_at_a_time:
+        result["one_at_a_time"] = True  # timed one after the other, not taking turns (see the module doc)
     for label, model in models.items():
         latency = _latency(latencies[label])
         entry = {
@@ -139,6 +164,16 @@ def profile_models(
             entry.update(_op_time_check(entry["op_time_ms"], latency["median"]))
         result[label] = entry
     return result
+
+
+def _offset_progress(progress: Callable[[int, int], None], done: int, total: int) -> Callable[[int, int], None]:
+    """progress(done, total) told of one model's runs among all the models' runs."""
+    return lambda made, _: progress(done + made, total)
+
+
+def _runs_for(settled_s: float) -> int:
+    """Timed runs for about TIME_BUDGET_S of a model whose runs settled at `settled_s` seconds."""
+    return int(min(MAX_RUNS, max(MIN_RUNS, TIME_BUDGET_S / max(settled_s, 1e-6))))
 
 
 def time_models(models: dict[str, onnx.ModelProto], feeds: dict, device: str, budget_s: float) -> dict:

@@ -6,6 +6,7 @@ given files to map; the input's external data checked as ONNX Runtime checks it.
 from __future__ import annotations
 
 import os
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -170,3 +171,29 @@ def test_onnx_runtimes_folder_goes_on_the_outputs_disk_during_a_run(tmp_path, la
     with ir.scratch_beside(tmp_path / "out"), ir.files_for_runtime(model) as file:
         assert Path(file).parent.parent == tmp_path / "out" and Path(file).parent.name.startswith(".convexport-")
     assert os.listdir(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("threshold, at_once", [(1000, 1), (1 << 40, 2)])
+def test_a_large_models_profile_holds_one_session_at_a_time(monkeypatch, threshold, at_once):
+    """A large model's two sessions are made, timed and released one after the other (each
+    holds a model's weights); smaller models take turns, both sessions alive."""
+    from convexport import profile
+
+    monkeypatch.setattr("convexport.ir.large.SERIALISED_MAX_BYTES", threshold)
+    alive, most = [], [0]
+    real = profile.create_session
+
+    def counted(*args, **kwargs):
+        session = real(*args, **kwargs)
+        alive[:] = [ref for ref in alive if ref() is not None] + [weakref.ref(session)]
+        most[0] = max(most[0], len(alive))
+        return session
+
+    monkeypatch.setattr(profile, "create_session", counted)
+    told = []
+    result = convexport.optimize(lora_bn_block(WIDTH), write=False, validate=False, progress=told.append)
+    measured = result.report["profile"]
+    assert most[0] == at_once and measured["speedup"] > 0
+    assert measured.get("one_at_a_time", False) == (at_once == 1)
+    runs = [line for line in told if line.startswith("profiling") and "runs)" in line]
+    assert runs and runs[-1].endswith(f"({2 * measured['runs']}/{2 * measured['runs']} runs)")
