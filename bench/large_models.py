@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import json
 import os
 import platform
@@ -171,7 +172,9 @@ def timed(command: list[str], cap_bytes: int | None = None) -> tuple[float, floa
     )
     wall = time.perf_counter() - start
     peak = re.search(r"Maximum resident set size \(kbytes\): (\d+)", run.stderr)
-    output = [line for line in (run.stdout + run.stderr).splitlines() if line.strip() and not _time_says(line)]
+    lines = (run.stdout + run.stderr).splitlines()
+    killed = [line for line in lines if line.startswith("Command terminated by signal")]  # (a crash says nothing)
+    output = killed or [line for line in lines if line.strip() and not _time_says(line)]
     status = "ok" if run.returncode == 0 else f"exit {run.returncode}: {output[-1][:100] if output else ''}"
     return wall, int(peak.group(1)) / 2**20 if peak else float("nan"), status
 
@@ -206,8 +209,9 @@ def main() -> None:
         HEADING,
         "",
         f"`bench/large_models.py`, {datetime.date.today()}, {platform.machine()}, "
-        f"{os.cpu_count()} cores, onnx {onnx.__version__}. Weights in external data; each tool a fresh process "
-        "under GNU time.",
+        f"{os.cpu_count()} cores, {total / 2**30:.1f} GiB, onnx {onnx.__version__}, onnxslim "
+        f"{importlib.metadata.version('onnxslim')}. Weights in external data; each tool a fresh process under GNU "
+        f"time, onnxslim's address space limited to {args.onnxslim_cap_gib:.1f} GiB.",
         "",
         "| model | weights | tool | result | time (s) | peak RSS (GiB) | RSS / weights | convexport's stages (s) |",
         "|---|---|---|---|---|---|---|---|",

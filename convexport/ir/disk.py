@@ -40,7 +40,10 @@ def spill(model: onnx.ModelProto, folder: Path) -> onnx.ModelProto:
 
 def spilled_weights(model: onnx.ModelProto) -> Path | None:
     """The weights file spill wrote when every large tensor of the model is in it, else None."""
-    _, large = skeleton(model)
+    return _spilled_file(skeleton(model)[1])
+
+
+def _spilled_file(large: list[tuple[onnx.TensorProto, onnx.TensorProto]]) -> Path | None:
     files = {file_range(original)[0] if is_file_backed(original) else None for original, _ in large}
     if len(files) != 1 or None in files:
         return None
@@ -55,14 +58,12 @@ def files_for_runtime(model: onnx.ModelProto) -> Iterator[str]:
     every large tensor is there; else in a temporary folder where each data file the model
     names is a hard link (a copy where the system refuses one) and held tensors are written."""
     light, large = skeleton(model)
-    files = {file_range(original)[0] for original, _ in large if is_file_backed(original)}
-    own = spilled_weights(model)
+    own = _spilled_file(large)
     if own is not None:
-        folder = own.parent
         for original, stripped in large:
             _, offset, length = file_range(original)
-            set_range(stripped, Path(own).name, offset, length)
-        handle, path = tempfile.mkstemp(suffix=".onnx", dir=folder)
+            set_range(stripped, own.name, offset, length)
+        handle, path = tempfile.mkstemp(suffix=".onnx", dir=own.parent)
         os.close(handle)
         try:
             onnx.save(light, path)
@@ -70,6 +71,7 @@ def files_for_runtime(model: onnx.ModelProto) -> Iterator[str]:
         finally:
             os.unlink(path)
         return
+    files = {file_range(original)[0] for original, _ in large if is_file_backed(original)}
     with tempfile.TemporaryDirectory(prefix=".convexport-session-", dir=_place_for_links(files)) as folder:
         names = {path: _linked_or_copied(path, Path(folder), index) for index, path in enumerate(sorted(files))}
         held = [(original, stripped) for original, stripped in large if not is_file_backed(original)]
