@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from helpers import tensor
+from helpers import make_model, tensor
 from onnx import helper
 from test_large_models import RNG, contents, lora_bn_block
 
@@ -197,3 +197,35 @@ def test_a_large_models_profile_holds_one_session_at_a_time(monkeypatch, thresho
     assert measured.get("one_at_a_time", False) == (at_once == 1)
     runs = [line for line in told if line.startswith("profiling") and "runs)" in line]
     assert runs and runs[-1].endswith(f"({2 * measured['runs']}/{2 * measured['runs']} runs)")
+
+
+def test_a_large_model_no_rule_changes_is_written_from_its_files(tmp_path, large):
+    """Nothing to fold: the model written is the input's, its weights copied file to file into
+    OUT.data (never read into memory: a rewrite that reads nothing), the input left as it was."""
+    weight = RNG.standard_normal((WIDTH, WIDTH)).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [tensor("x", [4, WIDTH])],
+                       [tensor("y", [4, WIDTH])], {"w": weight})
+    (tmp_path / "in").mkdir()
+    path = tmp_path / "in" / "m.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, location="m.onnx.data", size_threshold=100)
+    before = contents(path.parent)
+    result = convexport.optimize(str(path), output=tmp_path / "out.onnx", profile=False)
+    assert result.report["rewrites"] == [] and result.report["validation"]["passed"]
+    written = onnx.load(str(tmp_path / "out.onnx"))
+    assert np.array_equal(onnx.numpy_helper.to_array(written.graph.initializer[0]), weight)
+    assert (tmp_path / "out.onnx.data").stat().st_size == weight.nbytes and contents(path.parent) == before
+
+
+@pytest.mark.parametrize("kernel_copy", [True, False])
+def test_a_range_is_copied_whole_with_or_without_the_kernels_copy(tmp_path, monkeypatch, kernel_copy):
+    """os.copy_file_range where the system has it (Linux), chunks read and written elsewhere (macOS)."""
+    source = tmp_path / "source"
+    source.write_bytes(bytes(range(256)) * 40)
+    monkeypatch.setattr(weight_files, "COPY_CHUNK_BYTES", 1000)
+    if not kernel_copy:
+        monkeypatch.delattr(os, "copy_file_range", raising=False)
+    with open(tmp_path / "out", "wb") as out:
+        out.write(b"head")
+        weight_files.copy_range(str(source), 300, 5000, out)
+        out.write(b"tail")
+    assert (tmp_path / "out").read_bytes() == b"head" + source.read_bytes()[300:5300] + b"tail"
