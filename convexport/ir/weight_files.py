@@ -5,8 +5,8 @@ A model of large.SERIALISED_MAX_BYTES of weights or more, read from a file, keep
 tensors where they are: `point_at_files` checks each one the way ONNX Runtime does (a relative
 location inside the model's folder, no link leading out of it, the range within the file) and
 makes its location the file's absolute path. No model on disk holds an absolute location (onnx
-and ONNX Runtime refuse them), so such a tensor is "file-backed": its bytes are at
-(`file_range`), wherever the model object goes, with no folder to carry beside it.
+and ONNX Runtime refuse them), so such a tensor is "file-backed": its bytes are where
+`file_range` says, wherever the model object goes, with no folder to carry beside it.
 
 A file-backed tensor's values are read by `tensor_array` (that tensor's range only: a rule's
 fold), and its bytes copied file to file by `write_weights` (a model saved); disk.py writes a
