@@ -117,11 +117,7 @@ def profile_models(
         for label, model in models.items():
             session = sessions[label] = warmed(label, model)
             runs = runs or _runs_for(session.settled_s)  # the first model's (the original, as given)
-            told = (
-                None
-                if progress is None
-                else _offset_progress(progress, sum(map(len, latencies.values())), runs * len(models))
-            )
+            told = _offset_progress(progress, sum(map(len, latencies.values())), runs * len(models))
             timed_began = time.perf_counter()
             latencies.update(_block_latency({label: session}, runs, told))
             timed_s += time.perf_counter() - timed_began
@@ -166,14 +162,14 @@ def profile_models(
     return result
 
 
-def _offset_progress(progress: Callable[[int, int], None], done: int, total: int) -> Callable[[int, int], None]:
-    """progress(done, total) told of one model's runs among all the models' runs."""
-    return lambda made, _: progress(done + made, total)
+def _offset_progress(progress, done: int, total: int):
+    """progress(done, total) told of one model's runs among all the models' runs (None: none)."""
+    return None if progress is None else lambda made, _: progress(done + made, total)
 
 
-def _runs_for(settled_s: float) -> int:
-    """Timed runs for about TIME_BUDGET_S of a model whose runs settled at `settled_s` seconds."""
-    return int(min(MAX_RUNS, max(MIN_RUNS, TIME_BUDGET_S / max(settled_s, 1e-6))))
+def _runs_for(settled_s: float, budget_s: float = TIME_BUDGET_S) -> int:
+    """Timed runs for about `budget_s` of a model whose runs settled at `settled_s` seconds."""
+    return int(min(MAX_RUNS, max(MIN_RUNS, budget_s / max(settled_s, 1e-6))))
 
 
 def time_models(models: dict[str, onnx.ModelProto], feeds: dict, device: str, budget_s: float) -> dict:
@@ -183,8 +179,7 @@ def time_models(models: dict[str, onnx.ModelProto], feeds: dict, device: str, bu
         label: _warmed_session(model, label, feeds, device, DEFAULT_WARMUP, "", False, False)
         for label, model in models.items()
     }
-    slowest = max(session.settled_s for session in sessions.values())
-    runs = int(min(MAX_RUNS, max(MIN_RUNS, budget_s / max(slowest, 1e-6))))
+    runs = _runs_for(max(session.settled_s for session in sessions.values()), budget_s)
     latencies = _block_latency(sessions, runs)
     return {"runs": runs, **{label: float(np.median(samples)) for label, samples in latencies.items()}}
 

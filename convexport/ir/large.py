@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .weight_files import is_file_backed, write_weights
+from .weight_files import external_entries, is_file_backed, write_weights
 
 EXTERNAL_DATA_THRESHOLD = 1 << 30  # weights from here on are saved as external data
 EXTERNAL_TENSOR_MIN_BYTES = 1024  # smaller tensors stay inside the model file
@@ -64,7 +64,7 @@ def _external_bytes(tensor: onnx.TensorProto) -> int:
     for a skeleton's stripped one, which names no file)."""
     if tensor.data_location != onnx.TensorProto.EXTERNAL:
         return 0
-    entries = {entry.key: entry.value for entry in tensor.external_data}
+    entries = external_entries(tensor)
     if "location" not in entries:
         return 0
     if "length" in entries:
@@ -95,14 +95,15 @@ SERIALISED_MAX_BYTES = 256 << 20
 def kept_from_serialisation(model: onnx.ModelProto) -> bool:
     """Whether the model is too large to be serialised whole: over protobuf's limit
     (needs_external_data), or of SERIALISED_MAX_BYTES of weights or more."""
-    return needs_external_data(model) or weight_bytes(model) >= SERIALISED_MAX_BYTES
+    threshold = min(SERIALISED_MAX_BYTES, EXTERNAL_DATA_THRESHOLD)
+    return weight_bytes(model) >= threshold or any(map(is_file_backed, model.graph.initializer))
 
 
 def skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[tuple[onnx.TensorProto, onnx.TensorProto]]]:
     """A copy of the model whose large initializers (file-backed ones among them) have no data
     (marked external, with no location yet), and the (original, stripped) pairs of those
-    initializers. The large data is
-    never copied (a whole-model copy cleared afterwards took 2 s a GiB of weights)."""
+    initializers. The large data is never copied (a whole-model copy cleared afterwards took
+    2 s a GiB of weights)."""
     light = onnx.ModelProto()
     _copy_fields(model, light, skip="graph")
     _copy_fields(model.graph, light.graph, skip="initializer")

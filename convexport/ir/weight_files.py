@@ -48,16 +48,17 @@ def is_external(tensor: onnx.TensorProto) -> bool:
 
 def is_file_backed(tensor: onnx.TensorProto) -> bool:
     """An external tensor whose location is an absolute path (point_at_files, spill made it)."""
-    return is_external(tensor) and os.path.isabs(_entries(tensor).get("location", ""))
+    return is_external(tensor) and os.path.isabs(external_entries(tensor).get("location", ""))
 
 
 def file_range(tensor: onnx.TensorProto) -> tuple[str, int, int]:
     """(path, offset, length) of a file-backed tensor's bytes."""
-    entries = _entries(tensor)
+    entries = external_entries(tensor)
     return entries["location"], int(entries.get("offset", 0)), int(entries["length"])
 
 
-def _entries(tensor: onnx.TensorProto) -> dict[str, str]:
+def external_entries(tensor: onnx.TensorProto) -> dict[str, str]:
+    """A tensor's external_data entries (location, offset, length, ...) as a dict."""
     return {entry.key: entry.value for entry in tensor.external_data}
 
 
@@ -84,7 +85,7 @@ def point_at_files(model: onnx.ModelProto, folder: Path) -> None:
     for tensor in model.graph.initializer:
         if not is_external(tensor):
             continue
-        entries = _entries(tensor)
+        entries = external_entries(tensor)
         location = entries.get("location", "")
         real = os.path.realpath(os.path.join(root, location))
         if not location or os.path.isabs(location) or os.path.commonpath([root, real]) != root:
@@ -187,7 +188,6 @@ def write_weights(large: list[tuple[onnx.TensorProto, onnx.TensorProto]], out, l
             out.write(payload)
             length = len(payload)
         set_range(stripped, location, offset, length)
-        out.seek(0, os.SEEK_END)
         _count(length)
 
 
