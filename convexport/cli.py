@@ -78,6 +78,9 @@ LibraryOpt = Annotated[
         "--custom-ops-library", help="ONNX Runtime kernel library of the model's custom operators (repeatable)."
     ),
 ]
+NoPerOpOpt = Annotated[
+    bool, typer.Option("--no-per-op", help="Time runs and memory only: no pass for the time per op type.")
+]
 TrustOpt = Annotated[
     bool, typer.Option("--trust-pickle", help="Allow a pickled nn.Module (.pt/.pth); unpickling runs code.")
 ]
@@ -103,6 +106,7 @@ def optimize(
     html: Annotated[Path | None, typer.Option("--html", help="Write an HTML report here.")] = None,
     no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip validation (not recommended).")] = False,
     no_profile: Annotated[bool, typer.Option("--no-profile", help="Skip profiling.")] = False,
+    no_per_op: NoPerOpOpt = False,
     rtol: RtolOpt = None,
     atol: AtolOpt = None,
     opset: OpsetOpt = None,
@@ -159,6 +163,7 @@ def optimize(
                     device=device,
                     validate=not no_validate,
                     profile=not no_profile,
+                    per_op=not no_per_op,
                     builtin_rules=not no_builtin_rules,
                     rtol=rtol,
                     atol=atol,
@@ -258,12 +263,13 @@ def profile(
     model: Annotated[Path, typer.Argument(help="An ONNX model.")],
     device: Annotated[str, typer.Option("--device")] = "auto",
     runs: Annotated[
-        int | None, typer.Option("--runs", help="Timed runs (default: about 2 s worth, 10 to 200).")
+        int | None, typer.Option("--runs", help="Timed runs (default: about 2 s worth, 5 to 1000).")
     ] = None,
     warmup: Annotated[int, typer.Option("--warmup")] = 3,
     report: Annotated[Path | None, typer.Option("--report")] = None,
     input: InputOpt = None,
     custom_ops_library: LibraryOpt = None,
+    no_per_op: NoPerOpOpt = False,
 ):
     """Time an ONNX model on ONNX Runtime."""
     from .export import graph_input_specs
@@ -282,20 +288,24 @@ def profile(
         onnx_model = load_model(str(model)).onnx_model
         specs = with_overrides(graph_input_specs(onnx_model), input_specs(input), model)
         with custom_op_libraries(custom_ops_library or []):
-            measured = profile_models({"model": onnx_model}, specs, resolve_device(device), runs, warmup)
+            measured = profile_models(
+                {"model": onnx_model}, specs, resolve_device(device), runs, warmup, per_op=not no_per_op
+            )
         if report is not None:
             write_json(measured, report)
         if _is_stdout(report):
             return
         entry = measured["model"]
         latency = entry["latency_ms"]
-        ops = ", ".join(f"{op} {ms:.3f}" for op, ms in list(entry["op_time_ms"].items())[:5])
-        if not entry["op_times_trusted"]:
-            ops += f" (these add up to {entry['op_time_coverage']:.0%} of the latency: not where its time goes)"
+        ops = ""
+        if "op_time_ms" in entry:
+            ops = "; ms per op type: " + ", ".join(f"{op} {ms:.3f}" for op, ms in list(entry["op_time_ms"].items())[:5])
+            if not entry["op_times_trusted"]:
+                ops += f" (these add up to {entry['op_time_coverage']:.0%} of the latency: not where its time goes)"
         stdout.print(
             f"{model} on {measured['provider']}: median {latency['median']:.3f} ms, p90 {latency['p90']:.3f} ms "
             f"over {measured['runs']} runs, {entry['throughput_per_s']:.1f} samples/s, peak memory "
-            f"{entry['peak_memory_bytes'] / 2**20:.1f} MiB; ms per op type: {ops}",
+            f"{entry['peak_memory_bytes'] / 2**20:.1f} MiB{ops}",
             markup=False,
         )
 

@@ -24,6 +24,7 @@ class OptimizeOptions:
     device: str = "auto"  # auto | cpu | cuda: where the model will run (cost, measure, profile)
     validate: bool = True
     profile: bool = True
+    per_op: bool = True  # False (--no-per-op): the profile times runs and memory only, no time per op type
     builtin_rules: bool = True  # False: --no-builtin-rules
     rtol: float | list[str] | None = None  # a number, or NAME:F texts per output
     atol: float | list[str] | None = None

@@ -278,6 +278,7 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
     made_up_runs = DEFAULT_RUNS if options.made_up_inputs else 0
     if not options.made_up_inputs:
         report["made_up_inputs"] = "not used: --input-data replaces them"
+    tf32_sample = None  # the device check's first input set, for TF32's effect on the device
     if options.validate:
         say("validating")
         labels = (f"{loaded.source} (as exported)", "the optimized graph")
@@ -331,6 +332,7 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
                 report["validation"],
                 result.exact,
             )
+            tf32_sample = result.sample if result.passed else None
         if not result.passed:
             say("finding the rewrite that broke it")
             exact = result.exact  # the float64 reference, computed once, for every step of the bisection
@@ -360,16 +362,29 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
     measured = None
     if options.profile:
         say(f"profiling on {device}")
+        # TF32's effect is read on the profile's session of the optimized graph, which has the
+        # deployment's options, rather than on one more session and its seconds-long first run
+        read_tf32 = (
+            {"after": lambda session: _record_tf32_effect(report["validation"], outcome.model, tf32_sample, session)}
+            if tf32_sample
+            else None
+        )
         try:
             measured = profile_models(
                 {"before": exported.reference, "after": outcome.model},
                 inputs_for_check,
                 device,
                 feeds=real_data[0] if made_up_runs == 0 else None,
+                per_op=options.per_op,
                 progress=lambda done, total: say(f"profiling on {device}", f"{done}/{total} runs"),
+                after_timing=read_tf32,
             )
         except MissingKernel as exc:
             report["profile_skipped"] = str(exc)
+    if tf32_sample and not {"tf32_effect", "tf32_effect_note"} & report["validation"]["on_device"].keys():
+        # not profiled, or the profile was skipped
+        say("validating on cuda", "TF32's effect")
+        _record_tf32_effect(report["validation"], outcome.model, tf32_sample)
     if measured:
         report["profile"] = _judged_profile(measured, unchanged=outcome.model is exported.reference)
     if destination is not None:
@@ -572,9 +587,8 @@ def _load_problem(candidate: onnx.ModelProto) -> str | None:
 def _validated_on_device(reference, optimized, inputs, runs, tolerances, real_data, labels, validation: dict, exact):
     """The check on the CUDA provider the model is deployed on, beside the CPU reference check:
     original and optimized on CUDA with TF32 off, so that only the rewrite can differ; its
-    result goes to validation["on_device"], with TF32's own effect on the optimized graph (on
-    against off: what a deployment with ORT's defaults sees besides the rewrite). The device
-    check's result is returned: a graph that fails it fails validation."""
+    result goes to validation["on_device"] (TF32's own effect is added by _record_tf32_effect).
+    The device check's result is returned: a graph that fails it fails validation."""
     on_device = compare_models(
         reference,
         optimized,
@@ -586,18 +600,29 @@ def _validated_on_device(reference, optimized, inputs, runs, tolerances, real_da
         device="cuda",
         exact=exact or False,
     )
-    tf32 = tf32_effect(optimized, on_device.sample) if on_device.sample else {}
     validation["on_device"] = {
         **on_device.to_report(),
         "provider": CUDA,
         "provider_options": provider_options("cuda", tf32=False, search=False),
         "tf32": False,
-        "tf32_effect": {name: {"max_abs": e.max_abs, "max_rel": e.max_rel} for name, e in tf32.items()},
     }
     if not on_device.passed:
         validation["passed"] = False  # the CPU check's numbers stay beside it
         on_device.problem = f"on {CUDA} (TF32 off): {on_device.summary()}"
     return on_device
+
+
+def _record_tf32_effect(validation: dict, model: onnx.ModelProto, sample, session=None) -> None:
+    """validation["on_device"]["tf32_effect"]: per output, how far the optimized graph as
+    deployed (ORT's default CUDA options, TF32 on) lands from the device check's TF32-off
+    outputs (validate.tf32_effect), on `session` where the profile hands its own over."""
+    effect = tf32_effect(model, sample, session)
+    on_device = validation["on_device"]
+    if effect is None:
+        on_device["tf32_effect_note"] = f"not measured: {CUDA} has no kernel for the graph with its default options"
+        return
+    on_device["tf32_effect"] = {name: {"max_abs": e.max_abs, "max_rel": e.max_rel} for name, e in effect.items()}
+    on_device["tf32_effect_options"] = provider_options("cuda")
 
 
 def _blame(culprit: dict | None, conversions: list[str]) -> str:

@@ -2,18 +2,19 @@
 time per op type, on the CUDA provider (IO binding, device memory) or the CPU provider.
 
 Each model gets one session, which everything measured of it in this process uses:
-1. The first run, alone: it carries the one-off work (cuDNN's algorithm search, arenas
-   growing, thread pools starting), so it is timed (`phases_s.first_run`) but never counted.
-2. Time per op type, right after it: ONNX Runtime's profiler is on from the session's start
-   and can be ended but not started again, so every run before `end_profiling` is profiled
-   (and slowed: mobileone_s0 on an H200 ran 10.2 ms profiled against 3.9 ms). The per-op pass
-   is therefore PER_OP_LEAD runs that are not counted, then the per-op runs, whose kernel
-   events alone count (each run's window is its model_run event), and profiling ends there:
-   no warm-up or timed run carries the profiler, and its events file holds a few runs. The
-   per-op times are checked against the latency: their sum per run over the median run time
-   is the entry's `op_time_coverage`, and outside [1 - OP_TIME_TOLERANCE, 1 + OP_TIME_TOLERANCE]
-   `op_times_trusted` is false (on CUDA, ORT times a kernel's launch on the host, which need
-   not be its time on the device).
+1. The first run, alone: it carries the one-off work (on CUDA cuDNN building a plan for each
+   convolution, seconds on a real model; arenas growing, thread pools starting), so it is timed
+   (`phases_s.first_run`) but never counted.
+2. Time per op type, right after it (unless per_op is False: --no-per-op): ONNX Runtime's
+   profiler is on from the session's start and can be ended but not started again, so every
+   run before `end_profiling` is profiled (and slowed: mobileone_s0 on an H200 ran 10.2 ms
+   profiled against 3.9 ms). The per-op pass is therefore PER_OP_LEAD runs that are not
+   counted, then the per-op runs, whose kernel events alone count (each run's window is its
+   model_run event), and profiling ends there: no warm-up or timed run carries the profiler,
+   and its events file holds a few runs. The per-op times are checked against the latency:
+   their sum per run over the median run time is the entry's `op_time_coverage`, and outside
+   [1 - OP_TIME_TOLERANCE, 1 + OP_TIME_TOLERANCE] `op_times_trusted` is false (on CUDA, ORT
+   times a kernel's launch on the host, which need not be its time on the device).
 3. Warm-up until the run time settles: runs go on until the median of the last WARM_WINDOW
    runs is within SETTLED of the median of the WARM_WINDOW before them (at least `warmup`
    runs, at most WARM_BUDGET_S of them); the settled time sizes the timed runs.
@@ -88,6 +89,7 @@ class _Session:
     settled_s: float  # the median of the last warm-up window
     warmup_runs: int
     measured: dict = field(default_factory=dict)  # op_time_ms and its check, device memory
+    session: object = None  # ONNX Runtime's, for after_timing
 
 
 def profile_models(
@@ -100,10 +102,14 @@ def profile_models(
     per_op: bool = True,
     progress: Callable[[int, int], None] | None = None,
     feeds: dict | None = None,
+    after_timing: dict[str, Callable[[object], None]] | None = None,
 ) -> dict:
     """Per model label: latency_ms, throughput, peak_memory_bytes, op_time_ms (see the module
     doc); measured on one device, on `feeds` (random inputs made to `inputs` when None).
-    `progress(done, total)` is told the timed runs made so far."""
+    `progress(done, total)` is told the timed runs made so far. `after_timing[label]` is called
+    with that model's session once it is timed, before it is released: other work on the same
+    model and options uses it instead of a session of its own (a CUDA session's first run builds
+    every convolution's cuDNN plan, seconds on a real model)."""
     feeds = random_inputs(inputs, seed=0) if feeds is None else feeds
     batch = next((int(v.shape[0]) for v in feeds.values() if v.ndim), 1)
     hint = dynamic_dims_note(inputs, f"made {DEFAULT_DYNAMIC_SIZE}")
@@ -121,7 +127,7 @@ def profile_models(
             timed_began = time.perf_counter()
             latencies.update(_block_latency({label: session}, runs, told))
             timed_s += time.perf_counter() - timed_began
-            session.run = None  # its session released
+            _release(session, after_timing.get(label) if after_timing else None)
             heap.release()
     else:
         sessions = {label: warmed(label, model) for label, model in models.items()}
@@ -130,8 +136,8 @@ def profile_models(
         timed_began = time.perf_counter()
         latencies = _block_latency(sessions, runs, progress)
         timed_s = time.perf_counter() - timed_began
-        for session in sessions.values():
-            session.run = None  # released before the peak memory is measured in a process of its own
+        for label, session in sessions.items():  # released before the peak memory is measured in a process of its own
+            _release(session, after_timing.get(label) if after_timing else None)
     result = {
         "device": device,
         "provider": CUDA if device == "cuda" else CPU,
@@ -160,6 +166,13 @@ def profile_models(
             entry.update(_op_time_check(entry["op_time_ms"], latency["median"]))
         result[label] = entry
     return result
+
+
+def _release(session: _Session, then: Callable[[object], None] | None) -> None:
+    """Hands the session to `then` (if any), then drops every reference to it."""
+    if then is not None:
+        then(session.session)
+    session.session = session.run = None
 
 
 def _offset_progress(progress, done: int, total: int):
@@ -215,7 +228,7 @@ def _warmed_session(model, label, feeds, device, warmup, hint, per_op, device_me
         phases["warm_up"] = sum(times)
     if before is not None:
         measured["peak_memory_bytes"] = max(device_memory_used() - before, 0)
-    return _Session(run, float(np.median(times[-WARM_WINDOW:])), 1 + len(times), measured)
+    return _Session(run, float(np.median(times[-WARM_WINDOW:])), 1 + len(times), measured, session)
 
 
 def warm_up(run: Callable[[], object], least: int, budget_s: float | None = None) -> list[float]:

@@ -120,6 +120,8 @@ def print_optimize_summary(report: dict, console: Console) -> None:
     validation = report.get("validation")
     if validation:
         console.print(validation_line(validation))
+        if validation.get("on_device"):
+            console.print(device_check_line(validation["on_device"]), markup=False)
     if report.get("profile_skipped"):
         console.print(f"profile: skipped: {report['profile_skipped']}", markup=False)
     if profile and profile.get("speedup"):
@@ -210,6 +212,20 @@ def validation_line(validation: dict) -> str:
         f"validation: {verdict} over {runs} against the float64 result{where}: error {error:.3g}, "
         f"the original's own {own:.3g} (max abs)"
     )
+
+
+def device_check_line(on_device: dict) -> str:
+    """The check on the device in one line: original and optimized there with TF32 off (the
+    largest relative difference over the outputs), and how far TF32 on, ORT's default, moves
+    the optimized graph's outputs."""
+    verdict = "passed" if on_device["passed"] else "FAILED"
+    worst = max((e["max_rel"] for e in on_device["outputs"].values()), default=0.0)
+    line = f"on {on_device['provider']} (TF32 off): {verdict}, max rel difference {worst:.3g} from the original there"
+    effect = on_device.get("tf32_effect")
+    if effect:
+        moved = max(e["max_rel"] for e in effect.values())
+        line += f"; TF32 on (ORT's default) moves the outputs by up to {moved:.3g} relative"
+    return line
 
 
 def print_explanations(report: dict, console: Console, most: int = 40) -> None:

@@ -103,11 +103,12 @@ def resolve_device(device: str) -> str:
 
 
 # The CUDA provider's options convexport sets, reported with every number it measures there:
-# cuDNN picks each convolution's algorithm by timing them all (EXHAUSTIVE, ORT's default, so
-# the times are what a deployment with default options gets; the search is paid once per
-# session, in the warm-up), and TF32 on (ORT's default) unless a check asks for plain fp32. A
-# session that only checks values takes cuDNN's heuristic pick instead of paying the search:
-# every algorithm computes the same convolution.
+# ORT's defaults, so that the times are what a deployment gets. ORT's CUDA Conv builds a cuDNN
+# frontend graph per convolution in a session's first run and takes the plan of cuDNN's
+# heuristic mode B for EXHAUSTIVE, of mode A for HEURISTIC (neither times algorithms); TF32 is
+# on unless a check asks for plain fp32. A session that only checks values takes HEURISTIC, the
+# cheaper pick: every plan computes the same convolution. The first run's plan building is
+# paid per session and does not overlap across sessions (bench/RESULTS.md, H100).
 CUDA_OPTIONS = {"cudnn_conv_algo_search": "EXHAUSTIVE", "use_tf32": "1"}
 
 

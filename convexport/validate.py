@@ -234,7 +234,7 @@ def compare_models(
     the reference's own run besides. The reference failing to run is a RunFailure (the inputs
     do not suit the model); the candidate failing where the reference runs fails the
     validation. `labels` name the two models in those messages. On CUDA both run with TF32 off
-    (tf32_effect measures it on its own)."""
+    (tf32_effect reads TF32's own effect)."""
     tolerances.check_outputs([out.name for out in reference.graph.output], labels[0])
     result = ValidationResult(True, runs + len(extra_feeds), tolerances, inputs=[str(spec) for spec in inputs])
     # One session at a time: the reference's outputs on every input set are computed and its
@@ -333,22 +333,31 @@ class _ReferenceSession:
         return self._evaluator.run(names, feeds)
 
 
-def tf32_effect(model: onnx.ModelProto, sample: tuple[dict, list[np.ndarray]]) -> dict[str, OutputError]:
-    """Per output, how far `model` on CUDA with TF32 on (ORT's default: convolutions and matrix
-    products round their inputs to 10-bit mantissas) lands from its `sample` outputs with TF32
-    off (compare_models' on the same device), on the sample's inputs: one more session, not two
-    (on an H100 each CUDA session's first run builds a cuDNN plan per convolution: 1.6 to 4.4 s
-    for the optimized graphs of mobileone_s0 and efficientvit_m0)."""
+def tf32_effect(
+    model: onnx.ModelProto, sample: tuple[dict, list[np.ndarray]], session=None
+) -> dict[str, OutputError] | None:
+    """Per output, how far `model` as deployed on CUDA (ORT's default options: TF32 on, so that
+    convolutions and matrix products round their inputs to 10-bit mantissas, and its graph
+    optimizations) lands from its `sample` outputs with TF32 off (compare_models' on the same
+    device), on the sample's inputs. `session` is such a session of `model` already made (the
+    profile's), else one is made: each CUDA session's first run builds a cuDNN plan per
+    convolution (on an H100 1.8 to 3.9 s for the optimized graphs of mobileone_s0 and
+    efficientvit_m0). None where ORT's CUDA provider has no kernel for the graph."""
     feeds, off = sample
-    session = _evaluator(model, "the optimized graph with TF32 on", "cuda", tf32=True)
+    what = "the optimized graph with TF32 on"
+    if session is None:
+        try:
+            session = create_session(model, "cuda", what=what)
+        except MissingKernel:
+            return None
     names = [output.name for output in session.get_outputs()]
-    on = checked_run(lambda: session.run(names, feeds), feeds, "the optimized graph with TF32 on")
+    on = checked_run(lambda: session.run(names, feeds), feeds, what)
     return {name: compare_arrays(without, with_tf32, 0.0, 0.0) for name, without, with_tf32 in zip(names, off, on)}
 
 
-def _evaluator(model: onnx.ModelProto, what: str, device: str = "cpu", tf32: bool = False):
+def _evaluator(model: onnx.ModelProto, what: str, device: str = "cpu"):
     try:
-        return create_session(model, device, optimize=False, what=what, tf32=tf32, search=False)
+        return create_session(model, device, optimize=False, what=what, tf32=False, search=False)
     except MissingKernel:
         return _ReferenceSession(model)
 

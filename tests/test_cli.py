@@ -155,6 +155,21 @@ def test_profile_command(exported_pair, tmp_path):
     assert result.exit_code == 0, result.output
     latency = json.loads(report.read_text())["model"]["latency_ms"]
     assert 0 < latency["min"] <= latency["median"] <= latency["p90"]
+    assert "ms per op type: Conv" in result.stdout
+
+
+def test_latency_alone_skips_the_per_op_pass(exported_pair, tmp_path):
+    report = tmp_path / "p.json"
+    result = invoke("profile", exported_pair / "opt.onnx", "--device", "cpu", "--runs", 5, "--no-per-op",
+                    "--report", report)
+    assert result.exit_code == 0, result.output
+    measured = json.loads(report.read_text())["model"]
+    assert "op_time_ms" not in measured and "per_op" not in measured["phases_s"] and "per op" not in result.stdout
+    optimized = invoke("optimize", exported_pair / "ref.onnx", "-o", tmp_path / "o.onnx", "--device", "cpu",
+                       "--no-per-op", "--report", tmp_path / "o.json", "--html", tmp_path / "o.html")
+    assert optimized.exit_code == 0, optimized.output
+    profiled = json.loads((tmp_path / "o.json").read_text())["profile"]
+    assert profiled["before"]["latency_ms"]["median"] > 0 and "op_time_ms" not in profiled["after"]
 
 
 def test_rules_commands(tmp_path):

@@ -9,10 +9,12 @@ import onnx
 import onnx.parser
 import pytest
 from onnx import numpy_helper
+from rich.console import Console
 
 import convexport
-from convexport import ir, validate
+from convexport import ir, profile, validate
 from convexport.rewrite import cost
+from convexport.report import print_optimize_summary
 from convexport.runtime import create_session
 from graphs import rewrite
 from test_hostile import conv_bn
@@ -34,17 +36,22 @@ class Skewed:
 @pytest.fixture
 def on_fake_cuda(monkeypatch):
     """optimize() believes it runs on CUDA; sessions for "cuda" are CPU sessions, recorded as
-    (device, tf32), the optimized graph's skewed by `skew["cuda"]` there."""
+    (device, tf32, what), the optimized graph's skewed by `skew["cuda"]` there where it is set.
+    The profile runs them as the CPU's (no IO binding, no device memory to read)."""
     made, skew = [], {"cuda": 0.0}
 
     def session(model, device="cpu", optimize=True, profile_path=None, what="the model", tf32=True, search=True):
         made.append((device, tf32, what))
         real = create_session(model, "cpu", optimize, profile_path, what, tf32)
         optimized = model.graph.node[0].op_type == "Conv" and len(model.graph.node) == 1
-        return Skewed(real, skew["cuda"]) if device == "cuda" and optimized else real
+        return Skewed(real, skew["cuda"]) if device == "cuda" and optimized and skew["cuda"] else real
 
+    runner = profile.session_runner
     monkeypatch.setattr("convexport.pipeline.resolve_device", lambda device: "cuda")
     monkeypatch.setattr(validate, "create_session", session)
+    monkeypatch.setattr(profile, "create_session", session)
+    monkeypatch.setattr(profile, "session_runner", lambda session, feeds, device: runner(session, feeds, "cpu"))
+    monkeypatch.setattr(profile, "device_memory_used", lambda: 0)
     return made, skew
 
 
@@ -59,6 +66,37 @@ def test_the_optimized_graph_is_also_validated_on_the_device(on_fake_cuda):
     # is read against the TF32-off session's outputs (each CUDA session's first run builds cuDNN's plans)
     assert cuda_sessions == [("cuda", False), ("cuda", False), ("cuda", True)]
     assert ("cpu", False, "the optimized graph") in made  # the CPU check stays the reference
+
+
+def test_tf32s_effect_is_read_on_the_profiles_session(on_fake_cuda):
+    """Profiled on the device, the optimized graph's TF32-on session is the profile's (ORT's
+    default options, as deployed): four CUDA sessions, not five (each first run builds every
+    convolution's cuDNN plan: seconds on a real model)."""
+    made, _ = on_fake_cuda
+    report = convexport.optimize(conv_bn(), write=False).report
+    on_device = report["validation"]["on_device"]
+    assert set(on_device["tf32_effect"]) == {"y"} and on_device["tf32_effect_options"]["use_tf32"] == "1"
+    cuda_sessions = [(tf32, what) for device, tf32, what in made if device == "cuda"]
+    assert [tf32 for tf32, _ in cuda_sessions] == [False, False, True, True]
+    assert all("profiled" in what for _, what in cuda_sessions[2:])
+    assert report["profile"]["provider"] == "CUDAExecutionProvider"
+    console = Console(record=True, width=300)
+    print_optimize_summary(report, console)
+    worst = on_device["tf32_effect"]["y"]["max_rel"]
+    assert (f"on CUDAExecutionProvider (TF32 off): passed, max rel difference "
+            f"{on_device['outputs']['y']['max_rel']:.3g} from the original there; TF32 on (ORT's default) moves the "
+            f"outputs by up to {worst:.3g} relative") in console.export_text()
+
+
+def test_tf32s_effect_without_a_profile_takes_a_session_with_the_deployments_options(on_fake_cuda, monkeypatch):
+    made, _ = on_fake_cuda
+    options = []
+    real = validate.create_session
+    monkeypatch.setattr(validate, "create_session", lambda *a, **k: options.append(k) or real(*a, **k))
+    on_device = convexport.optimize(conv_bn(), write=False, profile=False).report["validation"]["on_device"]
+    assert set(on_device["tf32_effect"]) == {"y"}
+    tf32_session = options[-1]
+    assert tf32_session == {"what": "the optimized graph with TF32 on"}  # create_session's defaults: ORT's own
 
 
 def test_a_graph_that_differs_on_the_device_only_is_refused_there(on_fake_cuda):

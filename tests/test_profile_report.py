@@ -106,6 +106,28 @@ def test_a_first_run_longer_than_the_warm_up_budget_does_not_size_the_runs(monke
     assert measured["runs"] >= 100 and measured["m"]["warmup_runs"] >= 1 + 2 * profile.WARM_WINDOW
 
 
+@pytest.mark.parametrize("large", [False, True], ids=["side by side", "one at a time"])
+def test_after_timing_gets_each_session_once_timed_and_before_it_is_released(monkeypatch, large):
+    """TF32's effect on CUDA is read on the profile's session of the optimized graph: the hook
+    gets that model's own session after its timed runs."""
+    sessions = {label: SlowStart(slow=0, first=0.0, then=0.0005) for label in ("before", "after")}
+    models = {label: onnx.helper.make_model(onnx.helper.make_graph([], label, [], [])) for label in sessions}
+    monkeypatch.setattr(profile, "create_session", lambda model, device, profile_path=None, what="": sessions[model.graph.name])
+    monkeypatch.setattr(profile, "session_runner", lambda session, feeds, device: session)
+    monkeypatch.setattr(profile, "kept_from_serialisation", lambda model: large)
+    monkeypatch.setattr(profile, "TIME_BUDGET_S", 0.05)
+    seen = []
+
+    def then(session):
+        seen.append((session, session.runs))
+
+    measured = profile.profile_models(models, [], "cpu", memory=False, per_op=False, after_timing={"after": then})
+    assert [session for session, _ in seen] == [sessions["after"]]
+    timed_runs = seen[0][1] - measured["after"]["warmup_runs"]
+    assert timed_runs >= measured["runs"]  # handed over after its timed runs (and blocks' settling runs)
+    assert measured.get("one_at_a_time", False) == large
+
+
 class ProfiledSession:
     """A session whose runs take `profiled` seconds while ORT's profiler is on (until
     end_profiling) and `plain` seconds after; its first run takes `first` (the search). Each run
