@@ -329,6 +329,30 @@ def _validation(validation) -> str:
         "</p><table><tr><th>output</th><th class=num>error</th><th class=num>original's error</th>"
         "<th class=num>bound</th><th class=num>in float64</th><th class=num>vs original, max abs</th>"
         f"<th class=num>cosine</th><th class=num>beyond</th><th class=num>rtol / atol</th></tr>{rows}</table>"
+        + (_device_check(validation["on_device"]) if validation.get("on_device") else "")
+    )
+
+
+def _device_check(on_device: dict) -> str:
+    """The check on the device (original and optimized there with TF32 off), per output, and how
+    far TF32 on, ORT's default, moves the optimized graph's outputs."""
+    effect = on_device.get("tf32_effect", {})
+    verdict = "<span class=ok>passed</span>" if on_device["passed"] else "<span class=bad>FAILED</span>"
+
+    def moved(name):
+        return f"{effect[name]['max_rel']:.3g}" if name in effect else "–"
+
+    rows = "".join(
+        f"<tr><td><code>{_e(name)}</code></td><td class=num>{o['max_rel']:.3g}</td><td class=num>{o['max_abs']:.3g}</td>"
+        f"<td class=num>{o['mismatches']} / {o['elements']}</td><td class=num>{moved(name)}</td></tr>"
+        for name, o in on_device["outputs"].items()
+    )
+    return (
+        f"<h3>On {_e(on_device['provider'])}</h3><p>{verdict}: the original and the optimized graph on the device "
+        "they will be deployed on, with TF32 off so that only the rewrite can differ; then how far the optimized "
+        "graph with ORT's default options (TF32 on) lands from its TF32-off outputs.</p>"
+        "<table><tr><th>output</th><th class=num>vs original there, max rel</th><th class=num>max abs</th>"
+        f"<th class=num>beyond</th><th class=num>TF32 on moves it, max rel</th></tr>{rows}</table>"
     )
 
 

@@ -15,6 +15,7 @@ import convexport
 from convexport import ir, profile, validate
 from convexport.rewrite import cost
 from convexport.report import print_optimize_summary
+from convexport.report_html import render
 from convexport.runtime import create_session
 from graphs import rewrite
 from test_hostile import conv_bn
@@ -86,6 +87,8 @@ def test_tf32s_effect_is_read_on_the_profiles_session(on_fake_cuda):
     assert (f"on CUDAExecutionProvider (TF32 off): passed, max rel difference "
             f"{on_device['outputs']['y']['max_rel']:.3g} from the original there; TF32 on (ORT's default) moves the "
             f"outputs by up to {worst:.3g} relative") in console.export_text()
+    page = render(report)
+    assert "<h3>On CUDAExecutionProvider</h3>" in page and f"<td class=num>{worst:.3g}</td></tr>" in page
 
 
 def test_tf32s_effect_without_a_profile_takes_a_session_with_the_deployments_options(on_fake_cuda, monkeypatch):
