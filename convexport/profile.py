@@ -111,6 +111,7 @@ def profile_models(
     model and options uses it instead of a session of its own (a CUDA session's first run builds
     every convolution's cuDNN plan, seconds on a real model)."""
     feeds = random_inputs(inputs, seed=0) if feeds is None else feeds
+    after_timing = after_timing or {}
     batch = next((int(v.shape[0]) for v in feeds.values() if v.ndim), 1)
     hint = dynamic_dims_note(inputs, f"made {DEFAULT_DYNAMIC_SIZE}")
 
@@ -127,7 +128,7 @@ def profile_models(
             timed_began = time.perf_counter()
             latencies.update(_block_latency({label: session}, runs, told))
             timed_s += time.perf_counter() - timed_began
-            _release(session, after_timing.get(label) if after_timing else None)
+            _release(session, after_timing.get(label))
             heap.release()
     else:
         sessions = {label: warmed(label, model) for label, model in models.items()}
@@ -137,7 +138,7 @@ def profile_models(
         latencies = _block_latency(sessions, runs, progress)
         timed_s = time.perf_counter() - timed_began
         for label, session in sessions.items():  # released before the peak memory is measured in a process of its own
-            _release(session, after_timing.get(label) if after_timing else None)
+            _release(session, after_timing.get(label))
     result = {
         "device": device,
         "provider": CUDA if device == "cuda" else CPU,

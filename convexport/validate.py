@@ -341,8 +341,8 @@ def tf32_effect(
     optimizations) lands from its `sample` outputs with TF32 off (compare_models' on the same
     device), on the sample's inputs. `session` is such a session of `model` already made (the
     profile's), else one is made: each CUDA session's first run builds a cuDNN plan per
-    convolution (on an H100 1.8 to 3.9 s for the optimized graphs of mobileone_s0 and
-    efficientvit_m0). None where ORT's CUDA provider has no kernel for the graph."""
+    convolution (seconds on a real model: bench/RESULTS.md). None where ORT's CUDA provider has
+    no kernel for the graph."""
     feeds, off = sample
     what = "the optimized graph with TF32 on"
     if session is None:
