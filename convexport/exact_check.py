@@ -23,8 +23,19 @@ Where time allows, the optimized graph also runs in float64 and must meet the sa
 without float32 rounding its error is only its weights' rounding, so a mistake in the algebra
 shows at its own size however ill-conditioned the model is. The float64 runs fit in a time
 budget (the caller's: optimize gives them 40% of what it has spent so far, so that they add at
-most that much): a larger model gets its float64 reference on fewer input sets, or none (then
-validation compares float32 runs with rtol/atol as before), and the report says which.
+most that much): a larger model gets its float64 reference on fewer input sets, or none, and the
+report says which. An input set without one is judged by the noise floor measured on those
+with one (validate.py):
+
+    |cand - orig| <= (FACTOR + 1) * max|orig - exact| + FLOOR_ULPS * u * rms(orig)
+
+the criterion above with the original's own error on that set taken as the largest seen; with
+no float64 reference at all, float32 runs are compared with rtol/atol.
+
+The reference is checked too: on the first input set every node of the float64 graph runs on
+ONNX Runtime's float32 inputs to it (float64/node_check.py). A node that disagrees beyond one
+op's rounding makes the reference suspect, and the optimized graph must then also meet the
+float32 tolerance against the original's run: the stricter of the two checks, never the looser.
 """
 
 from __future__ import annotations
@@ -37,10 +48,11 @@ import onnx
 
 from . import heap
 from .float64 import Float64Evaluator, Float64Unavailable
+from .float64.node_check import NodeCheck, NodeDisagreement, check_nodes
+from .float64.precision import UNIT_ROUNDOFF, rms
 
 FACTOR = 4.0
 FLOOR_ULPS = 32
-UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8, "float64": 2.0**-53}
 # Time the float64 runs may take, when the caller gives none; a run is not started where its
 # FLOPs at FLOAT64_FLOPS_PER_S (numpy's float64 convs on 2 cores, the slow end) would take over
 # FIRST_RUN_OVER_BUDGET times that, nor for weights over FLOAT64_WEIGHT_BYTES: the float64
@@ -60,9 +72,23 @@ class ExactReference:
     outputs: list[list[np.ndarray] | None]
     candidate_too: bool = False
     note: str | None = None  # why some or all input sets have no float64 reference
+    check: NodeCheck | None = None  # the reference against ONNX Runtime node by node, on the first input set
+    check_note: str | None = None  # why it was not checked
 
     def available(self, index: int) -> bool:
         return index < len(self.outputs) and self.outputs[index] is not None
+
+    @property
+    def suspect(self) -> NodeDisagreement | None:
+        """The first node where the float64 graph disagrees with ONNX Runtime, if any."""
+        return self.check.disagreement if self.check is not None else None
+
+    def check_report(self) -> dict:
+        """The node check as the report says it."""
+        if self.check is None:
+            return {"nodes_checked": 0, "note": self.check_note or "not run"}
+        suspect = self.suspect
+        return {"nodes_checked": self.check.nodes_checked, "disagreement": suspect.to_report() if suspect else None}
 
 
 def exact_reference(
@@ -90,26 +116,42 @@ def exact_reference(
         return ExactReference(none, note=f"skipped: the model takes {flops:.3g} FLOPs a run, over its time budget")
     began = time.perf_counter()
     try:
-        outputs = _float64_runs(model, all_feeds, budget_s)
+        evaluator = Float64Evaluator(model)
+        outputs = [evaluator.run(all_feeds[0])] if all_feeds else []
+        check, check_note = _checked(model, all_feeds, evaluator)
+        outputs += _float64_runs(evaluator, all_feeds[1:], budget_s - (time.perf_counter() - began))
     except Float64Unavailable as exc:
         return ExactReference(none, note=f"unavailable: {exc}")
     finally:
         heap.release_after(model)  # the float64 evaluator's ops refer back to it: its weights (2x) in a cycle
     ran = sum(value is not None for value in outputs)
-    per_run = (time.perf_counter() - began) / ran
+    per_run = (time.perf_counter() - began) / max(ran, 1)
     candidate_too = candidate_flops is not None and ran * per_run * candidate_flops / flops < budget_s
-    note = None if ran == len(all_feeds) else f"on {ran} of {len(all_feeds)} input sets ({per_run:.2g} s a run)"
-    return ExactReference(outputs, candidate_too, note)
+    note = None
+    if ran < len(all_feeds):
+        note = (
+            f"on {ran} of {len(all_feeds)} input sets ({per_run:.2g} s a run); the others judged by the noise "
+            "floor measured there"
+        )
+    return ExactReference(outputs, candidate_too, note, check, check_note)
 
 
-def _float64_runs(model: onnx.ModelProto, all_feeds: list[dict], budget_s: float) -> list:
-    """The float64 outputs on the input sets, in order, the first always, the others while
-    `budget_s` lasts (None after)."""
-    evaluator = Float64Evaluator(model)
+def _checked(model: onnx.ModelProto, all_feeds: list[dict], evaluator) -> tuple[NodeCheck | None, str | None]:
+    """The node-by-node check of the reference on the first input set (float64/node_check.py),
+    or why it could not run."""
+    if not all_feeds:
+        return None, "no input set"
+    try:
+        return check_nodes(model, all_feeds[0], evaluator), None
+    except Exception as exc:  # ONNX Runtime refuses the model with its values exposed
+        return None, f"not run: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
+
+
+def _float64_runs(evaluator, all_feeds: list[dict], budget_s: float) -> list:
+    """The float64 outputs on the input sets, in order, while `budget_s` lasts (None after)."""
     outputs, began = [], time.perf_counter()
     for feeds in all_feeds:
-        spent = time.perf_counter() - began
-        outputs.append(evaluator.run(feeds) if not outputs or spent < budget_s else None)
+        outputs.append(evaluator.run(feeds) if time.perf_counter() - began < budget_s else None)
     return outputs
 
 
@@ -129,7 +171,7 @@ def judge(original, candidate, exact, candidate64, dtype: str) -> ExactJudgement
     infinity, in the exact result)."""
     exact = exact.astype(np.float64)
     finite = np.isfinite(exact)
-    scale = float(np.sqrt(np.mean(np.square(exact[finite])))) if finite.any() else 0.0
+    scale = rms(exact[finite])
     floor = FLOOR_ULPS * UNIT_ROUNDOFF.get(dtype, UNIT_ROUNDOFF["float32"]) * (scale if scale > 0 else 1.0)
     own = _errors(original, exact, finite)
     bound = FACTOR * float(own.max(initial=0.0)) + floor
@@ -152,3 +194,13 @@ def _beyond(values, exact, finite, bound: float) -> tuple[np.ndarray, float]:
     errors = _errors(values, exact, finite)
     special = ~finite & ~((np.isnan(exact) & np.isnan(values)) | (np.isinf(exact) & (exact == values)))
     return (finite & ~(errors <= bound)) | special, float(errors.max(initial=0.0))
+
+
+def noise_floor_bound(original: np.ndarray, own: float, dtype: str) -> float:
+    """The bound on |cand - orig| for an input set without a float64 reference (module doc):
+    (FACTOR + 1) times the original's largest own error seen, plus FLOOR_ULPS units of the
+    output's scale."""
+    values = original.astype(np.float64)
+    scale = rms(values[np.isfinite(values)])
+    floor = FLOOR_ULPS * UNIT_ROUNDOFF.get(dtype, UNIT_ROUNDOFF["float32"]) * (scale if scale > 0 else 1.0)
+    return (FACTOR + 1) * own + floor

@@ -29,7 +29,11 @@ def test_a_detector_is_written_with_default_validation_and_folded_like_fuse(rout
     model = adapters.exported(module, example, route)
     name = model.graph.input[0].name
     result = convexport.optimize(model, inputs=[f"{name}:1x3x64x64"], output=tmp_path / "yolo.onnx", profile=False)
-    assert result.report["validation"]["passed"] and (tmp_path / "yolo.onnx").exists()
+    validation = result.report["validation"]
+    assert validation["passed"] and (tmp_path / "yolo.onnx").exists()
+    # every input set judged against float64, by a reference that agrees with ONNX Runtime node by node
+    assert validation["reference"] == "float64" and "reference_note" not in validation
+    assert validation["reference_check"]["disagreement"] is None and validation["reference_check"]["nodes_checked"] > 50
     hand = adapters.exported(detectors.fused(module), example, route)
     convs = [Counter(node.op_type for node in graph.node)["Conv"] for graph in (result.model.graph, hand.graph)]
     assert convs[0] == convs[1] == 19

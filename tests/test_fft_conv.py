@@ -134,7 +134,7 @@ def run_reference(model, feeds):
     provider has no kernel for Rfft/Irfft)."""
     from onnx.reference import ReferenceEvaluator
 
-    from convexport.reference_ops import REFERENCE_OPS
+    from convexport.float64.fft_ops import REFERENCE_OPS
 
     return ReferenceEvaluator(model, new_ops=REFERENCE_OPS).run(None, feeds)
 

@@ -3,7 +3,7 @@ device runs: for CUDA, ONNX Runtime's com.microsoft Rfft and Irfft over the whol
 provider has cuFFT kernels for them and none for ONNX's DFT, which it leaves to the CPU); for
 the CPU, ONNX DFT nodes, one image and one output channel at a time. A model optimized for CUDA
 this way runs on ONNX Runtime's CUDA provider only; its CPU check runs the two ops in ONNX's
-reference evaluator (reference_ops.py)."""
+reference evaluator (float64/fft_ops.py)."""
 
 from __future__ import annotations
 
