@@ -6,8 +6,9 @@ it, FACTOR times over, plus FLOOR_ULPS units of roundoff of the output's scale.
 
 per element, where orig and cand are the original's and the optimized graph's runs in their
 own precision (float32, float16, bfloat16: u is its unit roundoff) and exact the original's
-float64 run (float64.py). A model whose float32 result is far from its exact one (a small
-difference of large terms; a detection head that amplifies rounding) sets its own noise floor:
+float64 run (float64/, or a torch source's own: torch_reference.py). A model whose float32
+result is far from its exact one (a small difference of large terms; a detection head that
+amplifies rounding) sets its own noise floor:
 a rewrite that is as close to the exact result as the original passes, however far both are
 from each other, and one that is more accurate passes too. A well-conditioned model's floor
 is its float32 rounding, about 1e-7 of the scale: an algebraic mistake of 1e-4 stands out.
@@ -36,6 +37,12 @@ The reference is checked too: on the first input set every node of the float64 g
 ONNX Runtime's float32 inputs to it (float64/node_check.py). A node that disagrees beyond one
 op's rounding makes the reference suspect, and the optimized graph must then also meet the
 float32 tolerance against the original's run: the stricter of the two checks, never the looser.
+
+For a torch source the torch model's own float64 run is the exact result, where on the first
+input set it is within the bound above of the ONNX graph's (the exporter's float32 constants
+explain no more) and on each later one as near the original's run as there; where not, the
+exporter changed the model, the report's export_check says so, and the ONNX graph's float64 run
+judges the rewrite (agreement_with_export).
 """
 
 from __future__ import annotations
@@ -74,6 +81,8 @@ class ExactReference:
     note: str | None = None  # why some or all input sets have no float64 reference
     check: NodeCheck | None = None  # the reference against ONNX Runtime node by node, on the first input set
     check_note: str | None = None  # why it was not checked
+    source: str = "onnx"  # whose float64 run the outputs are: the ONNX graph's, or the torch model's own
+    export_check: dict | None = None  # torch's float64 run against the ONNX graph's, where it was tried
 
     def available(self, index: int) -> bool:
         return index < len(self.outputs) and self.outputs[index] is not None
@@ -92,11 +101,19 @@ class ExactReference:
 
 
 def exact_reference(
-    model: onnx.ModelProto, all_feeds: list[dict], candidate_flops: float | None = None, budget_s: float | None = None
+    model: onnx.ModelProto,
+    all_feeds: list[dict],
+    candidate_flops: float | None = None,
+    budget_s: float | None = None,
+    torch_source=None,
+    original_runs: list[list[np.ndarray]] | None = None,
 ) -> ExactReference:
     """The float64 reference of `model` on as many of `all_feeds`, in order, as `budget_s`
     allows (the first always, unless its estimate is far over), and whether the optimized
-    graph's float64 runs (of `candidate_flops`) fit in what is left."""
+    graph's float64 runs (of `candidate_flops`) fit in what is left. `torch_source`, a
+    torch_reference.TorchFloat64 (or the TorchUnavailable why not), gives the torch model's own
+    float64 run, the reference where it agrees with the ONNX graph's (judged against
+    `original_runs`, the original's float32 outputs on each set: agreement_with_export)."""
     from .float64 import conv_work
     from .ir.large import weight_bytes
     from .stats import node_flops
@@ -117,13 +134,21 @@ def exact_reference(
     began = time.perf_counter()
     try:
         evaluator = Float64Evaluator(model)
-        outputs = [evaluator.run(all_feeds[0])] if all_feeds else []
+        onnx_first = evaluator.run(all_feeds[0]) if all_feeds else []
         check, check_note = _checked(model, all_feeds, evaluator)
-        outputs += _float64_runs(evaluator, all_feeds[1:], budget_s - (time.perf_counter() - began))
+        torch_outputs, export_check = _torch_reference(
+            torch_source, all_feeds, onnx_first, original_runs, evaluator, began, budget_s
+        )
+        if torch_outputs is not None:
+            outputs, source = torch_outputs, "torch"
+        else:
+            left = budget_s - (time.perf_counter() - began)
+            outputs, source = [onnx_first, *_float64_runs(evaluator.run, all_feeds[1:], left)], "onnx"
     except Float64Unavailable as exc:
         return ExactReference(none, note=f"unavailable: {exc}")
     finally:
         heap.release_after(model)  # the float64 evaluator's ops refer back to it: its weights (2x) in a cycle
+    outputs = outputs[: len(all_feeds)]
     ran = sum(value is not None for value in outputs)
     per_run = (time.perf_counter() - began) / max(ran, 1)
     candidate_too = candidate_flops is not None and ran * per_run * candidate_flops / flops < budget_s
@@ -133,7 +158,77 @@ def exact_reference(
             f"on {ran} of {len(all_feeds)} input sets ({per_run:.2g} s a run); the others judged by the noise "
             "floor measured there"
         )
-    return ExactReference(outputs, candidate_too, note, check, check_note)
+    return ExactReference(outputs, candidate_too, note, check, check_note, source, export_check)
+
+
+def _torch_reference(torch_source, all_feeds, onnx_first, original_runs, evaluator, began: float, budget_s: float):
+    """The torch model's float64 outputs on the input sets (within the budget, the first always)
+    where it agrees with the ONNX graph's on the first, else None; and what the comparison found
+    (the report's export_check), None for no torch source.
+
+    On a later set torch's run must be as near the original's float32 run as it was on the
+    first (agreement_with_export's bound there): a traced export that fixed a data-dependent
+    branch agrees on one set and parts on another. Such a set takes the ONNX graph's float64 run
+    instead, and the check says where the two parted."""
+    from .torch_reference import TorchUnavailable
+
+    if torch_source is None or not all_feeds or not original_runs:
+        return None, None
+    if isinstance(torch_source, TorchUnavailable):
+        return None, {"note": str(torch_source)}
+    shapes = [array.shape for array in onnx_first]
+    try:
+        first = torch_source.run(all_feeds[0], shapes)
+    except TorchUnavailable as exc:
+        return None, {"note": str(exc)}
+    export_check = agreement_with_export(original_runs[0], first, onnx_first)
+    if not export_check["agrees"]:
+        return None, export_check
+    outputs, parted = [first], []
+    for index, feeds in enumerate(all_feeds[1:], start=1):
+        if time.perf_counter() - began >= budget_s:
+            outputs.append(None)
+            continue
+        try:
+            ours = torch_source.run(feeds, shapes)
+        except TorchUnavailable as exc:  # an input set it cannot take: the ONNX graph's run there
+            ours, export_check["note"] = None, str(exc)
+        if ours is not None and not agreement_with_export(original_runs[index], ours, first, export_check)["agrees"]:
+            parted.append(index)
+            ours = None
+        outputs.append(evaluator.run(feeds) if ours is None else ours)
+    if parted:
+        export_check.update(agrees=False, parted_on_input_sets=parted)
+    return outputs, export_check
+
+
+def agreement_with_export(original: list, torch_outputs: list, onnx_outputs: list, first: dict | None = None) -> dict:
+    """Whether the torch model's float64 outputs and the ONNX graph's are the same function: per
+    output, |torch - onnx| within the bound judge() sets the optimized graph (FACTOR times the
+    original's own error against the ONNX graph's float64 result, plus FLOOR_ULPS): the
+    exporter's float32 constants explain no more. The largest difference is reported.
+
+    With `first` (this check on the first input set) it asks instead whether a later set's torch
+    outputs are as near the original's float32 run as the first's were: |torch - orig| within
+    (FACTOR + 1) times that set's bound (onnx_outputs then only give the output kinds)."""
+    worst, agrees = {"output": 0, "max_abs_difference": 0.0, "bound": 0.0}, True
+    for index, (orig, ours, theirs) in enumerate(zip(original, torch_outputs, onnx_outputs)):
+        if np.asarray(orig).dtype.kind not in "fc":
+            agrees &= bool(np.array_equal(np.asarray(ours), np.asarray(orig if first else theirs)))
+            continue
+        if first is not None:
+            far = float(np.nanmax(np.abs(np.asarray(ours) - orig.astype(np.float64)), initial=0.0))
+            agrees &= far <= (FACTOR + 1) * first["bound"]
+            continue
+        verdict = judge(orig, ours, theirs, None, _dtype_of(orig))
+        agrees &= verdict.beyond == 0
+        if verdict.error >= worst["max_abs_difference"]:
+            worst = {"output": index, "max_abs_difference": verdict.error, "bound": verdict.bound}
+    return {"agrees": agrees, **worst}
+
+
+def _dtype_of(array) -> str:
+    return "bfloat16" if array.dtype.name == "bfloat16" else str(array.dtype)
 
 
 def _checked(model: onnx.ModelProto, all_feeds: list[dict], evaluator) -> tuple[NodeCheck | None, str | None]:
@@ -147,11 +242,11 @@ def _checked(model: onnx.ModelProto, all_feeds: list[dict], evaluator) -> tuple[
         return None, f"not run: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
 
 
-def _float64_runs(evaluator, all_feeds: list[dict], budget_s: float) -> list:
-    """The float64 outputs on the input sets, in order, while `budget_s` lasts (None after)."""
+def _float64_runs(run, all_feeds: list[dict], budget_s: float) -> list:
+    """run(feeds) on the input sets, in order, while `budget_s` lasts (None after)."""
     outputs, began = [], time.perf_counter()
     for feeds in all_feeds:
-        outputs.append(evaluator.run(feeds) if time.perf_counter() - began < budget_s else None)
+        outputs.append(run(feeds) if time.perf_counter() - began < budget_s else None)
     return outputs
 
 

@@ -38,6 +38,7 @@ class ExportResult:
     warnings: list[str] = field(default_factory=list)  # the TorchScript tracer's, when it traced
     reference: onnx.ModelProto | None = None  # None: the model itself
     conversions: list[str] = field(default_factory=list)
+    argument_names: list[str] = field(default_factory=list)  # a torch source's, in the order it was called with
 
     def __post_init__(self):
         if self.reference is None:
@@ -86,7 +87,10 @@ def export_model(
         )
     if loaded.kind == "exported_program":
         _name_torch_symbols(model, input_specs)
-    return ExportResult(ir.infer_shapes(model, loaded.source), graph_input_specs(model), exporter, tracer_warnings)
+    return ExportResult(
+        ir.infer_shapes(model, loaded.source), graph_input_specs(model), exporter, tracer_warnings,
+        argument_names=list(names),
+    )  # fmt: skip
 
 
 def exporter_default_opset() -> int:

@@ -19,6 +19,7 @@ import onnx
 
 from . import __version__, heap, ir
 from .errors import ConvexportError, InternalError, ValidationError, first_line
+from .exact_check import FLOAT64_WEIGHT_BYTES
 from .explain import ExplainRequest, explanations
 from .export import ExportResult, export_model
 from .files import (
@@ -52,6 +53,7 @@ from .runtime import (
     resolve_device,
 )
 from .stats import graph_stats
+from .torch_reference import torch_float64
 from .validate import DEFAULT_RUNS, NoMadeUpInputs, Tolerances, compare_models, load_npz, tf32_effect
 
 
@@ -216,6 +218,11 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
 
     say("exporting")
     exported = export_model(loaded, specs, options.opset, options.dynamic_batch, options.freeze_input_defaults)
+    # a torch model's own float64 run, the exact result where the export computes the same: its
+    # float64 copy made now, before the module goes
+    torch_source = None
+    if options.validate:
+        torch_source = torch_float64(loaded, exported.argument_names, exported.reference, FLOAT64_WEIGHT_BYTES)
     # the loaded model's weights live on in the exported models; its own copy is not needed any
     # more (where shape inference gave a new model, a large one's weights were held twice)
     loaded.onnx_model = loaded.program = None
@@ -294,6 +301,7 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
                 extra_feeds=real_data,
                 labels=labels,
                 exact_budget_s=float64_budget,
+                torch_source=torch_source,
             )
         except Unloadable as unloadable:  # valid to onnx's checker, not to ONNX Runtime
             if _load_problem(exported.reference) is not None:
@@ -314,6 +322,7 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
                 extra_feeds=real_data,
                 labels=labels,
                 exact_budget_s=float64_budget,
+                torch_source=torch_source,
             )
             report["made_up_inputs"] = f"not used: {unsuitable}"
         report["validation"] = result.to_report()

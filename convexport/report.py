@@ -120,6 +120,8 @@ def print_optimize_summary(report: dict, console: Console) -> None:
     validation = report.get("validation")
     if validation:
         console.print(validation_line(validation))
+        if export_check_line(validation):
+            console.print(export_check_line(validation), markup=False)
         if validation.get("on_device"):
             console.print(device_check_line(validation["on_device"]), markup=False)
     if report.get("profile_skipped"):
@@ -208,9 +210,28 @@ def validation_line(validation: dict) -> str:
     error = max(e["exact_error"] for e in exact)
     own = max(e["exact_error_original"] for e in exact)
     where = f", {validation['reference_note']}" if validation.get("reference_note") else ""
+    whose = " (the torch model's own)" if validation.get("reference_source") == "torch" else ""
     return (
-        f"validation: {verdict} over {runs} against the float64 result{where}: error {error:.3g}, "
+        f"validation: {verdict} over {runs} against the float64 result{whose}{where}: error {error:.3g}, "
         f"the original's own {own:.3g} (max abs)"
+    )
+
+
+def export_check_line(validation: dict) -> str | None:
+    """A line where the torch model's own float64 run and the exported ONNX graph's disagree:
+    the exporter changed the model (convexport then judged its rewrite against the ONNX graph)."""
+    check = validation.get("export_check") or {}
+    if check.get("agrees") is not False:
+        return None
+    where = (
+        f"on input set(s) {', '.join(str(i + 1) for i in check['parted_on_input_sets'])}"
+        if check.get("parted_on_input_sets")
+        else f"output {check.get('output')!r} by {check.get('max_abs_difference', 0):.3g} (float32 rounding explains "
+        f"{check.get('bound', 0):.3g})"
+    )
+    return (
+        f"warning: the exported ONNX graph does not compute the torch model ({where}): the exporter changed it; "
+        "the rewrite was judged against the ONNX graph"
     )
 
 

@@ -6,7 +6,7 @@ import html
 from pathlib import Path
 
 from .files import write_text_atomically
-from .report import growth_line, si, size, tracer_warning
+from .report import export_check_line, growth_line, si, size, tracer_warning
 
 BEFORE, AFTER = "#9aa5b1", "#2f7de1"
 STYLE = """
@@ -321,7 +321,12 @@ def _validation(validation) -> str:
     elif culprit:
         blame = "<p class=badges><span class=bad>it fails before any rewrite</span></p>"
     against = "the float64 result" if validation.get("reference") == "float64" else "the original's float32 run"
+    if validation.get("reference_source") == "torch":
+        against += " (the torch model's own float64 run)"
     note = f" ({_e(validation['reference_note'])})" if validation.get("reference_note") else ""
+    warning = export_check_line(validation)
+    if warning:
+        blame += f"<p class=badges><span class=bad>{_e(warning.removeprefix('warning: '))}</span></p>"
     return (
         f"{blame}<p>{validation['runs']} runs, judged against {against}{note}: the optimized graph's largest error "
         "there, the original's own (its noise floor), the bound the first had to meet (4x the second and 32 units "

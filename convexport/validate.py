@@ -191,9 +191,20 @@ class ValidationResult:
             report["reference_note"] = self.reference_note
         if self.exact is not None and self.exact.available(0):
             report["reference_check"] = self.exact.check_report()
+            report["reference_source"] = self.exact.source  # whose float64 run: the ONNX graph's or torch's
+        if self.exact is not None and self.exact.export_check is not None:
+            report["export_check"] = self._named(self.exact.export_check)
         if self.problem:
             report["problem"] = self.problem
         return report
+
+    def _named(self, export_check: dict) -> dict:
+        """The export check with its output named rather than numbered."""
+        if "output" not in export_check:
+            return dict(export_check)
+        names = list(self.outputs)
+        index = export_check["output"]
+        return {**export_check, "output": names[index] if index < len(names) else index}
 
     def summary(self) -> str:
         if self.problem:
@@ -227,13 +238,16 @@ def compare_models(
     device: str = "cpu",
     exact: ExactReference | bool = True,
     exact_budget_s: float | None = None,
+    torch_source=None,
 ) -> ValidationResult:
     """Run both models on `runs` seeded input sets (and `extra_feeds`), compare every output:
     against the reference's float64 result where it has one (exact_check.py; `exact`: True to
     compute it here, within `exact_budget_s` seconds; an ExactReference computed before on the
     same input sets; False for none),
     else with the tolerances; explicit tolerances (--rtol/--atol) bound the candidate against
-    the reference's own run besides. The reference failing to run is a RunFailure (the inputs
+    the reference's own run besides. `torch_source` (torch_reference.torch_float64's) makes a
+    torch model's own float64 run the exact result where it agrees with the ONNX graph's. The
+    reference failing to run is a RunFailure (the inputs
     do not suit the model); the candidate failing where the reference runs fails the
     validation. `labels` name the two models in those messages. On CUDA both run with TF32 off
     (tf32_effect reads TF32's own effect)."""
@@ -245,7 +259,9 @@ def compare_models(
     names, all_feeds, expected_runs = _reference_runs(reference, inputs, runs, seed, extra_feeds, labels[0], device)
     heap.release_after(reference)  # its session, before the float64 evaluator's or the candidate's
     if exact is True:
-        exact = exact_reference(reference, all_feeds, graph_stats(candidate)["flops"], exact_budget_s)
+        exact = exact_reference(
+            reference, all_feeds, graph_stats(candidate)["flops"], exact_budget_s, torch_source, expected_runs
+        )
     if exact:
         result.reference = "float64" if exact.available(0) else "float32"
         result.reference_note, result.exact = _reference_note(exact), exact

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import convexport
@@ -106,3 +107,74 @@ def test_the_noise_floor_bound_is_tighter_than_the_float32_tolerance():
     off = original + np.float32(3e-5)
     assert compare_by_noise_floor(original, off, own, Tolerances(), "y").mismatches == original.size
     assert compare_by_noise_floor(original, original.copy(), own, Tolerances(), "y").mismatches == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# A torch source's own float64 run
+
+
+class ConvBNNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8, 4)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        return self.fc(self.bn(self.conv(x)).mean((2, 3)))
+
+
+class Branchy(torch.nn.Module):
+    """A branch on the input's value: torch.export refuses it and the TorchScript tracer keeps
+    the branch its example took, so the ONNX graph is not the model for every input."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        if x[0, 0, 0, 0] > 0:
+            return y * 2.0
+        return y - 1.0
+
+
+@pytest.mark.parametrize("route", ["module", "torchscript", "exported_program"])
+def test_a_torch_model_is_judged_against_its_own_float64_run(route, tmp_path):
+    module = ConvBNNet().eval()
+    example = torch.randn(1, 3, 8, 8)
+    if route == "torchscript":
+        torch.jit.save(torch.jit.trace(module, example), tmp_path / "m.pt")
+        source, inputs = str(tmp_path / "m.pt"), ["x:1x3x8x8"]
+    elif route == "exported_program":
+        torch.export.save(torch.export.export(module, (example,)), tmp_path / "m.pt2")
+        source, inputs = str(tmp_path / "m.pt2"), None
+    else:
+        source, inputs = module, ["x:1x3x8x8"]
+    result = convexport.optimize(source, inputs=inputs, output=tmp_path / "o.onnx", profile=False)
+    validation = result.report["validation"]
+    assert validation["passed"] and validation["reference_source"] == "torch", validation.get("export_check")
+    assert validation["export_check"]["agrees"] is True
+    assert validation["export_check"]["max_abs_difference"] <= validation["export_check"]["bound"]
+
+
+def test_an_exporter_that_changed_the_model_is_caught_and_the_rewrite_judged_against_the_graph(tmp_path):
+    result = convexport.optimize(Branchy().eval(), inputs=["x:1x3x4x4"], output=tmp_path / "o.onnx", profile=False)
+    validation = result.report["validation"]
+    assert validation["passed"]  # the rewrite computes the ONNX graph it was given
+    assert validation["export_check"]["agrees"] is False
+    from convexport.report import export_check_line
+
+    assert "the exporter changed it" in export_check_line(validation)
+
+
+def test_the_user_module_is_left_as_it_was(tmp_path):
+    module = ConvBNNet().eval()
+    before = {name: tensor.clone() for name, tensor in module.state_dict().items()}
+    convexport.optimize(module, inputs=["x:1x3x8x8"], output=tmp_path / "o.onnx", profile=False)
+    assert all(tensor.dtype != torch.float64 for tensor in module.state_dict().values())
+    assert all(torch.equal(before[name], tensor) for name, tensor in module.state_dict().items())
