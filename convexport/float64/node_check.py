@@ -70,16 +70,25 @@ def tolerance(value: np.ndarray) -> float:
     return NODE_ULPS.get(name, NODE_ULPS["float32"]) * UNIT_ROUNDOFF.get(name, UNIT_ROUNDOFF["float32"])
 
 
-def disagreement(float32: np.ndarray, float64: np.ndarray) -> float:
+def disagreement(float32: np.ndarray, float64: np.ndarray, within: float = 0.0) -> float:
     """How far an ONNX Runtime value is from the float64 kernel's, relative to the value's scale
-    (module doc); inf for unequal shapes or integers, a mismatched special value."""
+    (module doc); inf for unequal shapes or integers, a mismatched special value. Where the
+    largest difference over the rms is already `within` (a bound on every element's measure,
+    whose divisor is never below the rms), that bound is returned without the element-by-element
+    measure: a yolov9t's node check spent 40% of its time on it."""
     float32, float64 = np.asarray(float32), np.asarray(float64)
     if float32.shape != float64.shape:
         return np.inf
     if float32.dtype.kind not in "fc" and float32.dtype.name != "bfloat16":
         return 0.0 if np.array_equal(float32, float64) else np.inf
     ours = widen_array(float32)
-    exact = float64.astype(np.float64)
+    exact = float64.astype(np.float64, copy=False)
+    if within and exact.size:
+        largest = float(np.max(np.abs(ours - exact)))
+        flat = exact.reshape(-1)
+        scale = float(np.sqrt(np.dot(flat, flat) / flat.size))  # inf or NaN where the exact slow path is needed
+        if np.isfinite(largest) and np.isfinite(scale) and largest <= within * scale:
+            return largest / scale if scale > 0 else 0.0
     finite = np.isfinite(exact) & np.isfinite(ours)
     special = ~finite & ~((np.isnan(exact) & np.isnan(ours)) | (exact == ours))
     if special.any():
@@ -116,8 +125,9 @@ def check_nodes(model: onnx.ModelProto, feeds: dict, evaluator: Float64Evaluator
         for name, result in zip(node.output, results):
             if not name or not isinstance(result, np.ndarray):
                 continue
-            difference = disagreement(values[name], result)
-            if difference > tolerance(np.asarray(values[name])):
+            allowed = tolerance(np.asarray(values[name]))
+            difference = disagreement(values[name], result, allowed)
+            if difference > allowed:
                 return NodeCheck(checked, NodeDisagreement(node.onnx_node.name or name, node.op_type, name, difference))
     return NodeCheck(checked, None)
 
