@@ -32,8 +32,9 @@ app = typer.Typer(
 rules_app = typer.Typer(no_args_is_help=True, context_settings=HELP, help="List, show, check and test rule files.")
 app.add_typer(rules_app, name="rules")
 
-stdout = Console(soft_wrap=True)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+# emoji off: a model named weights.onnx:x would print with ":x:" as a cross mark
+stdout = Console(soft_wrap=True, emoji=False)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 _debug = False
 
 

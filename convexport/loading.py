@@ -93,8 +93,15 @@ def load_model(source: str, trust_pickle: bool = False) -> LoadedModel:
     return loaded
 
 
+MODEL_SUFFIXES = (".onnx", ".pt", ".pth", ".pt2", ".py")
+
+
 def _is_module_name(text: str) -> bool:
-    """`package.module` (dotted identifiers) that is no file: a module to import."""
+    """`package.module` (dotted identifiers) that is no file: a module to import. A name that
+    ends in a model file's suffix is a file that is not there, never a module: importing
+    `weights.pt` would run weights.py."""
+    if Path(text).suffix.lower() in MODEL_SUFFIXES:
+        return False
     return all(part.isidentifier() for part in text.split(".")) and not os.path.exists(text)
 
 

@@ -33,6 +33,7 @@ from .files import (
     write_atomically,
 )
 from .folds import builtin_primitives
+from .input_data import load_npz
 from .inputs import InputSpec, input_specs
 from .ir import needs_external_data, save_with_external_data
 from .loading import LoadedModel, load_model
@@ -54,7 +55,7 @@ from .runtime import (
 )
 from .stats import graph_stats
 from .torch_reference import torch_float64
-from .validate import DEFAULT_RUNS, NoMadeUpInputs, Tolerances, compare_models, load_npz, tf32_effect
+from .validate import DEFAULT_RUNS, NoMadeUpInputs, Tolerances, compare_models, tf32_effect
 
 
 @dataclass
@@ -368,6 +369,7 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
                 "nothing was written",
                 report,
             )
+    del torch_source  # the torch model's float64 copy (twice its weights), before the profile's sessions
     measured = None
     if options.profile:
         say(f"profiling on {device}")
@@ -737,7 +739,14 @@ def _destination(loaded: LoadedModel, output: str | Path | None, others=()) -> P
     every file the model was read from and against each other, before any work."""
     destination = Path(output) if output is not None else loaded.default_output
     check_paths(loaded.files, [("-o", destination), *others])
-    check_not_an_input("-o's weights file", weights_file(destination), loaded.files)
+    weights = weights_file(destination)
+    check_not_an_input("-o's weights file", weights, loaded.files)
+    for option, path in others:  # --report OUT.onnx.data would overwrite the weights a large model needs
+        if path is not None and str(path) != "-" and Path(os.path.realpath(path)) == weights:
+            raise ConvexportError(
+                f"{option} {path}: is where {destination}'s weights go when they need a file of their own; "
+                "give each output its own file"
+            )
     return destination
 
 

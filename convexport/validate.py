@@ -33,6 +33,7 @@ from . import heap
 from .errors import ConvexportError
 from .exact_check import ExactReference, exact_reference, judge, noise_floor_bound
 from .float64 import Float64Evaluator, Float64Unavailable
+from .input_data import load_npz
 from .inputs import InputSpec, dynamic_dims_note, random_inputs, with_overrides
 from .runtime import MissingKernel, RunFailure, checked_run, create_session
 from .stats import graph_stats
@@ -517,31 +518,3 @@ def validate_files(
     if runs == 0 and not feeds:
         raise ConvexportError("--runs 0 without --inputs compares nothing")
     return compare_models(models[0], models[1], specs, runs, tolerances, extra_feeds=feeds)
-
-
-def load_npz(path: Path, inputs: list[InputSpec]) -> dict[str, np.ndarray]:
-    try:
-        with np.load(path) as data:
-            arrays = {name: data[name] for name in data.files}
-    except (OSError, ValueError) as exc:
-        raise ConvexportError(f"{path}: not a readable .npz file ({exc})") from exc
-    missing = [spec.name for spec in inputs if spec.name not in arrays]
-    if missing:
-        raise ConvexportError(f"{path}: lacks arrays for input(s) {', '.join(missing)} (has {', '.join(arrays)})")
-    return {spec.name: _as_input(path, arrays[spec.name], spec) for spec in inputs}
-
-
-def _as_input(path: Path, array: np.ndarray, spec: InputSpec) -> np.ndarray:
-    """A given array as the input's type: strings for a string input (ONNX Runtime takes
-    numpy's), else numbers of the same kind that the type holds."""
-    if spec.dtype == "string":
-        if array.dtype.kind not in "US":
-            raise ConvexportError(f"{path}: array {spec.name!r} is {array.dtype}, but the input is string")
-        return array.astype(str)
-    wanted = spec.numpy_dtype
-    if not np.can_cast(array.dtype, wanted, casting="same_kind") or array.dtype.kind != wanted.kind:
-        raise ConvexportError(
-            f"{path}: array {spec.name!r} is {array.dtype}, but the model's input {spec.name!r} is {wanted}; "
-            "save it as that type"
-        )
-    return array.astype(wanted)
