@@ -30,6 +30,9 @@ _ANSI_CODE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 def first_line(exc: BaseException, limit: int = 300) -> str:
     """The first line of an exception's message, without terminal codes, for one-line error
-    reports."""
+    reports; a first line that ends in a colon goes on with the lines after it, on one line."""
     text = _ANSI_CODE.sub("", str(exc)).strip() or type(exc).__name__
-    return text.splitlines()[0][:limit]
+    lines = text.splitlines()
+    if lines[0].rstrip().endswith(":") and len(lines) > 1:  # "... input 'c' of node:" then the node
+        return " ".join(text.split())[:limit]
+    return lines[0][:limit]

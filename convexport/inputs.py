@@ -94,7 +94,7 @@ def parse_input_spec(text: str) -> InputSpec:
         raise ConvexportError(f"--input {text!r}: unknown dtype {dtype!r} (one of {', '.join(sorted(set(DTYPES)))})")
     dims: list[int | str] = []
     for token in dims_text.split("x"):  # so a dimension name cannot contain an 'x'
-        if token.isdigit() and int(token) > 0:
+        if token.isascii() and token.isdigit() and int(token) > 0:  # "²" is a digit to str.isdigit
             dims.append(int(token))
         elif _DIM_NAME.match(token):
             dims.append("batch" if token in ("N", "n", "batch") else token)
@@ -104,6 +104,10 @@ def parse_input_spec(text: str) -> InputSpec:
         raise ConvexportError(f"--input {text!r}: {hint}")
     if value_range is not None and DTYPES[dtype] == np.bool_:
         raise ConvexportError(f"--input {text!r}: a bool input takes no range of values")
+    if value_range is not None and (np.dtype(DTYPES[dtype]).kind == "f" or DTYPES[dtype] == ml_dtypes.bfloat16):
+        largest = float(ml_dtypes.finfo(DTYPES[dtype]).max)
+        if max(map(abs, value_range)) > largest:
+            raise ConvexportError(f"--input {text!r}: a {dtype} holds values up to {largest:g} in magnitude")
     spec = InputSpec(
         name, tuple(dims), str(np.dtype(DTYPES[dtype])), dtype_given=len(parts) == 3, value_range=value_range
     )
@@ -125,6 +129,8 @@ def _value_range(text: str, given: str) -> tuple[float, float]:
         raise ConvexportError(f"--input {text!r}: range {given!r} is not LOW..HIGH, e.g. 0..1 or -1..1") from None
     if not all(map(math.isfinite, bounds)) or bounds[0] >= bounds[1]:
         raise ConvexportError(f"--input {text!r}: range {given!r} needs finite LOW < HIGH")
+    if not math.isfinite(bounds[1] - bounds[0]):  # -1e308..1e308: no generator draws over it
+        raise ConvexportError(f"--input {text!r}: range {given!r} is wider than a float64 can hold")
     return bounds
 
 
@@ -153,10 +159,15 @@ def random_inputs(specs: list[InputSpec], seed: int, dynamic_size: int = DEFAULT
     for spec in specs:
         shape = spec.concrete_shape(dynamic_size)
         dtype = spec.numpy_dtype
+        size = math.prod(shape) * np.dtype(dtype).itemsize
+        if size > MAX_INPUT_BYTES:  # a graph's own dims (2**40) are not --input's, checked when parsed
+            raise ConvexportError(
+                f"input {spec.name!r} of shape {'x'.join(map(str, shape))} is {_in_units(size)} of data; convexport "
+                f"makes test data of at most {_in_units(MAX_INPUT_BYTES)} per input (give --input with smaller dims)"
+            )
         low, high = spec.value_range or (None, None)
         if np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16:
-            values = rng.standard_normal(shape) if low is None else rng.uniform(low, high, shape)
-            feeds[spec.name] = values.astype(dtype)
+            feeds[spec.name] = _floats(rng, shape, dtype, low, high)
         elif dtype == np.bool_:
             feeds[spec.name] = rng.integers(0, 2, shape).astype(np.bool_)
         elif low is None:
@@ -164,6 +175,22 @@ def random_inputs(specs: list[InputSpec], seed: int, dynamic_size: int = DEFAULT
         else:
             feeds[spec.name] = rng.integers(math.ceil(low), math.floor(high) + 1, shape).astype(dtype)
     return feeds
+
+
+DRAWN_AT_ONCE = 1 << 22  # float64 draws made at a time (32 MiB) before they are rounded to the input's type
+
+
+def _floats(rng: np.random.Generator, shape: tuple, dtype, low, high) -> np.ndarray:
+    """Standard normal (or uniform in [low, high]) values of `dtype`, drawn into the array a
+    block at a time: a 1x3x30000x30000 float32 input drawn whole in float64 first took 20 GiB
+    for its 10 GiB. numpy's generator gives the same stream drawn at once or block by block,
+    so the values are those of one draw."""
+    values = np.empty(shape, dtype)
+    flat = values.reshape(-1)
+    for start in range(0, flat.size, DRAWN_AT_ONCE):
+        count = min(DRAWN_AT_ONCE, flat.size - start)
+        flat[start : start + count] = rng.standard_normal(count) if low is None else rng.uniform(low, high, count)
+    return values
 
 
 def with_overrides(specs: list[InputSpec], given: list[InputSpec], source) -> list[InputSpec]:

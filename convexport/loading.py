@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConvexportError, first_line
+from .files import Terminated
 from .torch_archives import read_exported_program, read_torch_file
 
 DEFAULT_FACTORY = "build"
@@ -296,18 +297,32 @@ def _user_call(source: str, what: str, call):
     """call(): the user's code (a factory, its module, example_inputs). Any exception, and a
     sys.exit() too, is a ConvexportError naming it; the standard streams are put back if the
     code closed them."""
+    real_exit = os._exit
+    os._exit = _refused_exit  # a factory that ends the process would leave exit 0 and nothing written
     try:
         return call()
-    except SystemExit as exc:
-        raise ConvexportError(
-            f"{source}: {what} called sys.exit({exc.code!r}); a factory must return the model"
-        ) from None
-    except ConvexportError:
+    except (SystemExit, _ProcessExit) as exc:
+        how = "os._exit" if isinstance(exc, _ProcessExit) else "sys.exit"
+        raise ConvexportError(f"{source}: {what} called {how}({exc.code!r}); a factory must return the model") from None
+    except (ConvexportError, KeyboardInterrupt, Terminated):
         raise
-    except Exception as exc:
+    except BaseException as exc:  # an Exception, or a BaseException of the user's own
         raise ConvexportError(f"{source}: {what} raised {type(exc).__name__}: {first_line(exc)}") from exc
     finally:
+        os._exit = real_exit
         _reopen_closed_standard_streams()
+
+
+class _ProcessExit(BaseException):
+    """os._exit(code) called by the user's code, turned into an exception while it runs."""
+
+    def __init__(self, code):
+        super().__init__(code)
+        self.code = code
+
+
+def _refused_exit(code=0):
+    raise _ProcessExit(code)
 
 
 def _reopen_closed_standard_streams() -> None:

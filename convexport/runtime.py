@@ -43,6 +43,8 @@ def custom_op_libraries(paths: Sequence[str | Path]) -> Iterator[None]:
     Runtime cannot load is a ConvexportError naming it before any work."""
     libraries = tuple(str(Path(path).resolve()) for path in paths)
     for library in libraries:
+        if not Path(library).is_file():  # a FIFO would block the loader's read
+            raise ConvexportError(f"--custom-ops-library {library}: not a regular file")
         try:
             ort.SessionOptions().register_custom_ops_library(library)
         except Exception as exc:

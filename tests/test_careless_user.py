@@ -6,6 +6,9 @@ allocation its header asks for."""
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 import zipfile
 
 import numpy as np
@@ -110,3 +113,74 @@ def test_a_member_over_the_input_cap_is_refused_unread(tmp_path, monkeypatch):
     np.savez_compressed(tmp_path / "d.npz", x=np.zeros([1, 1 << 20], np.float32))  # a 4 MiB member, 4 KiB on disk
     assert_user_error(invoke("validate", model, model, "--inputs", tmp_path / "d.npz"), "array 'x' is", "GiB",
                       "at most")  # fmt: skip
+
+
+def test_made_up_floats_are_drawn_a_block_at_a_time_with_the_same_values(monkeypatch):
+    import tracemalloc
+
+    import convexport.inputs as inputs
+    from convexport.inputs import parse_input_spec, random_inputs
+
+    spec = parse_input_spec("x:4x1000x1000")
+    rng = np.random.default_rng(5)
+    whole = {"x": rng.standard_normal((4, 1000, 1000)).astype(np.float32)}
+    monkeypatch.setattr(inputs, "DRAWN_AT_ONCE", 1 << 18)
+    tracemalloc.start()
+    drawn = random_inputs([spec], seed=5)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert np.array_equal(drawn["x"], whole["x"])  # the same stream as one draw
+    assert peak < 1.3 * drawn["x"].nbytes  # 16 MB of float32, not 48 MB of float64 first
+    ranged = random_inputs([parse_input_spec("x:3x100000:0..1")], seed=2)["x"]
+    assert np.array_equal(ranged, np.random.default_rng(2).uniform(0, 1, (3, 100000)).astype(np.float32))
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("x:1x3x4x\u00b2", "bad dimension"),
+    ("x:1x4:-1e308..1e308", "wider than a float64"),
+    ("x:1x4:float16:0..1e6", "a float16 holds values up to 65504"),
+    ("x:1x4:bfloat16:0..1e39", "a bfloat16 holds values up to"),
+])  # fmt: skip
+def test_an_input_spec_that_cannot_be_made_is_one_line(text, fragment, tmp_path):
+    model = relu_model(tmp_path)
+    assert_user_error(invoke("validate", model, model, "--input", text), fragment)
+
+
+def test_a_graph_input_of_terabytes_is_one_line(tmp_path):
+    nodes = [helper.make_node("Relu", ["x"], ["y"])]
+    onnx.save(make_model(nodes, [tensor("x", [1 << 40])], [tensor("y", [1 << 40])], opset=17), tmp_path / "big.onnx")
+    assert_user_error(invoke("validate", tmp_path / "big.onnx", tmp_path / "big.onnx"), "TiB of data", "at most")
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ("class Boom(BaseException):\n    pass\n\ndef build():\n    raise Boom('no')\n", "raised Boom: no"),
+    ("import os\n\ndef build():\n    os._exit(0)\n", "called os._exit(0)"),
+])  # fmt: skip
+def test_a_factory_that_escapes_is_one_line(body, fragment, tmp_path):
+    """In a child process: were os._exit(0) to get through, it would end this test run with exit 0."""
+    (tmp_path / "net.py").write_text(body)
+    done = subprocess.run([sys.executable, "-m", "convexport", "optimize", f"{tmp_path / 'net.py'}:build", "--input",
+                           "x:1x4"], capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1 and fragment in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "net.opt.onnx").exists()
+
+
+def test_a_fifo_is_neither_a_custom_ops_library_nor_a_rule_file(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    model = relu_model(tmp_path)
+    assert_user_error(invoke("optimize", model, "--custom-ops-library", fifo, "--no-profile"), "not a regular file")
+    assert_user_error(invoke("rules", "check", fifo), "not a regular file")
+
+
+def test_a_huge_rule_file_is_refused_by_its_size(tmp_path):
+    rule_file = tmp_path / "big.yaml"
+    rule_file.write_text("# " + "x" * (2 << 20) + "\n")
+    assert_user_error(invoke("rules", "check", rule_file), "MiB; a rule file is at most")
+
+
+def test_the_cycle_message_names_the_node(tmp_path):
+    nodes = [helper.make_node("Relu", ["c"], ["b"], name="r1"), helper.make_node("Relu", ["b"], ["c"], name="r2"),
+             helper.make_node("Add", ["x", "b"], ["y"], name="a")]  # fmt: skip
+    onnx.save(make_model(nodes, [tensor("x", [2])], [tensor("y", [2])], opset=17), tmp_path / "cycle.onnx")
+    assert_user_error(invoke("optimize", tmp_path / "cycle.onnx", "--no-profile"), "input 'c' of node: name: r1")

@@ -20,6 +20,7 @@ See docs/rules.md for the language; pattern lines are parsed by pattern.py.
 from __future__ import annotations
 
 import functools
+import stat
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -164,12 +165,31 @@ def load_rules(files: list[Path], primitives: set[str]) -> list[Rule]:
     return rules
 
 
+# A rule file is a few KiB (the largest built-in one 5.5 KiB): a 20 MB one took YAML minutes and
+# gigabytes before any check of its content, so its size is checked first.
+MAX_RULE_FILE_BYTES = 1 << 20
+
+
+def read_rule_text(path: Path) -> str:
+    """A rule file's text: a regular file (a FIFO would block the read) of at most
+    MAX_RULE_FILE_BYTES, in UTF-8; a ConvexportError otherwise."""
+    try:
+        status = path.stat()
+        if not stat.S_ISREG(status.st_mode):
+            raise ConvexportError(f"{path}: cannot read rule file (not a regular file)")
+        if status.st_size > MAX_RULE_FILE_BYTES:
+            raise ConvexportError(
+                f"{path}: cannot read rule file ({status.st_size / 2**20:.1f} MiB; a rule file is at most "
+                f"{MAX_RULE_FILE_BYTES >> 20} MiB)"
+            )
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConvexportError(f"{path}: cannot read rule file ({exc})") from exc
+
+
 def parse_rule_file(path: Path, primitives: set[str]) -> list[Rule]:
     file = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConvexportError(f"{file}: cannot read rule file ({exc})") from exc
+    text = read_rule_text(path)
     if path.resolve().parent == _builtin_folder():
         return list(_parsed_builtin(file, text, frozenset(primitives)))
     return _parsed(file, text, primitives)
@@ -258,9 +278,9 @@ def rule_file_errors(paths: list[Path], primitives: set[str]) -> tuple[int, list
     good, errors = 0, []
     for path in paths:
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            errors.append(f"{path}: cannot read rule file ({exc})")
+            text = read_rule_text(path)
+        except ConvexportError as exc:
+            errors.append(str(exc))
             continue
         try:
             nodes = _rule_nodes(str(path), text)
