@@ -134,8 +134,8 @@ def _load_onnx(path: Path):
     if not model.graph.node and not model.graph.output:
         raise ConvexportError(f"{path}: the file parses as ONNX but holds no graph")
     data_files = [path.parent / name for name in external_data_files(model)]
-    large = kept_from_serialisation(model)
     try:
+        large = kept_from_serialisation(model)  # reads the external entries' lengths
         if large:
             point_at_files(model, path.parent)
         else:

@@ -184,3 +184,18 @@ def test_the_cycle_message_names_the_node(tmp_path):
              helper.make_node("Add", ["x", "b"], ["y"], name="a")]  # fmt: skip
     onnx.save(make_model(nodes, [tensor("x", [2])], [tensor("y", [2])], opset=17), tmp_path / "cycle.onnx")
     assert_user_error(invoke("optimize", tmp_path / "cycle.onnx", "--no-profile"), "input 'c' of node: name: r1")
+
+
+@pytest.mark.parametrize("damage, fragment", [("length", "external data length 'abc' is not a byte count"),
+                                              ("dims", "too small for the declared shape")])  # fmt: skip
+def test_damaged_external_data_is_one_line(damage, fragment, tmp_path):
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [tensor("x", [1, 4])], [tensor("y", [1, 4])],
+                       {"w": np.ones((4, 4), np.float32)}, opset=17)  # fmt: skip
+    onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True, location="m.data", size_threshold=0)
+    damaged = onnx.load(tmp_path / "m.onnx", load_external_data=False)
+    if damage == "length":
+        next(entry for entry in damaged.graph.initializer[0].external_data if entry.key == "length").value = "abc"
+    else:
+        damaged.graph.initializer[0].dims[:] = [400, 4]
+    onnx.save(damaged, tmp_path / "damaged.onnx")
+    assert_user_error(invoke("optimize", tmp_path / "damaged.onnx", "--no-profile"), "damaged.onnx", fragment)

@@ -68,7 +68,10 @@ def _external_bytes(tensor: onnx.TensorProto) -> int:
     if "location" not in entries:
         return 0
     if "length" in entries:
-        return int(entries["length"])
+        length = entries["length"]
+        if not (length.isascii() and length.isdigit()):
+            raise ValueError(f"tensor {tensor.name!r}: external data length {length!r} is not a byte count")
+        return int(length)
     return int(np.prod(tensor.dims)) * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
 
 
