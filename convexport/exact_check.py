@@ -54,9 +54,10 @@ import numpy as np
 import onnx
 
 from . import heap
+from .errors import first_line
 from .float64 import Float64Evaluator, Float64Unavailable
 from .float64.node_check import NodeCheck, NodeDisagreement, check_nodes
-from .float64.precision import UNIT_ROUNDOFF, rms
+from .float64.precision import UNIT_ROUNDOFF, dtype_name, rms
 
 FACTOR = 4.0
 FLOOR_ULPS = 32
@@ -167,7 +168,7 @@ def _torch_reference(torch_source, all_feeds, onnx_first, original_runs, evaluat
     (the report's export_check), None for no torch source.
 
     On a later set torch's run must be as near the original's float32 run as it was on the
-    first (agreement_with_export's bound there): a traced export that fixed a data-dependent
+    first (_as_near_as_first): a traced export that fixed a data-dependent
     branch agrees on one set and parts on another. Such a set takes the ONNX graph's float64 run
     instead, and the check says where the two parted."""
     from .torch_reference import TorchUnavailable
@@ -193,7 +194,7 @@ def _torch_reference(torch_source, all_feeds, onnx_first, original_runs, evaluat
             ours = torch_source.run(feeds, shapes)
         except TorchUnavailable as exc:  # an input set it cannot take: the ONNX graph's run there
             ours, export_check["note"] = None, str(exc)
-        if ours is not None and not agreement_with_export(original_runs[index], ours, first, export_check)["agrees"]:
+        if ours is not None and not _as_near_as_first(original_runs[index], ours, export_check["bound"]):
             parted.append(index)
             ours = None
         outputs.append(evaluator.run(feeds) if ours is None else ours)
@@ -202,33 +203,36 @@ def _torch_reference(torch_source, all_feeds, onnx_first, original_runs, evaluat
     return outputs, export_check
 
 
-def agreement_with_export(original: list, torch_outputs: list, onnx_outputs: list, first: dict | None = None) -> dict:
+def agreement_with_export(original: list, torch_outputs: list, onnx_outputs: list) -> dict:
     """Whether the torch model's float64 outputs and the ONNX graph's are the same function: per
     output, |torch - onnx| within the bound judge() sets the optimized graph (FACTOR times the
     original's own error against the ONNX graph's float64 result, plus FLOOR_ULPS): the
-    exporter's float32 constants explain no more. The largest difference is reported.
-
-    With `first` (this check on the first input set) it asks instead whether a later set's torch
-    outputs are as near the original's float32 run as the first's were: |torch - orig| within
-    (FACTOR + 1) times that set's bound (onnx_outputs then only give the output kinds)."""
+    exporter's float32 constants explain no more. The largest difference is reported."""
     worst, agrees = {"output": 0, "max_abs_difference": 0.0, "bound": 0.0}, True
     for index, (orig, ours, theirs) in enumerate(zip(original, torch_outputs, onnx_outputs)):
         if np.asarray(orig).dtype.kind not in "fc":
-            agrees &= bool(np.array_equal(np.asarray(ours), np.asarray(orig if first else theirs)))
+            agrees &= bool(np.array_equal(np.asarray(ours), np.asarray(theirs)))
             continue
-        if first is not None:
-            far = float(np.nanmax(np.abs(np.asarray(ours) - orig.astype(np.float64)), initial=0.0))
-            agrees &= far <= (FACTOR + 1) * first["bound"]
-            continue
-        verdict = judge(orig, ours, theirs, None, _dtype_of(orig))
+        verdict = judge(orig, ours, theirs, None, dtype_name(orig))
         agrees &= verdict.beyond == 0
         if verdict.error >= worst["max_abs_difference"]:
             worst = {"output": index, "max_abs_difference": verdict.error, "bound": verdict.bound}
     return {"agrees": agrees, **worst}
 
 
-def _dtype_of(array) -> str:
-    return "bfloat16" if array.dtype.name == "bfloat16" else str(array.dtype)
+def _as_near_as_first(original: list, torch_outputs: list, first_bound: float) -> bool:
+    """Whether a later input set's torch outputs are as near the original's float32 run as the
+    first set's were: |torch - orig| within (FACTOR + 1) times the first set's bound (integer
+    outputs equal)."""
+    for orig, ours in zip(original, torch_outputs):
+        if np.asarray(orig).dtype.kind not in "fc":
+            if not np.array_equal(np.asarray(ours), np.asarray(orig)):
+                return False
+            continue
+        far = float(np.nanmax(np.abs(np.asarray(ours) - orig.astype(np.float64)), initial=0.0))
+        if far > (FACTOR + 1) * first_bound:
+            return False
+    return True
 
 
 def _checked(model: onnx.ModelProto, all_feeds: list[dict], evaluator) -> tuple[NodeCheck | None, str | None]:
@@ -239,7 +243,7 @@ def _checked(model: onnx.ModelProto, all_feeds: list[dict], evaluator) -> tuple[
     try:
         return check_nodes(model, all_feeds[0], evaluator), None
     except Exception as exc:  # ONNX Runtime refuses the model with its values exposed
-        return None, f"not run: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
+        return None, f"not run: {type(exc).__name__}: {first_line(exc, 160)}"
 
 
 def _float64_runs(run, all_feeds: list[dict], budget_s: float) -> list:
@@ -266,8 +270,7 @@ def judge(original, candidate, exact, candidate64, dtype: str) -> ExactJudgement
     infinity, in the exact result)."""
     exact = exact.astype(np.float64)
     finite = np.isfinite(exact)
-    scale = rms(exact[finite])
-    floor = FLOOR_ULPS * UNIT_ROUNDOFF.get(dtype, UNIT_ROUNDOFF["float32"]) * (scale if scale > 0 else 1.0)
+    floor = _floor(rms(exact[finite]), dtype)
     own = _errors(original, exact, finite)
     bound = FACTOR * float(own.max(initial=0.0)) + floor
     over, worst = _beyond(candidate, exact, finite, bound)
@@ -296,6 +299,9 @@ def noise_floor_bound(original: np.ndarray, own: float, dtype: str) -> float:
     (FACTOR + 1) times the original's largest own error seen, plus FLOOR_ULPS units of the
     output's scale."""
     values = original.astype(np.float64)
-    scale = rms(values[np.isfinite(values)])
-    floor = FLOOR_ULPS * UNIT_ROUNDOFF.get(dtype, UNIT_ROUNDOFF["float32"]) * (scale if scale > 0 else 1.0)
-    return (FACTOR + 1) * own + floor
+    return (FACTOR + 1) * own + _floor(rms(values[np.isfinite(values)]), dtype)
+
+
+def _floor(scale: float, dtype: str) -> float:
+    """FLOOR_ULPS units of the type's roundoff of an output's scale (of 1 where it is all zero)."""
+    return FLOOR_ULPS * UNIT_ROUNDOFF.get(dtype, UNIT_ROUNDOFF["float32"]) * (scale if scale > 0 else 1.0)

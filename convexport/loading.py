@@ -25,6 +25,7 @@ from .files import Terminated
 from .torch_archives import read_exported_program, read_torch_file
 
 DEFAULT_FACTORY = "build"
+MODEL_SUFFIXES = (".onnx", ".pt", ".pth", ".pt2")  # the model files convexport reads
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def load_model(source: str, trust_pickle: bool = False) -> LoadedModel:
     suffix = path.suffix.lower()
     if suffix == ".py" or (name and _is_module_name(path_text)):
         return _load_factory(source, path_text, name or DEFAULT_FACTORY)
-    if suffix not in (".onnx", ".pt", ".pth", ".pt2"):
+    if suffix not in MODEL_SUFFIXES:
         raise ConvexportError(
             f"{source}: unknown model type {path.suffix or '(no suffix)'!r}; expected .onnx, .pt, "
             ".pth, .pt2, file.py[:callable] or package.module:callable"
@@ -94,14 +95,11 @@ def load_model(source: str, trust_pickle: bool = False) -> LoadedModel:
     return loaded
 
 
-MODEL_SUFFIXES = (".onnx", ".pt", ".pth", ".pt2", ".py")
-
-
 def _is_module_name(text: str) -> bool:
     """`package.module` (dotted identifiers) that is no file: a module to import. A name that
     ends in a model file's suffix is a file that is not there, never a module: importing
     `weights.pt` would run weights.py."""
-    if Path(text).suffix.lower() in MODEL_SUFFIXES:
+    if Path(text).suffix.lower() in (*MODEL_SUFFIXES, ".py"):
         return False
     return all(part.isidentifier() for part in text.split(".")) and not os.path.exists(text)
 

@@ -120,8 +120,9 @@ def print_optimize_summary(report: dict, console: Console) -> None:
     validation = report.get("validation")
     if validation:
         console.print(validation_line(validation))
-        if export_check_line(validation):
-            console.print(export_check_line(validation), markup=False)
+        warning = export_check_line(validation)
+        if warning:
+            console.print(warning, markup=False)
         if validation.get("on_device"):
             console.print(device_check_line(validation["on_device"]), markup=False)
     if report.get("profile_skipped"):

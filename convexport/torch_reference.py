@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from .errors import first_line
 from .float64 import widen_array
 from .quiet import quiet_libraries
 
@@ -51,7 +52,8 @@ class TorchFloat64:
             with torch.no_grad(), quiet_libraries():
                 produced = self.module(*args)
         except Exception as exc:
-            raise TorchUnavailable(f"its float64 copy does not run: {type(exc).__name__}: {_first_line(exc)}") from None
+            reason = f"{type(exc).__name__}: {first_line(exc, 200)}"
+            raise TorchUnavailable(f"its float64 copy does not run: {reason}") from None
         tensors = [leaf for leaf in tree_leaves(produced) if isinstance(leaf, torch.Tensor)]
         if len(tensors) != len(expected_shapes):
             raise TorchUnavailable(f"it returns {len(tensors)} tensors where the ONNX graph has {len(expected_shapes)}")
@@ -83,9 +85,5 @@ def torch_float64(loaded, argument_names: list[str], reference: onnx.ModelProto,
             return TorchUnavailable(f"{weights / 2**30:.2f} GiB of weights, over what float64 copies are made of")
         double = copy.deepcopy(module).double()
     except Exception as exc:
-        return TorchUnavailable(f"no float64 copy of it: {type(exc).__name__}: {_first_line(exc)}")
+        return TorchUnavailable(f"no float64 copy of it: {type(exc).__name__}: {first_line(exc, 200)}")
     return TorchFloat64(double, graph_inputs)
-
-
-def _first_line(exc: BaseException) -> str:
-    return ((str(exc).strip().splitlines() or [""])[0])[:200]

@@ -33,6 +33,7 @@ from . import heap
 from .errors import ConvexportError
 from .exact_check import ExactReference, exact_reference, judge, noise_floor_bound
 from .float64 import Float64Evaluator, Float64Unavailable
+from .float64.precision import dtype_name
 from .input_data import load_npz
 from .inputs import InputSpec, dynamic_dims_note, random_inputs, with_overrides
 from .runtime import MissingKernel, RunFailure, checked_run, create_session
@@ -288,7 +289,7 @@ def compare_models(
             elif exact and exact.available(0) and not strict and name in result.outputs:
                 error = compare_by_noise_floor(ref, cand, result.outputs[name].exact_error_original, tolerances, name)
             else:
-                error = compare_arrays(ref, cand, *tolerances.for_output(name, _dtype_name(ref)))
+                error = compare_arrays(ref, cand, *tolerances.for_output(name, dtype_name(ref)))
             result.outputs[name] = result.outputs[name].merge(error) if name in result.outputs else error
     if candidate64 is not None:
         del candidate64
@@ -385,10 +386,6 @@ def _evaluator(model: onnx.ModelProto, what: str, device: str = "cpu"):
         return _ReferenceSession(model)
 
 
-def _dtype_name(array: np.ndarray) -> str:
-    return "bfloat16" if array.dtype.name == "bfloat16" else str(array.dtype)
-
-
 def compare_arrays(ref: np.ndarray, cand: np.ndarray, rtol: float, atol: float) -> OutputError:
     """Error statistics of one output (see the module doc for the check); an output that is
     not numbers (strings) must be equal element for element."""
@@ -437,11 +434,11 @@ def compare_exactly(
     tolerances, where given (or the dtype's, when `strict`: the reference is suspect), as a
     bound on that difference besides."""
     if ref.dtype.kind in "USO" or ref.size == 0:  # strings: equal or not; nothing to compare
-        return compare_arrays(ref, cand, *tolerances.for_output(name, _dtype_name(ref)))
+        return compare_arrays(ref, cand, *tolerances.for_output(name, dtype_name(ref)))
     explicit = tolerances.explicit_for(name) or strict
-    rtol, atol = tolerances.for_output(name, _dtype_name(ref)) if explicit else (None, None)
+    rtol, atol = tolerances.for_output(name, dtype_name(ref)) if explicit else (None, None)
     error = compare_arrays(ref, cand, rtol or 0.0, atol or 0.0)
-    verdict = judge(ref, cand, exact, cand64, _dtype_name(ref))
+    verdict = judge(ref, cand, exact, cand64, dtype_name(ref))
     error.rtol, error.atol = rtol, atol
     error.mismatches = verdict.beyond + (error.mismatches if explicit else 0)
     error.exact_error_original, error.exact_error = verdict.error_original, verdict.error
@@ -456,10 +453,10 @@ def compare_by_noise_floor(
     measured on the sets with one (exact_check.noise_floor_bound; `own`, the original's largest
     own error there); explicit tolerances, where given, as a bound besides."""
     if own is None or ref.dtype.kind in "USO" or ref.size == 0:
-        return compare_arrays(ref, cand, *tolerances.for_output(name, _dtype_name(ref)))
-    bound = noise_floor_bound(ref, own, _dtype_name(ref))
+        return compare_arrays(ref, cand, *tolerances.for_output(name, dtype_name(ref)))
+    bound = noise_floor_bound(ref, own, dtype_name(ref))
     explicit = tolerances.explicit_for(name)
-    rtol, atol = tolerances.for_output(name, _dtype_name(ref)) if explicit else (None, None)
+    rtol, atol = tolerances.for_output(name, dtype_name(ref)) if explicit else (None, None)
     error = compare_arrays(ref, cand, 0.0, bound)  # |cand - orig| <= bound, element by element
     if explicit:
         error.mismatches += compare_arrays(ref, cand, rtol, atol).mismatches

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 import numpy as np
 import onnx
 
+from ..errors import first_line
 from .batch_norm import BatchNormalization
 from .conv import FFT_TAPS, WINDOW_ELEMENTS, Conv, ConvTranspose, conv_work
 from .elementwise import Erf, Sigmoid
@@ -95,4 +96,4 @@ def widen_array(value: np.ndarray) -> np.ndarray:
 
 
 def _reason(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+    return f"{type(exc).__name__}: {first_line(exc, 200)}"

@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 
 from . import Float64Evaluator, widen_array
-from .precision import UNIT_ROUNDOFF, rms
+from .precision import UNIT_ROUNDOFF, dtype_name, rms
 
 NODE_ULPS = {"float32": 256, "float16": 16, "bfloat16": 16, "float64": 256}
 NODE_RTOL = NODE_ULPS["float32"] * 2.0**-24  # the float32 tolerance, for the tests' tables
@@ -66,7 +66,7 @@ class NodeCheck:
 def tolerance(value: np.ndarray) -> float:
     """How far (relative to the scale) an ONNX Runtime value of this type may be from the float64
     kernel's (module doc)."""
-    name = "bfloat16" if value.dtype.name == "bfloat16" else str(value.dtype)
+    name = dtype_name(value)
     return NODE_ULPS.get(name, NODE_ULPS["float32"]) * UNIT_ROUNDOFF.get(name, UNIT_ROUNDOFF["float32"])
 
 
