@@ -8,7 +8,11 @@ path the user gives is lost.
 - A character device, a FIFO, a socket or a /dev/std* or /proc/self/fd path is a stream: it is
   opened and written, never replaced (`--report /dev/stdout`, `-o /dev/null`, a named pipe).
 - An output that is an input (the model, its weights file, a factory's .py, validate's models,
-  an .npz of inputs), or that another output of the same run names, is refused before any work.
+  an .npz of inputs), that another output of the same run names, or whose folder takes no new
+  file, is refused before any work.
+
+Temporary files are made by temporaries.py (held while their run lives, removed by a later run
+when it was killed); a model and its weights file are replaced as a pair by saving.py.
 """
 
 from __future__ import annotations
@@ -16,13 +20,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 import signal
 import stat
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from . import temporaries
 from .errors import ConvexportError
 
 _STREAM_PREFIXES = ("/dev/std", "/dev/fd/", "/proc/self/fd/", "/proc/thread-self/fd/")
@@ -30,8 +33,9 @@ _SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGINT
 
 
 def check_paths(inputs: Sequence[str | Path], outputs: Sequence[tuple[str, str | Path | None]]) -> None:
-    """Refuse, before any work: an output that is a folder, whose folder does not exist, whose
-    name the system cannot take, that is one of `inputs`, or that another output names.
+    """Refuse, before any work: an output that is a folder, whose folder does not exist or takes
+    no new file, whose name the system cannot take, that is one of `inputs`, or that another
+    output names.
     `outputs` are (option, path) pairs; None (not asked for) and "-" (stdout) are passed over."""
     read = _by_identity(inputs)
     seen: dict[tuple, str] = {}
@@ -43,20 +47,26 @@ def check_paths(inputs: Sequence[str | Path], outputs: Sequence[tuple[str, str |
             continue
         key = _identity(destination)
         _refuse_an_input(option, path, key, read)
+        _check_folder_takes_files(option, path, destination)
         if key in seen:
             raise ConvexportError(f"{option} {path}: is also {seen[key]}; give each output its own file")
         seen[key] = f"{option} {path}"
 
 
-def check_not_an_input(option: str, path: str | Path, inputs: Sequence[str | Path]) -> None:
-    """Refuse `path` (a file a run may write) when it is one of `inputs`; unlike check_paths,
-    nothing else about it is checked (it may never be written)."""
-    _refuse_an_input(option, path, _identity(path), _by_identity(inputs))
-
-
 def _by_identity(inputs: Sequence[str | Path]) -> dict[tuple, str]:
     """The existing files among `inputs`, by _identity."""
     return {_identity(path): str(path) for path in inputs if path is not None and _exists(path)}
+
+
+def _check_folder_takes_files(option: str, path: str | Path, destination: Path) -> None:
+    """Refuse an output whose folder takes no new file (read-only, not one's own) before any
+    output is written: a run that would fail at its last output leaves all of them as they were."""
+    folder = Path(os.path.realpath(destination)).parent
+    try:
+        temporaries.probe(folder)
+    except OSError as exc:
+        where = f"{option} {_shown(Path(path))}: cannot write in {_shown(folder)}"
+        raise ConvexportError(f"{where} ({exc.strerror or exc}); nothing was written") from None
 
 
 def _refuse_an_input(option: str, path, key: tuple, read: dict[tuple, str]) -> None:
@@ -132,40 +142,36 @@ def temporary_beside(destination: str | Path) -> Iterator[tuple[str | None, Path
         yield None, destination
         return
     final = Path(os.path.realpath(destination))  # through a symlink: the link stays
-    try:
-        handle, temporary = tempfile.mkstemp(prefix=f".{final.name[:64]}.", suffix=".tmp", dir=final.parent)
-    except OSError as exc:  # a folder one may not write in (read-only, /proc)
-        raise ConvexportError(f"{destination}: cannot write ({exc.strerror or exc})") from exc
-    os.close(handle)
-    try:
-        with ending_signals_raise():
-            yield temporary, final
-    except OSError as exc:
-        raise ConvexportError(f"{destination}: cannot write ({exc.strerror or exc})") from exc
-    finally:
-        Path(temporary).unlink(missing_ok=True)
+    with contextlib.ExitStack() as stack:
+        try:
+            temporary = stack.enter_context(temporaries.temporary_file(final.parent, final.name))
+        except OSError as exc:  # a folder one may not write in (read-only, /proc)
+            raise ConvexportError(f"{destination}: cannot write ({exc.strerror or exc})") from exc
+        try:
+            with ending_signals_raise():
+                yield temporary, final
+        except OSError as exc:
+            raise ConvexportError(f"{destination}: cannot write ({exc.strerror or exc})") from exc
 
 
 @contextlib.contextmanager
-def temporary_folder_beside(destination: str | Path, prefix: str) -> Iterator[Path]:
+def temporary_folder_beside(destination: str | Path, kind: str) -> Iterator[Path]:
     """A new folder beside the (regular file) destination while the block runs, removed with
     what is left in it at the end; signals that end the process raise meanwhile, as in
     temporary_beside. Files in it are renamed into place without a copy (the same file system)."""
     final = Path(os.path.realpath(destination))
-    try:
-        folder = Path(tempfile.mkdtemp(prefix=prefix, dir=final.parent))
-    except OSError as exc:
-        raise ConvexportError(f"{destination}: cannot write ({exc.strerror or exc})") from exc
-    try:
+    with contextlib.ExitStack() as stack:
+        try:
+            folder = stack.enter_context(temporaries.temporary_folder(final.parent, kind))
+        except OSError as exc:
+            raise ConvexportError(f"{destination}: cannot write ({exc.strerror or exc})") from exc
         with ending_signals_raise():
             yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def rename_all(pairs: Sequence[tuple[str, Path]]) -> None:
     """os.replace each (temporary, final) in order with the signals that end the process held
-    back until all are done: a model and its weights file change together or not at all. Each
+    back until all are done (saving.py orders a model after its weights file). Each
     file is on the disk before its rename, and the renames are after (fsync of the files, then
     of their folders): a crash leaves the old file or the whole new one, never an empty one."""
     for temporary, _ in pairs:

@@ -22,20 +22,10 @@ from .errors import ConvexportError, InternalError, ValidationError, first_line
 from .exact_check import FLOAT64_WEIGHT_BYTES
 from .explain import ExplainRequest, explanations
 from .export import ExportResult, export_model
-from .files import (
-    check_not_an_input,
-    check_paths,
-    give_permissions_of,
-    is_stream,
-    rename_all,
-    temporary_beside,
-    temporary_folder_beside,
-    write_atomically,
-)
+from .files import check_paths, is_stream, temporary_folder_beside
 from .folds import builtin_primitives
 from .input_data import load_npz
 from .inputs import InputSpec, input_specs
-from .ir import needs_external_data, save_with_external_data
 from .loading import LoadedModel, load_model
 from .low_rank import low_rank_branches_left
 from .onnx_route import overridable_input_count
@@ -53,6 +43,7 @@ from .runtime import (
     provider_options,
     resolve_device,
 )
+from .saving import is_weights_file_of, save_atomically
 from .stats import graph_stats
 from .torch_reference import torch_float64
 from .validate import DEFAULT_RUNS, NoMadeUpInputs, Tolerances, compare_models, tf32_effect
@@ -64,6 +55,7 @@ class OptimizeResult:
     model: onnx.ModelProto  # the optimized graph
     original: onnx.ModelProto  # the exported graph it was checked against
     output: Path | None  # where it was written (None when not written)
+    output_weights: Path | None = None  # the weights file beside it, for a model of 1 GiB of weights or more
 
     def __repr__(self) -> str:
         """One line (a notebook shows it for a cell's last value): the model, the node counts,
@@ -264,7 +256,7 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
         # its weights written beside the output now (read back by ONNX Runtime's sessions, not
         # held: the 1 GiB the rewrite made), renamed into place once it is validated
         say("writing weights")
-        folder = cleanup.enter_context(temporary_folder_beside(destination, ir.SPILL_PREFIX))
+        folder = cleanup.enter_context(temporary_folder_beside(destination, ir.SPILL_KIND))
         try:
             with ir.counting_bytes(BytesShown(say, "writing weights", "written", ir.weight_bytes(outcome.model))):
                 outcome.model = ir.spill(outcome.model, folder)
@@ -398,16 +390,18 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
         _record_tf32_effect(report["validation"], outcome.model, tf32_sample)
     if measured:
         report["profile"] = _judged_profile(measured, unchanged=outcome.model is exported.reference)
+    weights = None
     if destination is not None:
         say("writing")
         with ir.counting_bytes(BytesShown(say, "writing", "written", ir.weight_bytes(outcome.model))):
-            save_atomically(outcome.model, destination)
+            weights = save_atomically(outcome.model, destination, loaded.files)
+        report["output_weights"] = str(weights) if weights is not None else None
     report["timings_s"] = stages.finish()
     if loaded.kind == "onnx":  # a large model's weights in files: named as a model read from its folder names them
         ir.relative_to(exported.reference, Path(loaded.source).parent)
         if destination is None:
             ir.relative_to(outcome.model, Path(loaded.source).parent)
-    return OptimizeResult(report, outcome.model, exported.reference, destination)
+    return OptimizeResult(report, outcome.model, exported.reference, destination, weights)
 
 
 def _spilled_before_validation(model: onnx.ModelProto, reference: onnx.ModelProto, destination: Path) -> bool:
@@ -702,7 +696,7 @@ def _export_only(model, output, inputs, opset, dynamic_batch, trust_pickle, warn
     if warn is not None:
         for warning in exported.warnings:
             warn(warning)
-    save_atomically(exported.model, destination)
+    save_atomically(exported.model, destination, loaded.files)
     return destination
 
 
@@ -739,10 +733,12 @@ def _destination(loaded: LoadedModel, output: str | Path | None, others=()) -> P
     every file the model was read from and against each other, before any work."""
     destination = Path(output) if output is not None else loaded.default_output
     check_paths(loaded.files, [("-o", destination), *others])
-    weights = weights_file(destination)
-    check_not_an_input("-o's weights file", weights, loaded.files)
-    for option, path in others:  # --report OUT.onnx.data would overwrite the weights a large model needs
-        if path is not None and str(path) != "-" and Path(os.path.realpath(path)) == weights:
+    real = Path(os.path.realpath(destination))
+    for option, path in others:  # a report named as OUT's weights file would be taken for one and removed
+        if path is None or str(path) == "-":
+            continue
+        other = Path(os.path.realpath(path))
+        if other.parent == real.parent and is_weights_file_of(other.name, real.name):
             raise ConvexportError(
                 f"{option} {path}: is where {destination}'s weights go when they need a file of their own; "
                 "give each output its own file"
@@ -797,13 +793,6 @@ def _report(
     }
 
 
-def weights_file(destination: Path) -> Path:
-    """<OUT>.data beside the file OUT is (a symbolic link's target): where weights of 1 GiB or
-    more go. The model names it by its file name, relative to the folder the model is in."""
-    real = Path(os.path.realpath(destination))
-    return real.with_name(real.name + ".data")
-
-
 def _output_spec(value: onnx.ValueInfoProto) -> str:
     """An output as NAME:DIMS:DTYPE, as the report's inputs are written."""
     tensor_type = value.type.tensor_type
@@ -812,42 +801,3 @@ def _output_spec(value: onnx.ValueInfoProto) -> str:
     )
     dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).name if tensor_type.elem_type else "?"
     return f"{value.name}:{dims}:{dtype}"
-
-
-def save_atomically(model: onnx.ModelProto, destination: Path) -> None:
-    """OUT, written atomically (files.py). Weights of 1 GiB or more, and weights in files
-    already, go to <OUT>.data beside it (beside the file, where OUT is a link to one in the same
-    folder): both are written to temporary files first and renamed into place together. A
-    model whose weights were spilled beside OUT before validation (ir.spill) has its weights
-    file renamed into place, not copied, and points at it, named as the written model names it."""
-    if not needs_external_data(model):
-        write_atomically(destination, lambda path: onnx.save(model, path))
-        return
-    real = Path(os.path.realpath(destination))
-    if real.parent != Path(os.path.realpath(Path(destination).parent)):
-        # the model names its data file relative to its folder, and a reader takes the folder
-        # from the path it is given: through this link, another folder than the model's
-        raise ConvexportError(
-            f"{destination}: a link to a file in another folder ({real}); a model with external weights finds "
-            "them beside the path it is read by, so give the file's own path; nothing was written"
-        )
-    data = weights_file(destination)
-    spilled = ir.spilled_weights(model)
-    if spilled is not None and spilled.parent.parent == data.parent:
-        with temporary_beside(destination) as (model_temporary, model_final):
-            ir.moved_weights(model, spilled, data.name)
-            onnx.save(model, model_temporary)
-            give_permissions_of(model_final, model_temporary)
-            give_permissions_of(data, spilled)
-            rename_all([(str(spilled), data), (model_temporary, model_final)])
-        return
-    with (
-        temporary_beside(destination) as (model_temporary, model_final),
-        temporary_beside(data) as (data_temporary, data_final),
-    ):
-        if model_temporary is None or data_temporary is None:
-            raise ConvexportError(f"{destination}: a model with external weights cannot be written to a stream")
-        save_with_external_data(model, model_temporary, data.name, Path(data_temporary))
-        give_permissions_of(model_final, model_temporary)
-        give_permissions_of(data_final, data_temporary)
-        rename_all([(data_temporary, data_final), (model_temporary, model_final)])

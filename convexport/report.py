@@ -50,7 +50,11 @@ def tracer_warning(warning: str) -> str:
 
 def print_optimize_summary(report: dict, console: Console) -> None:
     before, after = report["before"], report["after"]
-    console.print(f"[bold]{report['model']}[/bold] -> {report.get('output') or '(not written)'}", highlight=False)
+    weights = report.get("output_weights")
+    beside = f" (weights in {Path(weights).name} beside it)" if weights else ""
+    console.print(
+        f"[bold]{report['model']}[/bold] -> {report.get('output') or '(not written)'}{beside}", highlight=False
+    )
     if report.get("inputs") or report.get("outputs"):
         console.print(
             f"inputs {', '.join(report.get('inputs', []))}; outputs {', '.join(report.get('outputs', []))}",

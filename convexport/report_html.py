@@ -25,12 +25,18 @@ def write_html(report: dict, destination: str | Path) -> None:
     write_text_atomically(render(report), destination)
 
 
+def _weights_beside(report: dict) -> str:
+    weights = report.get("output_weights")
+    return f" (weights in <code>{_e(Path(weights).name)}</code> beside it)" if weights else ""
+
+
 def render(report: dict) -> str:
     before, after = report["before"], report["after"]
     profile, validation = report.get("profile"), report.get("validation")
     parts = [
         f"<h1>convexport: {_e(report['model'])}</h1>",
-        f"<p class=sub>written to <code>{_e(report.get('output') or '(not written)')}</code> · convexport "
+        f"<p class=sub>written to <code>{_e(report.get('output') or '(not written)')}</code>{_weights_beside(report)}"
+        " · convexport "
         f"{_e(report['convexport_version'])} · exporter {_e(report.get('exporter'))} · opset {_e(report.get('opset'))}</p>",
         _badges(report),
     ]

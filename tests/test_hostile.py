@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,11 +19,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from helpers import assert_user_error, invoke, make_model, op_counts, tensor, verdict
 from onnx import helper
 
 import convexport
+from convexport import ir
 from convexport.errors import ValidationError
 from convexport.files import is_stream, write_atomically
 
@@ -106,25 +109,36 @@ def test_an_output_reached_through_a_hard_link_or_symlink_to_the_input_is_refuse
     assert unchanged(model, before)
 
 
-def test_the_inputs_weights_file_is_never_the_outputs(tmp_path):
-    """A model whose external data file is what <OUT>.data would be: refused, not overwritten."""
-    model = conv_bn()
-    onnx.save(model, tmp_path / "in.onnx", save_as_external_data=True, location="out.onnx.data", size_threshold=0)
+@pytest.mark.parametrize("large", [False, True], ids=["weights-inside", "weights-beside"])
+def test_the_inputs_weights_file_is_never_the_outputs(tmp_path, monkeypatch, large):
+    """A model whose external data file has the name earlier versions gave <OUT>.data: the
+    output's weights go to a name of their own, and the input's file is neither written nor
+    removed, also when a previous OUT named it."""
+    if large:
+        monkeypatch.setattr("convexport.ir.large.EXTERNAL_DATA_THRESHOLD", 100)
+        monkeypatch.setattr("convexport.ir.large.EXTERNAL_TENSOR_MIN_BYTES", 10)
+    onnx.save(conv_bn(), tmp_path / "in.onnx", save_as_external_data=True, location="out.onnx.data", size_threshold=0)
+    shutil.copy(tmp_path / "in.onnx", tmp_path / "out.onnx")  # a previous OUT that names it
     data = tmp_path / "out.onnx.data"
     before = data.read_bytes()
-    result = invoke("optimize", tmp_path / "in.onnx", "-o", tmp_path / "out.onnx", "--no-profile")
-    assert_user_error(result, "weights file", "is the input")
-    assert unchanged(data, before) and not (tmp_path / "out.onnx").exists()
+    result = convexport.optimize(str(tmp_path / "in.onnx"), output=tmp_path / "out.onnx", profile=False)
+    assert result.report["validation"]["passed"] and unchanged(data, before)
+    x = {"x": np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    run = lambda name: ort.InferenceSession(str(tmp_path / name), providers=["CPUExecutionProvider"]).run(None, x)[0]
+    np.testing.assert_allclose(run("out.onnx"), run("in.onnx"), rtol=1e-5, atol=1e-5)
+    assert ir.external_data_files(onnx.load(tmp_path / "out.onnx", load_external_data=False)) == (
+        [Path(result.report["output_weights"]).name] if large else []
+    )
 
 
 def test_large_outputs_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
     """With the thresholds lowered, the model takes the path of one over 2 GiB: a failure while
-    its weights are written leaves the previous OUT and OUT.data as they were, no temporary file."""
+    its weights are written leaves the previous OUT and its weights file as they were, no temporary file."""
     monkeypatch.setattr("convexport.ir.large.EXTERNAL_DATA_THRESHOLD", 100)
     monkeypatch.setattr("convexport.ir.large.EXTERNAL_TENSOR_MIN_BYTES", 10)
     first = convexport.optimize(conv_bn(), output=tmp_path / "out.onnx", profile=False)
-    data = tmp_path / "out.onnx.data"
-    assert data.exists() and onnx.load(first.output) is not None
+    data = first.output_weights
+    assert data.parent == tmp_path and onnx.load(first.output) is not None
     model_before, data_before = first.output.read_bytes(), data.read_bytes()
 
     def broken(large, out, location):

@@ -218,8 +218,8 @@ def test_large_weights_go_to_external_data(model_files, tmp_path, monkeypatch):
     assert result.report["validation"]["passed"] and result.report["profile"]["speedup"] > 0
     weights = [init for init in result.model.graph.initializer if init.dims and init.dims[0] == 8]
     locations = {entry.value for init in weights for entry in init.external_data if entry.key == "location"}
-    assert weights and locations == {"out.onnx.data"}  # as onnx.load(OUT, load_external_data=False) gives it
-    data = tmp_path / "out.onnx.data"
+    data = result.output_weights  # named as onnx.load(OUT, load_external_data=False) gives it
+    assert weights and locations == {data.name} and data.parent == tmp_path
     assert data.exists() and data.stat().st_size >= 864          # the folded 8x3x3x3 float weight
     assert data.stat().st_mode & 0o044 == 0o044                    # readable like any output
     check_against_torch(result.output)            # onnx.load reads the data file back

@@ -74,7 +74,7 @@ def test_a_large_models_weights_stay_in_their_files_and_only_folded_ones_are_rea
     locations = {e.value for init in result.original.graph.initializer for e in init.external_data if e.key == "location"}
     assert locations == {"model.onnx.data"}
     locations = {e.value for init in result.model.graph.initializer for e in init.external_data if e.key == "location"}
-    assert locations == {"out.onnx.data"}
+    assert locations == {result.output_weights.name}
 
 
 def test_the_optimized_weights_are_on_disk_beside_the_output_while_validated(tmp_path, large, monkeypatch):
@@ -94,7 +94,7 @@ def test_the_optimized_weights_are_on_disk_beside_the_output_while_validated(tmp
     assert tensors and all(backed for backed, _ in tensors)
     folders = {Path(file).parent for _, file in tensors}
     assert len(folders) == 1 and folders.pop().name.startswith(disk.SPILL_PREFIX)
-    assert sorted(os.listdir(tmp_path)) == ["in", "out.onnx", "out.onnx.data"]  # the folder gone, renamed
+    assert sorted(os.listdir(tmp_path)) == ["in", "out.onnx", result.output_weights.name]  # the folder gone, renamed
 
 
 def test_a_failed_validation_leaves_nothing_beside_the_output(tmp_path, large, monkeypatch):
@@ -213,7 +213,7 @@ def test_a_large_model_no_rule_changes_is_written_from_its_files(tmp_path, large
     assert result.report["rewrites"] == [] and result.report["validation"]["passed"]
     written = onnx.load(str(tmp_path / "out.onnx"))
     assert np.array_equal(onnx.numpy_helper.to_array(written.graph.initializer[0]), weight)
-    assert (tmp_path / "out.onnx.data").stat().st_size == weight.nbytes and contents(path.parent) == before
+    assert result.output_weights.stat().st_size == weight.nbytes and contents(path.parent) == before
 
 
 @pytest.mark.parametrize("kernel_copy", [True, False])

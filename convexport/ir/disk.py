@@ -20,11 +20,13 @@ from pathlib import Path
 
 import onnx
 
+from .. import temporaries
 from .large import skeleton
 from .weight_files import file_range, is_file_backed, set_range, write_weights
 
 WEIGHTS_NAME = "weights.data"  # in a folder spill made
-SPILL_PREFIX = ".convexport-weights-"
+SPILL_KIND = "weights"  # the spill's folder: temporaries.temporary_folder(..., SPILL_KIND)
+SPILL_PREFIX = f"{temporaries.FOLDER_PREFIX}{SPILL_KIND}-"
 
 
 def spill(model: onnx.ModelProto, folder: Path) -> onnx.ModelProto:
@@ -72,7 +74,7 @@ def files_for_runtime(model: onnx.ModelProto) -> Iterator[str]:
             os.unlink(path)
         return
     files = {file_range(original)[0] for original, _ in large if is_file_backed(original)}
-    with tempfile.TemporaryDirectory(prefix=".convexport-session-", dir=_place_for_links(files)) as folder:
+    with temporaries.temporary_folder(_place_for_links(files), "session") as folder:
         names = {path: _linked_or_copied(path, Path(folder), index) for index, path in enumerate(sorted(files))}
         held = [(original, stripped) for original, stripped in large if not is_file_backed(original)]
         with open(Path(folder) / WEIGHTS_NAME, "wb") as out:
