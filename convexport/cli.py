@@ -97,7 +97,14 @@ def optimize(
         Path | None, typer.Option("-o", "--output", help="Where to write (default <stem>.opt.onnx beside MODEL).")
     ] = None,
     input: InputOpt = None,
-    rules: Annotated[list[Path] | None, typer.Option("--rules", help="Rule file or folder (repeatable).")] = None,
+    rules: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--rules",
+            help="Rule file or folder (repeatable). A rule file's apply: file.py:f or module:f and its samplers: "
+            "import and run that Python code (said on stderr): give only rule files you trust.",
+        ),
+    ] = None,
     no_builtin_rules: Annotated[bool, typer.Option("--no-builtin-rules", help="Use only the --rules given.")] = False,
     strategy: Annotated[
         str, typer.Option("--strategy", help="all | cost | measure (all: every exact rewrite, whatever it costs).")
@@ -313,7 +320,13 @@ def profile(
     _guarded(run)
 
 
-RulesOpt = Annotated[list[Path] | None, typer.Option("--rules", help="Also these rule files or folders.")]
+RulesOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--rules",
+        help="Also these rule files or folders; their apply: file.py:f and samplers: import and run that Python code.",
+    ),
+]
 
 
 @rules_app.command("list")
@@ -346,7 +359,14 @@ def rules_show(name: Annotated[str, typer.Argument(help="A rule name.")], rules:
 
 
 @rules_app.command("check")
-def rules_check(files: Annotated[list[Path], typer.Argument(help="Rule files to check.")]):
+def rules_check(
+    files: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Rule files to check; their apply: file.py:f and samplers: are imported (their code runs)."
+        ),
+    ],
+):
     """Parse rule files and report every error as file:line:col: message."""
     from .folds import builtin_primitives
     from .rewrite.rulefile import rule_file_errors, rule_files
@@ -389,7 +409,12 @@ def _cases(cases: set[str]) -> str:
 
 @rules_app.command("test")
 def rules_test(
-    files: Annotated[list[Path] | None, typer.Argument(help="Rule files or folders to test.")] = None,
+    files: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Rule files or folders to test; their apply: file.py:f and samplers: are imported (their code runs)."
+        ),
+    ] = None,
     builtin: Annotated[bool, typer.Option("--builtin", help="Also test the built-in rules.")] = False,
     only: Annotated[list[str] | None, typer.Option("--rule", help="Only this rule (repeatable).")] = None,
     examples: Annotated[int, typer.Option("--examples", min=1, help="Random instances per round.")] = 100,
@@ -537,6 +562,15 @@ def _progress(quiet: bool = False):
         yield show
 
 
+# control characters of a path the user gave ("a\nb.onnx") written as escapes: a message is one line
+_ESCAPED = {code: f"\\x{code:02x}" for code in range(32)} | {10: "\\n", 13: "\\r", 9: "\\t", 127: "\\x7f"}
+
+
+def _say(message: str) -> None:
+    """One line on stderr, whatever the message holds."""
+    stderr.print(message.translate(_ESCAPED), markup=False)
+
+
 def _guarded(action) -> None:
     """Run a command; map convexport's errors to exit codes with one line on stderr. A SIGTERM
     or SIGHUP ends it as an exception, so that its temporary files are removed."""
@@ -544,17 +578,17 @@ def _guarded(action) -> None:
         with ending_signals_raise():
             action()
     except ValidationError as exc:
-        stderr.print(f"convexport: {exc}", markup=False)
+        _say(f"convexport: {exc}")
         raise typer.Exit(EXIT_VALIDATION) from None
     except InternalError as exc:
         if _debug:
             traceback.print_exception(exc.__cause__ or exc)
-        stderr.print(f"convexport: {exc}; --debug shows the traceback", markup=False)
+        _say(f"convexport: {exc}; --debug shows the traceback")
         raise typer.Exit(EXIT_INTERNAL) from None
     except ConvexportError as exc:
         if _debug:
             traceback.print_exc()
-        stderr.print(f"convexport: {exc}", markup=False)
+        _say(f"convexport: {exc}")
         raise typer.Exit(EXIT_USER) from None
     except KeyboardInterrupt:
         stderr.print("convexport: interrupted", markup=False)
@@ -570,10 +604,9 @@ def _guarded(action) -> None:
     except Exception as exc:
         if _debug:
             traceback.print_exc()
-        stderr.print(
+        _say(
             f"convexport: internal error: {type(exc).__name__}: {first_line(exc)} "
-            "(please report it; --debug shows the traceback)",
-            markup=False,
+            "(please report it; --debug shows the traceback)"
         )
         raise typer.Exit(EXIT_INTERNAL) from None
 
@@ -601,12 +634,25 @@ def main() -> None:
 def _keep_stderr_to_one_line() -> None:
     """stderr carries convexport's one-line messages and nothing else: the libraries' warnings
     (torch's, numpy's floating-point ones) are not shown. The report keeps what matters of
-    them (the TorchScript tracer's warnings are collected there)."""
+    them (the TorchScript tracer's warnings are collected there). A rule file that runs Python
+    code is a note of one line, before any other (rewrite/plugins.py)."""
     import warnings
 
     import numpy as np
 
+    from .rewrite.plugins import RuleFileRunsCode
+
     warnings.simplefilter("ignore")
+    warnings.filterwarnings("default", category=RuleFileRunsCode)  # once per rule file and code it runs
+    shown = warnings.showwarning
+
+    def note(message, category, *args, **kwargs):
+        if issubclass(category, RuleFileRunsCode):
+            stderr.print(f"convexport: note: {message}", markup=False, soft_wrap=True)
+        else:
+            shown(message, category, *args, **kwargs)
+
+    warnings.showwarning = note
     np.seterr(all="ignore")
     for stream in (sys.stdout, sys.stderr):  # a path that is not UTF-8 is shown escaped, not a crash
         if hasattr(stream, "reconfigure"):

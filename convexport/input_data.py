@@ -13,6 +13,8 @@ of the wrong type) is one ConvexportError naming the file.
 from __future__ import annotations
 
 import math
+import os
+import stat
 import zipfile
 from pathlib import Path
 
@@ -24,8 +26,22 @@ from .inputs import MAX_INPUT_BYTES, InputSpec
 NPY_MAGIC = b"\x93NUMPY"
 
 
+def check_data_file(path: Path) -> None:
+    """Refuse, before any work, a data file that is not there or not a regular file: a zip is
+    read by seeking, which a FIFO or a device cannot do, and opening a FIFO waits for a writer."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise ConvexportError(
+            f"{path}: {exc.strerror or exc}; give an .npz file (numpy.savez(PATH, x=array))"
+        ) from None
+    if not stat.S_ISREG(mode):
+        raise ConvexportError(f"{path}: not a regular file (a folder, FIFO, socket or device); give an .npz file")
+
+
 def load_npz(path: Path, inputs: list[InputSpec]) -> dict[str, np.ndarray]:
     """{input name: array} for `inputs`, from the .npz at `path` (module doc)."""
+    check_data_file(path)
     try:
         archive = zipfile.ZipFile(path)
     except (OSError, zipfile.BadZipFile, ValueError) as exc:

@@ -24,7 +24,7 @@ from .explain import ExplainRequest, explanations
 from .export import ExportResult, export_model
 from .files import check_paths, is_stream, temporary_folder_beside
 from .folds import builtin_primitives
-from .input_data import load_npz
+from .input_data import check_data_file, load_npz
 from .inputs import InputSpec, input_specs
 from .loading import LoadedModel, load_model
 from .low_rank import low_rank_branches_left
@@ -185,6 +185,8 @@ def _optimize(model, options: OptimizeOptions) -> OptimizeResult:
 def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -> OptimizeResult:
     if not options.made_up_inputs and options.input_data is None:
         raise ConvexportError("made_up_inputs=False needs input_data: the .npz of arrays to validate on instead")
+    if options.input_data is not None:
+        check_data_file(Path(options.input_data))
     examples = _example_tensors(options.inputs)
     inputs = [] if examples is not None else options.inputs
     listed = (inputs, options.rules, options.disable_rules, options.explain)

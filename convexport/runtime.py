@@ -7,7 +7,9 @@ import contextlib
 import contextvars
 import ctypes
 import functools
+import os
 import re
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -41,9 +43,13 @@ def custom_op_libraries(paths: Sequence[str | Path]) -> Iterator[None]:
     """Every session created in the block registers these ONNX Runtime custom-op libraries
     (SessionOptions.register_custom_ops_library); each is loaded once first, so that one ONNX
     Runtime cannot load is a ConvexportError naming it before any work."""
-    libraries = tuple(str(Path(path).resolve()) for path in paths)
+    libraries = tuple(os.path.abspath(path) for path in paths)
     for library in libraries:
-        if not Path(library).is_file():  # a FIFO would block the loader's read
+        try:
+            regular = stat.S_ISREG(os.stat(library).st_mode)
+        except OSError as exc:  # missing, a link loop, a name too long
+            raise ConvexportError(f"--custom-ops-library {library}: {exc.strerror or exc}") from None
+        if not regular:  # a FIFO would block the loader's read
             raise ConvexportError(f"--custom-ops-library {library}: not a regular file")
         try:
             ort.SessionOptions().register_custom_ops_library(library)

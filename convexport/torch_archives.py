@@ -20,7 +20,7 @@ from typing import Any
 
 from .errors import ConvexportError, first_line
 from .quiet import quiet_libraries
-from .untrusted import ArchiveRunsCode, compiled_code_members, no_code_from_archive
+from .untrusted import ArchiveRunsCode, compiled_code_members, no_code_from_archive, unsafe_guard
 
 TRUST_HINT = "pass --trust-pickle if you trust the file"
 # torch.save's legacy (non-zip) format starts with this number, pickled
@@ -44,11 +44,19 @@ def read_exported_program(path: Path, trust_pickle: bool):
     guard = contextlib.nullcontext() if trust_pickle else no_code_from_archive()
     try:
         with quiet_libraries(), guard:
-            return torch.export.load(str(path))
+            program = torch.export.load(str(path))
     except ArchiveRunsCode as refused:
         raise ConvexportError(f"{path}: holds {refused}; {TRUST_HINT}") from None
     except Exception as exc:  # torch raises many types for a bad archive
         raise ConvexportError(f"{path}: not a readable torch.export archive ({first_line(exc)}); {_PT2_HINT}") from exc
+    # its guards become Python code that every call of program.module() runs (untrusted.py)
+    unsafe = None if trust_pickle else unsafe_guard(list(getattr(program, "_guards_code", None) or []))
+    if unsafe is not None:
+        raise ConvexportError(
+            f"{path}: holds a guard that is not a comparison of input sizes ({unsafe[:60]!r}), which exporting the "
+            f"program would run; {TRUST_HINT}"
+        )
+    return program
 
 
 _PT2_HINT = "save one with torch.export.save(torch.export.export(model, inputs), 'model.pt2')"

@@ -7,7 +7,14 @@ custom objects (torch._C._pickle_load_obj), compiled AOTInductor kernels (a shar
 loaded from data/aotinductor/) and symbolic sizes, which it parses with sympy.sympify, an
 eval. `no_code_from_archive` closes each door while a load runs, unless the user trusts the
 file: torch.load may only take its safe path, the pickle loaders are refused, sympify gets
-only arithmetic over sizes. A refusal is an ArchiveRunsCode naming what would have run.
+only arithmetic over sizes, and that bounded (no tower of powers, no literal of more than
+MAX_LITERAL_DIGITS digits: `9**9**9**9` is arithmetic that never ends). A refusal is an
+ArchiveRunsCode naming what would have run.
+
+One door opens after the load: the program's guards (`guards_code`, Python text from the
+archive) are compiled with exec into a function that runs on every call of `program.module()`,
+as the ONNX export makes. `unsafe_guard` says which guard is not a comparison of input sizes;
+torch's own verifier already refuses a graph node whose target is not an operator.
 
 The doors are closed by replacing module attributes (torch.load, pickle.loads, ...) for the
 duration of the block, so the block is not thread-safe: convexport loads one model at a time.
@@ -15,6 +22,7 @@ duration of the block, so the block is not thread-safe: convexport loads one mod
 
 from __future__ import annotations
 
+import ast
 import builtins
 import contextlib
 import io
@@ -49,6 +57,14 @@ _SAFE_OPERATORS = frozenset({"(", ")", ",", "+", "-", "*", "/", "%", "=", "**", 
 # fmt: on
 
 
+# A literal longer than any size (2**63 has 19 digits), and the powers of literals an
+# expression may hold: each may raise a number to at most MAX_EXPONENT, so that no expression
+# makes a number of more than a few thousand digits.
+MAX_LITERAL_DIGITS = 40
+MAX_EXPONENT = 64
+MAX_POWERS = 4
+
+
 def is_size_expression(text: str) -> bool:
     """Whether `text` is arithmetic over sizes that sympify can parse without running
     anything: numbers, operators, the names above, symbol names, a quoted symbol name and
@@ -58,8 +74,12 @@ def is_size_expression(text: str) -> bool:
         tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
     except (tokenize.TokenError, SyntaxError, IndentationError):
         return False
+    if not _powers_bounded(tokens):
+        return False
     for index, token in enumerate(tokens):
         kind, value = token.type, token.string
+        if kind == tokenize.NUMBER and len(value) > MAX_LITERAL_DIGITS:
+            return False
         if kind in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER, tokenize.NUMBER):
             continue
         if kind == tokenize.OP and value in _SAFE_OPERATORS:
@@ -72,6 +92,29 @@ def is_size_expression(text: str) -> bool:
     return True
 
 
+def _powers_bounded(tokens: list) -> bool:
+    """Whether every `**` raises to a symbol or to a literal of at most MAX_EXPONENT that no
+    other power follows (2**s0, s0**2; not 9**9**9, 2**(9**9) nor 10**100000), at most
+    MAX_POWERS times."""
+    powers = [index for index, token in enumerate(tokens) if token.type == tokenize.OP and token.string == "**"]
+    if len(powers) > MAX_POWERS:
+        return False
+    for index in powers:
+        exponent, after = tokens[index + 1], tokens[index + 2] if index + 2 < len(tokens) else None
+        if after is not None and after.type == tokenize.OP and after.string == "**":
+            return False
+        if exponent.type == tokenize.NAME and exponent.string not in _SYMPY_NAMES:
+            continue
+        if exponent.type != tokenize.NUMBER:
+            return False
+        try:
+            if abs(float(exponent.string)) > MAX_EXPONENT:
+                return False
+        except ValueError:
+            return False
+    return True
+
+
 def _is_safe_name(name: str, rest: list) -> bool:
     if name in _SYMPY_NAMES:
         return True
@@ -81,6 +124,80 @@ def _is_safe_name(name: str, rest: list) -> bool:
     is_keyword_argument = follows == "=" and name.isidentifier()
     is_symbol = name.rstrip("0123456789") != name and name.rstrip("0123456789").isalpha()  # s77, u0, q12
     return is_keyword_argument or is_symbol
+
+
+# What a guard may be made of: torch writes each as a comparison of the inputs' sizes,
+# `L['x'].size()[0] >= 2`, `(L['x'].size()[0]) % 2 == 0`, `L['x'].stride()[0] == L['x'].size()[1]`,
+# `max(1, 4*(L['x'].size()[0] // 2)) == ...`, and math's rounding of them.
+_GUARD_NODES = (
+    ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd, ast.BinOp, ast.Add,
+    ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.Compare, ast.Eq, ast.NotEq, ast.Lt, ast.LtE,
+    ast.Gt, ast.GtE, ast.Constant, ast.Subscript, ast.Call, ast.Attribute, ast.Name, ast.Load,
+)  # fmt: skip
+_TENSOR_METHODS = frozenset({"size", "stride", "storage_offset", "dim", "numel"})
+_MATH_FUNCTIONS = frozenset({"floor", "ceil", "trunc", "sqrt", "log2"})
+# what torch's ShapeGuardPythonPrinter prints for Max, Min, Abs, ToFloat, TruncToInt, RoundToInt
+# and the two functions of the namespace torch runs guards in
+_GUARD_FUNCTIONS = frozenset({
+    "max", "min", "abs", "float", "int", "round", "IsNonOverlappingAndDenseIndicator",
+    "cast_symbool_to_symint_guardless",
+})  # fmt: skip
+_GUARD_NAMES = frozenset({"L", "math", "inf"}) | _GUARD_FUNCTIONS
+MAX_GUARD_CHARACTERS = 2_000
+
+
+def unsafe_guard(guards: list[str]) -> str | None:
+    """The first of a program's guards that is not a comparison of its inputs' sizes (see
+    _GUARD_NODES), or None when all are."""
+    for guard in guards:
+        if not isinstance(guard, str) or not _is_size_guard(guard):
+            return str(guard)
+    return None
+
+
+def _is_size_guard(text: str) -> bool:
+    if len(text) > MAX_GUARD_CHARACTERS or "\n" in text or "\r" in text:
+        return False  # (the guard is pasted into a line of generated code)
+    try:
+        nodes = list(ast.walk(ast.parse(text, mode="eval")))
+    except (SyntaxError, ValueError):
+        return False
+    powers = [node for node in nodes if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow)]
+    return len(powers) <= MAX_POWERS and all(map(_allowed_in_guard, nodes))
+
+
+def _allowed_in_guard(node: ast.AST) -> bool:
+    if not isinstance(node, _GUARD_NODES):
+        return False
+    if isinstance(node, ast.Constant):
+        if isinstance(node.value, str):
+            return node.value.isidentifier()  # L['x']
+        return isinstance(node.value, (int, float)) and len(repr(node.value)) <= MAX_LITERAL_DIGITS
+    if isinstance(node, ast.Name):
+        return node.id in _GUARD_NAMES
+    if isinstance(node, ast.Attribute):
+        return _is_guard_attribute(node)
+    if isinstance(node, ast.Call):  # L['x'].size(), math.floor(...), max(1, ...)
+        if isinstance(node.func, ast.Name):
+            return not node.keywords and node.func.id in _GUARD_FUNCTIONS
+        return not node.keywords and len(node.args) <= 1 and isinstance(node.func, ast.Attribute)
+    if isinstance(node, ast.Subscript):
+        return isinstance(node.slice, ast.Constant)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+        exponent = node.right
+        return (
+            isinstance(exponent, ast.Constant)
+            and isinstance(exponent.value, int)
+            and abs(exponent.value) <= MAX_EXPONENT
+        )
+    return True
+
+
+def _is_guard_attribute(node: ast.Attribute) -> bool:
+    """A size method of an input (`L['x'].size`) or one of math's rounding functions."""
+    if isinstance(node.value, ast.Name) and node.value.id == "math":
+        return node.attr in _MATH_FUNCTIONS
+    return node.attr in _TENSOR_METHODS and isinstance(node.value, ast.Subscript)
 
 
 def compiled_code_members(path: Path) -> list[str]:
@@ -118,7 +235,9 @@ def no_code_from_archive():
 
     def safe_sympify(value, *args, **kwargs):
         if isinstance(value, str) and not is_size_expression(value):
-            refuse(f"a size expression that is not arithmetic ({value[:60]!r}); sympy would evaluate it")
+            refuse(
+                f"a size expression that is not bounded arithmetic over sizes ({value[:60]!r}); sympy would evaluate it"
+            )
         return real_sympify(value, *args, **kwargs)
 
     def no_pickle(*_args, **_kwargs):

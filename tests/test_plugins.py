@@ -148,3 +148,37 @@ def test_a_plugin_builds_with_the_builtin_builder(tmp_path):
     assert op_counts(outcome.model) == {"Relu": 1, "Identity": 1}
     feeds = {"x": np.array([-1, 0, 2], np.float32)}
     np.testing.assert_array_equal(run(outcome.model, feeds)[0], run(model, feeds)[0])
+
+
+@pytest.mark.parametrize("command", [
+    ["rules", "check", "{rules}"],
+    ["rules", "list", "--rules", "{rules}"],
+    ["optimize", "{model}", "--rules", "{rules}", "-o", "{out}", "--no-profile"],
+])
+def test_a_rule_file_that_runs_python_code_says_so_first(tmp_path, command):
+    """Issue 49, item 3: the command line's first line on stderr names the rule file, the code
+    it runs and which key of which rule named it; the command itself goes on (exit 0)."""
+    import subprocess
+    import sys
+
+    import onnx
+
+    rules = rule_file(tmp_path, "my_primitives.py:drop_double_negation")
+    onnx.save(double_negation_model(), tmp_path / "m.onnx")
+    paths = {"rules": rules, "model": tmp_path / "m.onnx", "out": tmp_path / "out.onnx"}
+    argv = [part.format(**paths) for part in command]
+    done = subprocess.run([sys.executable, "-m", "convexport", *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines and lines[0] == (
+        f"convexport: note: {rules}: runs the Python code of my_primitives.py (apply: of rule 'no-double-negation'); "
+        "give only rule files you trust"
+    )
+    assert len(lines) == 1, done.stderr
+
+
+def test_loading_a_plugin_is_announced_to_the_python_api(tmp_path):
+    from convexport.rewrite.plugins import RuleFileRunsCode
+
+    with pytest.warns(RuleFileRunsCode, match="runs the Python code of my_primitives.py"):
+        parse_rule_file(rule_file(tmp_path, "my_primitives.py:drop_double_negation"), set(builtin_primitives()))

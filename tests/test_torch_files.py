@@ -20,7 +20,7 @@ import torch
 from helpers import assert_user_error, invoke
 from small_net import make_module
 
-from convexport.untrusted import is_size_expression
+from convexport.untrusted import is_size_expression, unsafe_guard
 
 
 class LeavesATrace:
@@ -97,6 +97,47 @@ def crafted_pickled_weight(marker):
     return edit
 
 
+def crafted_program(change):
+    """An edit of the archive's models/model.json by change(the parsed JSON, in place)."""
+    def edit(name, data):
+        if name and name.endswith("models/model.json"):
+            program = json.loads(data)
+            change(program)
+            return json.dumps(program).encode()
+        return data
+
+    return edit
+
+
+def crafted_guard(marker):
+    """A guard torch compiles into the function program.module() runs on each call."""
+    return crafted_program(lambda program: program.update(guards_code=[
+        f"__import__('pathlib').Path({str(marker)!r}).touch() is None"]))
+
+
+def crafted_guard_breaking_out(marker):
+    """A guard that closes the torch._assert( it is pasted into and runs as a statement of its own."""
+    return crafted_program(lambda program: program.update(guards_code=[
+        f"True, '')\n  __import__('pathlib').Path({str(marker)!r}).touch()\n  torch._assert(True"]))
+
+
+def crafted_target(_marker):
+    """A node that calls a torch function which is not an operator (torch's verifier refuses it)."""
+    return crafted_program(lambda program: program["graph_module"]["graph"]["nodes"][1].update(
+        target="torch.manual_seed"))
+
+
+def crafted_power_tower(_marker):
+    """A size expression that is arithmetic and never ends (9**9**9**9 has 3.7e8 digits... as an exponent)."""
+    def change(program):
+        text = json.dumps(program)
+        symbol = "Symbol('s77', positive=True, integer=True)"
+        assert symbol in text
+        program.update(json.loads(text.replace(symbol, f"{symbol} + 9**9**9**9", 1)))
+
+    return crafted_program(change)
+
+
 def crafted_compiled_kernel(_marker):
     def edit(name, data):
         if name is None:
@@ -111,6 +152,9 @@ def crafted_compiled_kernel(_marker):
     (crafted_size_expression, "size expression"),
     (crafted_pickled_weight, "pickled object"),
     (crafted_compiled_kernel, "compiled code"),
+    (crafted_guard, "guard that is not a comparison of input sizes"),
+    (crafted_guard_breaking_out, "guard that is not a comparison of input sizes"),
+    (crafted_power_tower, "size expression that is not bounded arithmetic"),
 ])
 def test_a_crafted_program_archive_runs_nothing_and_names_trust(program_archive, tmp_path, craft, what):
     marker = tmp_path / "ran"
@@ -120,6 +164,95 @@ def test_a_crafted_program_archive_runs_nothing_and_names_trust(program_archive,
     assert_user_error(result, "crafted.pt2", what, "--trust-pickle")
     assert not marker.exists()
     assert archive.read_bytes() == before and not (tmp_path / "out.onnx").exists()
+
+
+def test_a_program_calling_what_is_not_an_operator_is_refused_in_one_line(program_archive, tmp_path):
+    archive = rewritten(program_archive, tmp_path / "crafted.pt2", crafted_target(None))
+    result = invoke("optimize", archive, "--no-profile", "-o", tmp_path / "out.onnx")
+    assert_user_error(result, "crafted.pt2", "manual_seed", "not an allowed operator")
+
+
+def crafted_range_constraint(marker):
+    """Range constraints name a symbol and its bounds: code in either."""
+    code = f"__import__('pathlib').Path({str(marker)!r}).touch()"
+    return crafted_program(lambda program: program["range_constraints"].update(
+        {code: {"min_val": code, "max_val": code}}))
+
+
+def crafted_custom_op(marker):
+    """A node whose target names an operator namespace that could be imported, and one that names
+    an extension handler: torch looks both up by name and never imports or evaluates them."""
+    def change(program):
+        nodes = program["graph_module"]["graph"]["nodes"]
+        nodes[0]["target"] = f"torch.ops.__import__('pathlib').Path({str(marker)!r}).touch"
+        nodes[1]["target"] = f"#{marker}:op"
+
+    return crafted_program(change)
+
+
+@pytest.mark.parametrize("craft", [crafted_range_constraint, crafted_custom_op, crafted_target])
+def test_archive_text_read_by_name_runs_nothing(program_archive, tmp_path, craft):
+    """The doors torch reads by lookup, not by eval: each crafted archive is refused in one line
+    (or, for unused range constraints, read) without running anything."""
+    marker = tmp_path / "ran"
+    archive = rewritten(program_archive, tmp_path / "crafted.pt2", craft(marker))
+    result = invoke("optimize", archive, "--no-profile", "-o", tmp_path / "out.onnx")
+    assert result.exit_code in (0, 1) and "Traceback" not in result.output and not marker.exists()
+    if result.exit_code:
+        assert_user_error(result, "crafted.pt2")
+
+
+def test_the_crafted_guard_is_what_torch_would_run(program_archive, tmp_path):
+    """The craft is real: the program torch loads runs the guard on each call of its module."""
+    marker = tmp_path / "ran"
+    archive = rewritten(program_archive, tmp_path / "crafted.pt2", crafted_guard(marker))
+    torch.export.load(archive).module()(torch.randn(2, 3, 8, 8))
+    assert marker.exists()
+
+
+def test_a_program_with_the_guards_torch_writes_loads_untrusted(tmp_path):
+    class Halves(torch.nn.Module):
+        def forward(self, x):
+            return x.view(x.shape[0] // 2, -1) * 2
+
+    program = torch.export.export(Halves(), (torch.randn(6, 4),), dynamic_shapes=({0: torch.export.Dim.AUTO},))
+    assert program._guards_code  # (L['x'].size()[0] // 2) != 1, ...
+    torch.export.save(program, tmp_path / "halves.pt2")
+    result = invoke("optimize", tmp_path / "halves.pt2", "--input", "x:6x4", "--no-profile", "-o", tmp_path / "out.onnx")
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("guard", [
+    "L['y'].size()[0] == L['x'].size()[0]", "L['flat_args'][1].size()[0] == L['flat_args'][0].size()[0]",
+    "((4*L['x'].size()[0]) % (L['x'].size()[0] // 2)) == 0", "5 <= L['x'].size()[0] and L['x'].size()[0] <= 64",
+    "L['x'].stride()[0] == L['x'].size()[1]", "L['x'].storage_offset() == 0", "math.floor(L['x'].size()[0] / 3) >= 1",
+    "L['x'].size()[0]**2 <= 4096", "max(1, 4*(L['x'].size()[0] // (L['x'].size()[0] // 2))) == (4*L['x'].size()[0])",
+    "abs(L['x'].size()[0] - 3) < inf",
+])
+def test_guards_torch_writes_are_accepted(guard):
+    assert unsafe_guard([guard]) is None
+
+
+@pytest.mark.parametrize("guard", [
+    "__import__('os').system('x') == 0", "L['x'].size()[0].__class__", "open('f') is None", "L['x'].size()[0] == len('a')",
+    "L['x'].numpy().tofile('f')", "L['x'].size()[0] == 2\nimport os", "L['x'].size()[0] == 2\rimport os",
+    "L['x'].size()[0] == 9**9**9", "2**L['x'].size()[0] > 0", "L['a b'].size()[0] == 1", "(lambda: 1)() == 1",
+    "L['x'].size()[0] == 'a\"b'", "[1][0] == 1", "L[L['x']].size()[0] == 1", "L['x'].size(dim=0) == 1",
+    "math.pi > 3", "max.__class__ is None", "getattr(L, 'x') == 1", "eval('1') == 1", "L['x'].size()[0] == " + "9" * 50, "True, '')\n  x = 1\n  torch._assert(True",
+])
+def test_anything_else_in_a_guard_is_not(guard):
+    assert unsafe_guard([guard]) == guard
+
+
+@pytest.mark.parametrize("text", ["Symbol('s0') + 9**9**9**9", "10**10**8", "2**(9**9)", "s0**100000",
+                                  "s0 + " + "9" * 41, "s0**2**2", "s0**2 * s1**2 * s2**2 * s3**2 * s4**2"])
+def test_size_expressions_that_would_not_end_are_not(text):
+    assert not is_size_expression(text)
+
+
+@pytest.mark.parametrize("text", ["s0**2", "2**s0", "PowByNatural(s0, 2) + s1**3", "9223372036854775807 - s0"])
+def test_bounded_powers_and_literals_of_sizes_are(text):
+    assert is_size_expression(text)
 
 
 def test_the_crafted_archives_are_what_torch_would_run(program_archive, tmp_path):

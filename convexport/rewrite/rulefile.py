@@ -425,7 +425,7 @@ def _primitive(file: str, rule: str, apply: str, node, primitives) -> object | N
     RuleFileError for a name that is neither."""
     if is_plugin_name(apply):
         try:
-            return load_plugin(apply, Path(file))
+            return load_plugin(apply, Path(file), f"apply: of rule {rule!r}")
         except ValueError as exc:
             raise RuleFileError(
                 file, _line(node), _column(node), f"rule {rule!r}: primitive {apply!r}: {exc}"
@@ -491,7 +491,7 @@ def _parse_samplers(file: str, rule: str, node) -> dict:
         if not onnx.defs.has(str(op)):
             raise RuleFileError(file, _line(node), _column(node), f"rule {rule!r}: samplers: unknown ONNX op {op!r}")
         try:
-            loaded[str(op)] = load_plugin(where, Path(file))
+            loaded[str(op)] = load_plugin(where, Path(file), f"samplers: of rule {rule!r}")
         except ValueError as exc:
             raise RuleFileError(file, _line(node), _column(node), f"rule {rule!r}: sampler {where!r}: {exc}") from None
     return loaded
