@@ -11,7 +11,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check-install bench fuzz install clean
+.PHONY: demo test check-install bench fuzz install clean docs-images
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,11 @@ fuzz: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) bench/peers.py --write bench/RESULTS.md
+
+# docs/report.png: the HTML report `make demo` writes, as a browser shows it (needs chromium)
+docs-images: demo
+	chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1100,1500 \
+		--screenshot=$(CURDIR)/docs/report.png file://$(CURDIR)/out/seed004.report.html
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

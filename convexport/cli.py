@@ -71,7 +71,12 @@ RtolOpt = Annotated[
 AtolOpt = Annotated[
     list[str] | None, typer.Option("--atol", help="Absolute tolerance; NAME:F for one output (repeatable).")
 ]
-OpsetOpt = Annotated[int | None, typer.Option("--opset", help="ONNX opset for torch exports (default 18).")]
+OpsetOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--opset", help="ONNX opset for torch exports (default: what the installed torch writes, 20 on 2.13)."
+    ),
+]
 DynamicOpt = Annotated[bool, typer.Option("--dynamic-batch", help="Make the first dim of every input dynamic.")]
 LibraryOpt = Annotated[
     list[Path] | None,
@@ -518,9 +523,16 @@ def _is_stdout(path) -> bool:
 
 
 def _shown_path(path: str) -> str:
-    """A rule file's path relative to the working directory when it lies below it."""
+    """A rule file's path as a user finds it: a built-in one as rules/NAME (where it is in the
+    repository; installed, it is deep in site-packages), another relative to the working
+    directory when it lies below it."""
+    from .rewrite.rulefile import builtin_rule_files
+
+    resolved = Path(path).resolve()
+    if any(resolved == builtin.resolve() for builtin in builtin_rule_files()):
+        return f"rules/{resolved.name}"
     try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+        return str(resolved.relative_to(Path.cwd().resolve()))
     except ValueError:
         return path
 
@@ -574,8 +586,10 @@ def _say(message: str) -> None:
 def _guarded(action) -> None:
     """Run a command; map convexport's errors to exit codes with one line on stderr. A SIGTERM
     or SIGHUP ends it as an exception, so that its temporary files are removed."""
+    from .api_words import speaking_to_the_command_line
+
     try:
-        with ending_signals_raise():
+        with ending_signals_raise(), speaking_to_the_command_line():
             action()
     except ValidationError as exc:
         _say(f"convexport: {exc}")
@@ -628,7 +642,29 @@ def main() -> None:
     if "--debug" in arguments[:end]:
         _debug = True
         arguments = [a for a in arguments[:end] if a != "--debug"] + arguments[end:]
-    app(args=arguments, prog_name="convexport")
+    command = typer.main.get_command(app)
+    _name_placeholders(command)
+    command(args=arguments, prog_name="convexport")
+
+
+# typer's help shows each parameter's Python type (`<bool>`, `<list[str]>`, an argument as
+# `{model}`); a command line's help shows what to type: a placeholder, nothing for a switch
+_PLACEHOLDERS = {"int": "N", "float": "F", "Path": "PATH", "str": "TEXT"}
+
+
+def _name_placeholders(command) -> None:
+    """Each option's placeholder in `command` and its subcommands: none for a switch, N, F,
+    PATH or TEXT by its type, an argument's name in capitals."""
+    from typer.core import TyperArgument, TyperOption
+
+    for parameter in command.params:
+        if isinstance(parameter, TyperArgument):
+            parameter.metavar = parameter.metavar or parameter.name.upper()
+        elif isinstance(parameter, TyperOption) and parameter.metavar is None:
+            kind = parameter.bare_type().removeprefix("list[").removesuffix("]")
+            parameter.metavar = "" if parameter.is_flag else _PLACEHOLDERS.get(kind, kind.upper())
+    for sub in getattr(command, "commands", {}).values():
+        _name_placeholders(sub)
 
 
 def _keep_stderr_to_one_line() -> None:

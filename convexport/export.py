@@ -38,6 +38,7 @@ class ExportResult:
     warnings: list[str] = field(default_factory=list)  # the TorchScript tracer's, when it traced
     reference: onnx.ModelProto | None = None  # None: the model itself
     conversions: list[str] = field(default_factory=list)
+    input_changes: list[str] = field(default_factory=list)  # fixed dims of an ONNX model --input changed
     argument_names: list[str] = field(default_factory=list)  # a torch source's, in the order it was called with
 
     def __post_init__(self):
@@ -65,10 +66,12 @@ def export_model(
             f"(the newest the installed onnx {onnx.__version__} knows)"
         )
     if loaded.kind == "onnx":
-        reference, model, conversions = prepare_onnx(
+        reference, model, conversions, changed = prepare_onnx(
             loaded.onnx_model, loaded.source, input_specs, dynamic_batch, freeze_input_defaults
         )
-        return ExportResult(model, graph_input_specs(model), "onnx", reference=reference, conversions=conversions)
+        return ExportResult(
+            model, graph_input_specs(model), "onnx", reference=reference, conversions=conversions, input_changes=changed
+        )
     if loaded.kind == "exported_program":
         args, names, input_specs = _program_arguments(loaded, input_specs, dynamic_batch)
         dynamic = False  # the program's dims are its own: torch.onnx.export takes no dynamic_shapes for it

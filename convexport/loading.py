@@ -65,6 +65,7 @@ class LoadedModel:
     input_names: list[str] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)  # what it was read from: never to be written
     program_inputs: list[ProgramInput] = field(default_factory=list)  # an exported program's, in order
+    notes: list[str] = field(default_factory=list)  # what a user should know of how it was read, in words
 
 
 def load_model(source: str, trust_pickle: bool = False) -> LoadedModel:
@@ -250,9 +251,20 @@ def _load_factory(source: str, path_text: str, factory_name: str) -> LoadedModel
     else:
         default_output = Path.cwd() / f"{path_text.rsplit('.', 1)[-1]}{named}.opt.onnx"
         files = [Path(module.__file__)] if getattr(module, "__file__", None) else []
+    in_train_mode = getattr(program, "training", False)
     loaded = LoadedModel(source, "module", default_output, program=program.eval(), example_inputs=inputs)
     loaded.files = files
+    if in_train_mode:
+        loaded.notes.append(train_mode_note(source))
     return loaded
+
+
+def train_mode_note(source: str) -> str:
+    """Said where a factory (or the API's caller) gave a module in train mode."""
+    return (
+        f"{source} gave the module in train mode; it was exported in eval mode, as it is deployed (Dropout off, "
+        "BatchNorm on its running statistics)"
+    )
 
 
 def _import_factory_module(source: str, path_text: str):

@@ -34,22 +34,22 @@ FIRST_PRELU_WITH_NUMPY_BROADCAST = 7
 
 def prepare_onnx(
     given: onnx.ModelProto, source: str, specs: list[InputSpec], dynamic_batch: bool, freeze_input_defaults: bool
-) -> tuple[onnx.ModelProto, onnx.ModelProto, list[str]]:
-    """(reference, model, conversions): see the module doc."""
-    reference = given
+) -> tuple[onnx.ModelProto, onnx.ModelProto, list[str], list[str]]:
+    """(reference, model, conversions, fixed dims --input changed, in words): see the module doc."""
+    reference, changed = given, []
     edits = bool(specs or dynamic_batch or freeze_input_defaults) or _has_negative_dims(given)
     if edits:
         reference = _copy(given)
         if freeze_input_defaults:
             _drop_initializers_from_inputs(reference)
         _forget_negative_dims(reference)
-        _apply_input_specs(reference, specs, dynamic_batch, source)
+        changed = _apply_input_specs(reference, specs, dynamic_batch, source)
         if specs or dynamic_batch:  # the shapes the model declares were those of the old inputs
             _forget_inferred_shapes(reference)
     if edits or not ir.fully_shaped(reference):
         reference = ir.infer_shapes(reference, source)
     model, conversions = _brought_up_to_date(reference, source)
-    return reference, model, conversions
+    return reference, model, conversions, changed
 
 
 def _brought_up_to_date(reference: onnx.ModelProto, source: str) -> tuple[onnx.ModelProto, list[str]]:
@@ -191,9 +191,11 @@ def _forget_inferred_shapes(model: onnx.ModelProto) -> None:
             value.type.tensor_type.ClearField("shape")
 
 
-def _apply_input_specs(model: onnx.ModelProto, specs: list[InputSpec], dynamic_batch: bool, source: str) -> None:
-    """--input on an ONNX model fixes (or names) the dims of its inputs."""
+def _apply_input_specs(model: onnx.ModelProto, specs: list[InputSpec], dynamic_batch: bool, source: str) -> list[str]:
+    """--input on an ONNX model fixes (or names) the dims of its inputs; what it changed of the
+    dims the model fixed, in words."""
     by_name = {value.name: value for value in model.graph.input}
+    changed: list[str] = []
     for spec in specs:
         if spec.name not in by_name:
             raise ConvexportError(
@@ -210,11 +212,19 @@ def _apply_input_specs(model: onnx.ModelProto, specs: list[InputSpec], dynamic_b
             raise ConvexportError(
                 f"--input {spec}: {source} input {spec.name!r} has rank {len(shape.dim)}, not {len(spec.dims)}"
             )
+        declared, fixed = _dims_text(shape), [dim.dim_value for dim in shape.dim]
         for dim, value in zip(shape.dim, spec.dims):
             if isinstance(value, int):
                 dim.dim_value = value
             else:
                 dim.dim_param = value
+        if any(d > 0 and d != v for d, v in zip(fixed, spec.dims) if isinstance(v, int)):
+            # a new resolution or batch is what the user may want; a model that refuses the inputs
+            # it was made for must not come as a surprise (the summary and the report say so)
+            changed.append(
+                f"input {spec.name!r} was {declared}, fixed by {source}; --input makes it {_dims_text(shape)}, "
+                "the only size the written model takes"
+            )
     if dynamic_batch:
         defaults = {init.name for init in model.graph.initializer}  # an input with a default is a weight
         for value in model.graph.input:
@@ -223,3 +233,8 @@ def _apply_input_specs(model: onnx.ModelProto, specs: list[InputSpec], dynamic_b
             dims = value.type.tensor_type.shape.dim
             if dims:
                 dims[0].dim_param = BATCH_DIM
+    return changed
+
+
+def _dims_text(shape: onnx.TensorShapeProto) -> str:
+    return "x".join(str(d.dim_value) if d.dim_value > 0 else d.dim_param or "?" for d in shape.dim)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import glob
 import math
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import numpy as np
 import onnx
 
 from . import __version__, heap, ir
+from .api_words import in_callers_words
 from .errors import ConvexportError, InternalError, ValidationError, first_line
 from .exact_check import FLOAT64_WEIGHT_BYTES
 from .explain import ExplainRequest, explanations
@@ -26,11 +28,12 @@ from .files import check_paths, is_stream, temporary_folder_beside
 from .folds import builtin_primitives
 from .input_data import check_data_file, load_npz
 from .inputs import InputSpec, input_specs
-from .loading import LoadedModel, load_model
+from .loading import MODEL_SUFFIXES, LoadedModel, load_model, train_mode_note
 from .low_rank import low_rank_branches_left
 from .onnx_route import overridable_input_count
 from .options import OPTION_NAMES, OptimizeOptions, Progress
 from .profile import profile_models
+from .report import plural
 from .rewrite.engine import STRATEGIES, STRATEGY_ALIASES, rewrite_model
 from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
 from .rewrite.runtime_fusions import fusion_entries
@@ -63,7 +66,7 @@ class OptimizeResult:
         report = self.report
         parts = [
             f"{report['before']['nodes']} -> {report['after']['nodes']} nodes",
-            f"{len(report['rewrites'])} rewrites",
+            plural(len(report["rewrites"]), "rewrite"),
         ]
         validation = report.get("validation")
         if validation:
@@ -108,7 +111,7 @@ def optimize(
         options = OptimizeOptions(**given, **keywords)
     elif keywords or any(not _is_default(name, value) for name, value in given.items()):
         raise TypeError("optimize(): give an OptimizeOptions or the options as arguments, not both")
-    with _only_convexport_errors(), custom_op_libraries(_as_list(options.custom_ops_libraries)):
+    with in_callers_words(), _only_convexport_errors(), custom_op_libraries(_as_list(options.custom_ops_libraries)):
         return _optimize(model, options)
 
 
@@ -683,7 +686,7 @@ def export_only(
 ) -> Path:
     """Export MODEL to `output` and return where it went; `warn` gets each of the TorchScript
     tracer's warnings (see the report's export_warnings). Raises as optimize does."""
-    with _only_convexport_errors():
+    with in_callers_words(), _only_convexport_errors():
         return _export_only(model, output, inputs, opset, dynamic_batch, trust_pickle, warn)
 
 
@@ -710,7 +713,17 @@ def _load(model, trust_pickle: bool) -> LoadedModel:
     import torch
 
     if isinstance(model, torch.nn.Module):
-        return LoadedModel(f"<{type(model).__name__}>", "module", Path.cwd() / "model.opt.onnx", program=model.eval())
+        source = f"<{type(model).__name__}>"
+        in_train_mode = model.training
+        loaded = LoadedModel(source, "module", Path.cwd() / "model.opt.onnx", program=model.eval())
+        if in_train_mode:
+            loaded.notes.append(train_mode_note(source))
+        return loaded
+    if isinstance(model, Mapping) and model and all(isinstance(value, torch.Tensor) for value in model.values()):
+        raise ConvexportError(
+            f"a {type(model).__name__} of {len(model)} tensors is a state_dict: weights without the module that uses "
+            "them; build the module, load_state_dict() it, and pass the module"
+        )
     raise ConvexportError(f"cannot optimize a {type(model).__name__}: give a path, an onnx.ModelProto or an nn.Module")
 
 
@@ -735,6 +748,8 @@ def _destination(loaded: LoadedModel, output: str | Path | None, others=()) -> P
     every file the model was read from and against each other, before any work."""
     destination = Path(output) if output is not None else loaded.default_output
     check_paths(loaded.files, [("-o", destination), *others])
+    if output is None:
+        loaded.notes.extend(_shared_default_output(loaded, destination))
     real = Path(os.path.realpath(destination))
     for option, path in others:  # a report named as OUT's weights file would be taken for one and removed
         if path is None or str(path) == "-":
@@ -746,6 +761,23 @@ def _destination(loaded: LoadedModel, output: str | Path | None, others=()) -> P
                 "give each output its own file"
             )
     return destination
+
+
+def _shared_default_output(loaded: LoadedModel, destination: Path) -> list[str]:
+    """A note where the default output, already there, is also another model's of this folder
+    (net.pt and net.pt2 both write net.opt.onnx): the run replaces what that one wrote."""
+    if not destination.exists() or not loaded.files:
+        return []
+    given = loaded.files[0]
+    stem = destination.name.removesuffix(".opt.onnx")
+    others = sorted(
+        path.name
+        for path in destination.parent.glob(f"{glob.escape(stem)}.*")
+        if path.stem == stem and path.suffix in (*MODEL_SUFFIXES, ".py") and path.resolve() != given.resolve()
+    )
+    if not others:
+        return []
+    return [f"{destination} was replaced; {', '.join(others)} in the same folder writes it too (give -o to keep both)"]
 
 
 def _validation_inputs(exported: ExportResult, specs: list[InputSpec]) -> list[InputSpec]:
@@ -779,6 +811,8 @@ def _report(
         "export_warnings": exported.warnings,
         "opset": ir.onnx_opset(exported.model),
         "conversions": exported.conversions,
+        "input_changes": exported.input_changes,
+        "notes": loaded.notes,
         "overridable_inputs": overridable_input_count(exported.model),
         "inputs": [str(spec) for spec in exported.inputs],
         "before": before,

@@ -99,6 +99,10 @@ def print_optimize_summary(report: dict, console: Console) -> None:
         console.print(
             f"constant folding: {folding['nodes_before']} -> {folding['nodes_after']} nodes, before the rules"
         )
+    for note in report.get("notes", []):
+        console.print(f"note: {note}", markup=False)
+    for change in report.get("input_changes", []):
+        console.print(f"changed: {change}", markup=False)
     for conversion in report.get("conversions", []):
         console.print(f"converted: {conversion} (validated against the model as given)", markup=False)
     if report.get("overridable_inputs"):
@@ -146,7 +150,8 @@ def print_optimize_summary(report: dict, console: Console) -> None:
     merged = report.get("deduplicated_initializers")
     if merged:
         console.print(
-            f"weights: {merged['merged']} copies of an initializer written once ({size(merged['bytes_saved'])} saved)",
+            f"weights: {plural(merged['merged'], 'copy', 'copies')} of an initializer written once "
+            f"({size(merged['bytes_saved'])} saved)",
             markup=False,
         )
     if report.get("runtime_fusions"):
@@ -169,13 +174,18 @@ def print_optimize_summary(report: dict, console: Console) -> None:
         console.print(f"done in {timings['total']:.1f} s ({steps})", markup=False)
 
 
+def plural(count: int, one: str, many: str | None = None) -> str:
+    """`1 copy`, `2 copies`."""
+    return f"{count} {one if count == 1 else many or one + 's'}"
+
+
 def module_lines(rewrites: list[dict], most: int = 12) -> list[str]:
     """The rewrites by the PyTorch module they folded inside (the innermost one holding all
     their nodes), one line each: `block (Block): conv-batchnorm x1, conv-mul x1`; at most
     `most` lines, the rest counted."""
     by_module: dict[str, dict[str, int]] = {}
     for entry in rewrites:
-        module = entry.get("module") or (" + ".join(entry["modules"]) if entry.get("modules") else None)
+        module = entry.get("module") or (_modules_label(entry["modules"]) if entry.get("modules") else None)
         if module:
             rules = by_module.setdefault(module, {})
             rules[entry["rule"]] = rules.get(entry["rule"], 0) + 1
@@ -183,6 +193,18 @@ def module_lines(rewrites: list[dict], most: int = 12) -> list[str]:
     if len(lines) > most:
         lines = lines[:most] + [f"... and {len(lines) - most} more modules (--report lists each rewrite's)"]
     return lines
+
+
+def _modules_label(modules: list[str], width: int = 80) -> str:
+    """The modules a rewrite spans, joined with " + " up to about `width` characters, the rest
+    counted ("a (Conv2d) + b (Conv2d) and 64 more"): one line a terminal shows whole."""
+    shown: list[str] = []
+    for module in modules:
+        if shown and len(" + ".join([*shown, module])) > width:
+            break
+        shown.append(module)
+    rest = len(modules) - len(shown)
+    return " + ".join(shown) + (f" and {rest} more" if rest else "")
 
 
 def growth_line(report: dict) -> str | None:

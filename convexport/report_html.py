@@ -14,7 +14,7 @@ body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2r
 h1{font-size:1.4rem;margin:0 0 .2rem}h2{font-size:1.1rem;margin:2rem 0 .6rem;border-bottom:1px solid #e4e7eb;padding-bottom:.3rem}
 .sub{color:#616e7c;margin:0 0 1rem}.badges span{display:inline-block;border-radius:4px;padding:.15rem .55rem;margin-right:.4rem;font-weight:600}
 .ok{background:#e3f9e5;color:#05400a}.bad{background:#ffe3e3;color:#610404}.info{background:#e6f0ff;color:#0b3b8c}
-table{border-collapse:collapse;width:100%;margin:.3rem 0}th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid #eef0f2;vertical-align:top;overflow-wrap:anywhere}td code{white-space:nowrap}
+table{border-collapse:collapse;width:100%;margin:.3rem 0}th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid #eef0f2;vertical-align:top;overflow-wrap:anywhere}td code{white-space:nowrap}small.path{overflow-wrap:normal}
 th{color:#52606d;font-weight:600}td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}td:first-child{white-space:nowrap}
 .legend span{display:inline-block;width:.8rem;height:.8rem;border-radius:2px;margin:0 .3rem 0 1rem;vertical-align:-1px}
 svg text{font:12px system-ui,sans-serif;fill:#323f4b}code{font-size:12px}
@@ -23,6 +23,11 @@ svg text{font:12px system-ui,sans-serif;fill:#323f4b}code{font-size:12px}
 
 def write_html(report: dict, destination: str | Path) -> None:
     write_text_atomically(render(report), destination)
+
+
+def _path_breaks(path: str) -> str:
+    """A file path that a narrow cell breaks after a slash, never inside a name."""
+    return _e(path).replace("/", "/<wbr>")
 
 
 def _weights_beside(report: dict) -> str:
@@ -211,7 +216,7 @@ def _rewrites(entries) -> str:
         if module:
             rows.append(f"<tr><th colspan=4><code>{_e(module)}</code></th></tr>")
         rows += [
-            f"<tr><td>{index}</td><td><code>{_e(e['rule'])}</code><br><small>{_e(e.get('file', ''))}</small></td>"
+            f"<tr><td>{index}</td><td><code>{_e(e['rule'])}</code><br><small class=path>{_path_breaks(e.get('file', ''))}</small></td>"
             f"<td>{_region(e)}<br><small>{_e(_nodes_and_modules(e))}</small></td>"
             f"<td>{_e(e['reason'])}{_decision(e.get('decision'))}</td></tr>"
             for index, e in members

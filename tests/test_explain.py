@@ -57,5 +57,5 @@ def test_disable_rule_leaves_its_rewrites_undone():
     result = convexport.optimize(model, write=False, profile=False, disable_rules="conv-batchnorm")
     assert "conv-batchnorm" not in {entry["rule"] for entry in result.report["rewrites"]}
     assert op_counts(result.model)["BatchNormalization"] == 1
-    with pytest.raises(convexport.ConvexportError, match="--disable-rule nothing-like-it: no rule of that name"):
+    with pytest.raises(convexport.ConvexportError, match=r"disable_rules=\['nothing-like-it'\]: no rule of that name"):
         convexport.optimize(model, write=False, disable_rules=["nothing-like-it"])

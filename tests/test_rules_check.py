@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from typer.testing import CliRunner
 
 from convexport.cli import app
@@ -54,6 +56,37 @@ def test_the_built_in_rules_check_clean():
 
     result = CliRunner().invoke(app, ["rules", "check", *map(str, builtin_rule_files())])
     assert result.exit_code == 0 and result.stdout.strip() == "54 rule(s) OK"
+
+
+def test_the_checkouts_rule_files_check_clean_against_an_installed_package(tmp_path, monkeypatch):
+    """Installed, the built-in files are copies in site-packages: `rules check rules/*.yaml` in
+    the checkout (docs/commands.md's example) is the same rules, not 54 clashes."""
+    import shutil
+
+    from convexport.rewrite import rulefile
+
+    checkout = sorted(Path(__file__).resolve().parents[1].joinpath("rules").glob("*.yaml"))
+    installed = tmp_path / "site-packages" / "convexport" / "builtin_rules"
+    installed.mkdir(parents=True)
+    for path in checkout:
+        shutil.copy(path, installed / path.name)
+    monkeypatch.setattr(rulefile, "builtin_rule_files", lambda: sorted(installed.glob("*.yaml")))
+    result = CliRunner().invoke(app, ["rules", "check", *map(str, checkout)])
+    assert result.exit_code == 0 and result.stdout.strip() == "54 rule(s) OK", result.output
+
+
+def test_a_user_rule_with_a_built_in_name_is_one_clash_naming_both_places(tmp_path):
+    from convexport.rewrite.rulefile import builtin_rule_files
+
+    (tmp_path / "mine.yaml").write_text(
+        "rules:\n  - name: drop-identity\n    doc: d\n    match: [y = Identity(x)]\n    apply: forward_input\n"
+    )
+    result = CliRunner().invoke(app, ["rules", "check", *map(str, builtin_rule_files()), str(tmp_path / "mine.yaml")])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        f"convexport: {tmp_path / 'mine.yaml'}:2:1: rule 'drop-identity' has the name of the built-in rule at "
+        "rules/10_cleanup.yaml:3"
+    )
 
 
 def test_rule_files_run_in_file_name_order_built_ins_included(tmp_path):

@@ -271,9 +271,10 @@ def _check_nesting(file: str, text: str) -> None:
 def rule_file_errors(paths: list[Path], primitives: set[str]) -> tuple[int, list[str]]:
     """`rules check`: (the number of rules that parse, every error in every file): each rule's
     mistakes (all of them), a name defined twice, a name that a built-in rule already has."""
-    builtin = {
-        rule.name: (Path(rule.file).resolve(), rule.line) for rule in load_rules(builtin_rule_files(), primitives)
-    }
+    builtin = {rule.name: (Path(rule.file).name, rule.line) for rule in load_rules(builtin_rule_files(), primitives)}
+    # a built-in file is itself wherever it lies (the checkout's rules/, an installed package's
+    # convexport/builtin_rules/): known by what it holds, not by its path
+    builtin_texts = {read_rule_text(path) for path in builtin_rule_files()}
     seen: dict[str, str] = {}
     good, errors = 0, []
     for path in paths:
@@ -282,6 +283,7 @@ def rule_file_errors(paths: list[Path], primitives: set[str]) -> tuple[int, list
         except ConvexportError as exc:
             errors.append(str(exc))
             continue
+        is_builtin = text in builtin_texts
         try:
             nodes = _rule_nodes(str(path), text)
         except RuleFileError as exc:
@@ -297,8 +299,8 @@ def rule_file_errors(paths: list[Path], primitives: set[str]) -> tuple[int, list
                 errors.append(str(exc))
                 continue
             where = f"{rule.file}:{rule.line}"
-            if rule.name in builtin and builtin[rule.name] != (path.resolve(), rule.line) and not rule.override:
-                theirs = f"rules/{builtin[rule.name][0].name}:{builtin[rule.name][1]}"
+            if rule.name in builtin and not is_builtin and not rule.override:
+                theirs = f"rules/{builtin[rule.name][0]}:{builtin[rule.name][1]}"
                 errors.append(f"{where}:1: rule {rule.name!r} has the name of the built-in rule at {theirs}")
             elif rule.name in seen and not rule.override:
                 errors.append(f"{where}:1: rule {rule.name!r} is already defined in {seen[rule.name]}")
