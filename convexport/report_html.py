@@ -50,6 +50,10 @@ def render(report: dict) -> str:
             f"<p class=sub>inputs <code>{_e(', '.join(report.get('inputs', [])))}</code> · outputs "
             f"<code>{_e(', '.join(report.get('outputs', [])))}</code></p>"
         )
+    said = [f"note: {note}" for note in report.get("notes", [])]
+    said += [f"changed: {change}" for change in report.get("input_changes", [])]
+    said += [f"converted: {conversion}" for conversion in report.get("conversions", [])]
+    parts.extend(f"<p class=sub>{_e(line)}</p>" for line in said)
     environment, timings = report.get("environment"), report.get("timings_s")
     if environment:
         parts.append(

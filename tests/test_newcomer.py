@@ -36,6 +36,9 @@ def test_an_input_that_changes_a_fixed_dim_of_an_onnx_model_says_so(static_model
             "written model takes")
     assert f"changed: {said}" in result.stdout
     assert json.loads(report.read_text())["input_changes"] == [said]
+    from convexport.report_html import render
+
+    assert "changed: input &#x27;x&#x27; was 1x3x64x64" in render(json.loads(report.read_text()))
 
 
 def test_an_input_that_agrees_with_the_fixed_dims_or_names_them_is_taken(static_model, tmp_path):
