@@ -37,7 +37,7 @@ def check_paths(inputs: Sequence[str | Path], outputs: Sequence[tuple[str, str |
     no new file, whose name the system cannot take, that is one of `inputs`, or that another
     output names.
     `outputs` are (option, path) pairs; None (not asked for) and "-" (stdout) are passed over."""
-    read = _by_identity(inputs)
+    read = identities_of(inputs)
     seen: dict[tuple, str] = {}
     for option, path in outputs:
         if path is None or str(path) == "-":
@@ -45,7 +45,7 @@ def check_paths(inputs: Sequence[str | Path], outputs: Sequence[tuple[str, str |
         destination = writable_place(path)
         if is_stream(destination):
             continue
-        key = _identity(destination)
+        key = file_identity(destination)
         _refuse_an_input(option, path, key, read)
         _check_folder_takes_files(option, path, destination)
         if key in seen:
@@ -53,9 +53,9 @@ def check_paths(inputs: Sequence[str | Path], outputs: Sequence[tuple[str, str |
         seen[key] = f"{option} {path}"
 
 
-def _by_identity(inputs: Sequence[str | Path]) -> dict[tuple, str]:
-    """The existing files among `inputs`, by _identity."""
-    return {_identity(path): str(path) for path in inputs if path is not None and _exists(path)}
+def identities_of(inputs: Sequence[str | Path]) -> dict[tuple, str]:
+    """The existing files among `inputs`, by file_identity (to what each path names)."""
+    return {file_identity(path): str(path) for path in inputs if path is not None and _exists(path)}
 
 
 def _check_folder_takes_files(option: str, path: str | Path, destination: Path) -> None:
@@ -289,7 +289,7 @@ def _exists(path: str | Path) -> bool:
         return False
 
 
-def _identity(path: str | Path) -> tuple:
+def file_identity(path: str | Path) -> tuple:
     """What makes two paths the same file: device and inode where it exists (hard links and
     symlinks included), else the resolved path."""
     try:

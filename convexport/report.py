@@ -99,12 +99,8 @@ def print_optimize_summary(report: dict, console: Console) -> None:
         console.print(
             f"constant folding: {folding['nodes_before']} -> {folding['nodes_after']} nodes, before the rules"
         )
-    for note in report.get("notes", []):
-        console.print(f"note: {note}", markup=False)
-    for change in report.get("input_changes", []):
-        console.print(f"changed: {change}", markup=False)
-    for conversion in report.get("conversions", []):
-        console.print(f"converted: {conversion} (validated against the model as given)", markup=False)
+    for line in model_lines(report):
+        console.print(line, markup=False)
     if report.get("overridable_inputs"):
         console.print(
             f"{report['overridable_inputs']} weights are graph inputs a caller may override, so they are not "
@@ -172,6 +168,21 @@ def print_optimize_summary(report: dict, console: Console) -> None:
     if timings:
         steps = ", ".join(f"{step} {seconds:.1f}" for step, seconds in timings.items() if step != "total")
         console.print(f"done in {timings['total']:.1f} s ({steps})", markup=False)
+
+
+def model_lines(report: dict) -> list[str]:
+    """What the run did to the model as given or noticed about it, one sentence a line: the
+    notes (a module in train mode, an output another model writes too), the fixed dims --input
+    changed, the conversions of an old ONNX model. The terminal summary and the HTML page both
+    show these."""
+    return (
+        [f"note: {note}" for note in report.get("notes", [])]
+        + [f"changed: {change}" for change in report.get("input_changes", [])]
+        + [
+            f"converted: {conversion} (validated against the model as given)"
+            for conversion in report.get("conversions", [])
+        ]
+    )
 
 
 def plural(count: int, one: str, many: str | None = None) -> str:

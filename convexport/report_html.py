@@ -6,7 +6,7 @@ import html
 from pathlib import Path
 
 from .files import write_text_atomically
-from .report import export_check_line, growth_line, si, size, tracer_warning
+from .report import export_check_line, growth_line, model_lines, si, size, tracer_warning
 
 BEFORE, AFTER = "#9aa5b1", "#2f7de1"
 STYLE = """
@@ -50,10 +50,7 @@ def render(report: dict) -> str:
             f"<p class=sub>inputs <code>{_e(', '.join(report.get('inputs', [])))}</code> · outputs "
             f"<code>{_e(', '.join(report.get('outputs', [])))}</code></p>"
         )
-    said = [f"note: {note}" for note in report.get("notes", [])]
-    said += [f"changed: {change}" for change in report.get("input_changes", [])]
-    said += [f"converted: {conversion}" for conversion in report.get("conversions", [])]
-    parts.extend(f"<p class=sub>{_e(line)}</p>" for line in said)
+    parts.extend(f"<p class=sub>{_e(line)}</p>" for line in model_lines(report))
     environment, timings = report.get("environment"), report.get("timings_s")
     if environment:
         parts.append(

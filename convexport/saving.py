@@ -29,7 +29,15 @@ import onnx
 
 from . import ir
 from .errors import ConvexportError
-from .files import give_permissions_of, is_stream, rename_all, temporary_beside, write_atomically
+from .files import (
+    file_identity,
+    give_permissions_of,
+    identities_of,
+    is_stream,
+    rename_all,
+    temporary_beside,
+    write_atomically,
+)
 
 try:
     import fcntl
@@ -102,13 +110,13 @@ def _commit(final: Path, renames: list[tuple[str, Path]], inputs: Sequence[str |
                 raise ConvexportError(f"{path}: appeared while {final.name} was being written; nothing was written")
         replaced = _weights_named_by(final)
         rename_all(renames)
-        kept = {_identity(path, follow=True) for path in inputs}
+        kept = identities_of(inputs)
         for entry in os.scandir(final.parent):
             if entry.name in new or not is_weights_file_of(entry.name, final.name):
                 continue
             # <OUT>.data may be another tool's file that OUT never named: removed only as the replaced model's
             ours = entry.name != f"{final.name}.data" or entry.name in replaced
-            if ours and _identity(entry.path, follow=False) not in kept:
+            if ours and file_identity(entry.path) not in kept:
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
 
@@ -126,14 +134,6 @@ def _weights_named_by(model_path: Path) -> set[str]:
         return set(ir.external_data_files(onnx.load(str(model_path), load_external_data=False)))
     except Exception:  # not a model (any file may have been at OUT): it names nothing
         return set()
-
-
-def _identity(path: str | Path, follow: bool) -> tuple:
-    try:
-        info = os.stat(path, follow_symlinks=follow)
-        return (info.st_dev, info.st_ino)
-    except OSError:
-        return (None, os.path.abspath(path))
 
 
 @contextlib.contextmanager
