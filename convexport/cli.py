@@ -286,6 +286,7 @@ def profile(
 ):
     """Time an ONNX model on ONNX Runtime."""
     from .export import graph_input_specs
+    from .input_domains import sized_by_running
     from .inputs import input_specs, with_overrides
     from .loading import load_model
     from .profile import profile_models
@@ -301,6 +302,7 @@ def profile(
         onnx_model = load_model(str(model)).onnx_model
         specs = with_overrides(graph_input_specs(onnx_model), input_specs(input), model)
         with custom_op_libraries(custom_ops_library or []):
+            specs = sized_by_running(onnx_model, specs)  # an image's dynamic dims, as the model takes them
             measured = profile_models(
                 {"model": onnx_model}, specs, resolve_device(device), runs, warmup, per_op=not no_per_op
             )

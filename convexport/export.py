@@ -77,9 +77,9 @@ def export_model(
         dynamic = False  # the program's dims are its own: torch.onnx.export takes no dynamic_shapes for it
     else:
         args, names = _example_arguments(loaded, input_specs)
-        dynamic = dynamic_batch or any(spec.is_dynamic for spec in input_specs)
+        dynamic = _dynamic_axes(args, input_specs, dynamic_batch)
     if dynamic:
-        args = tuple(_at_least_two_in_batch(t) for t in args)
+        args = tuple(_at_least_two_along(t, axes) for t, axes in zip(args, dynamic))
     opset = opset or exporter_default_opset()
     model, exporter, tracer_warnings = _run_exporter(loaded, args, names, opset, dynamic)
     written = ir.onnx_opset(model)
@@ -299,12 +299,27 @@ def _torch_dtype(spec: InputSpec):
     return getattr(torch, spec.dtype)
 
 
-def _at_least_two_in_batch(tensor):
-    """torch.export specialises a size-1 dim to a constant; trace dynamic batches at 2."""
+def _dynamic_axes(args: tuple, specs: list[InputSpec], dynamic_batch: bool) -> list[dict[int, str]] | None:
+    """{axis: dim name} of each example argument that the export leaves dynamic: every dim
+    --input names (`batch`, `seq`: one name is one size, across inputs), and with
+    --dynamic-batch each first dim not named otherwise; None where there is none."""
+    axes: list[dict[int, str]] = []
+    for index, tensor in enumerate(args):
+        spec = specs[index] if index < len(specs) else None
+        named = {axis: dim for axis, dim in enumerate(spec.dims) if isinstance(dim, str)} if spec else {}
+        if dynamic_batch and tensor.dim():
+            named.setdefault(0, BATCH_DIM)
+        axes.append(named)
+    return axes if any(axes) else None
+
+
+def _at_least_two_along(tensor, axes: dict[int, str]):
+    """torch.export specialises a size-1 dim to a constant; trace each dynamic dim at 2 or more."""
     import torch
 
-    if tensor.dim() and tensor.shape[0] == 1:
-        return torch.cat([tensor, tensor])
+    for axis in axes:
+        if axis < tensor.dim() and tensor.shape[axis] == 1:
+            tensor = torch.cat([tensor, tensor], dim=axis)
     return tensor
 
 
@@ -340,7 +355,7 @@ def _run_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first_line(exc)}"
 
 
-def _run_exporter(loaded: LoadedModel, args: tuple, names: list[str], opset: int, dynamic: bool):
+def _run_exporter(loaded: LoadedModel, args: tuple, names: list[str], opset: int, dynamic):
     import torch
 
     _check_runs_on(loaded, args)
@@ -394,13 +409,15 @@ def exporter_reason(exc: BaseException) -> str:
     return first_line(exc)
 
 
-def _export_dynamo(loaded: LoadedModel, args: tuple, names: list[str], opset: int, dynamic: bool) -> onnx.ModelProto:
+def _export_dynamo(loaded: LoadedModel, args: tuple, names: list[str], opset: int, dynamic) -> onnx.ModelProto:
+    """`dynamic`: _dynamic_axes's, a torch.export.Dim per dim name (shared by the inputs that
+    name it), or None."""
     import torch
 
     dynamic_shapes = None
     if dynamic:
-        batch = torch.export.Dim(BATCH_DIM)
-        dynamic_shapes = tuple({0: batch} if t.dim() else None for t in args)
+        dims = {name: torch.export.Dim(name) for axes in dynamic for name in axes.values()}
+        dynamic_shapes = tuple({axis: dims[name] for axis, name in axes.items()} or None for axes in dynamic)
     with quiet_libraries():
         program = torch.onnx.export(
             loaded.program,
@@ -416,7 +433,7 @@ def _export_dynamo(loaded: LoadedModel, args: tuple, names: list[str], opset: in
 
 
 def _export_torchscript(
-    loaded: LoadedModel, args: tuple, names: list[str], opset: int, dynamic: bool
+    loaded: LoadedModel, args: tuple, names: list[str], opset: int, dynamic
 ) -> tuple[onnx.ModelProto, list[str]]:
     """The model and the tracer's warnings (each once): a module that is traced, not scripted,
     runs once on `args`, and where its Python code branched on a tensor's value the graph holds
@@ -424,7 +441,7 @@ def _export_torchscript(
     import torch
 
     buffer = io.BytesIO()
-    dynamic_axes = {name: {0: BATCH_DIM} for name, t in zip(names, args) if t.dim()} if dynamic else None
+    dynamic_axes = {name: axes for name, axes in zip(names, dynamic) if axes} if dynamic else None
     with quiet_libraries() as caught:
         torch.onnx.export(
             loaded.program,

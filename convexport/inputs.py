@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import math
+import operator
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import ml_dtypes
 import numpy as np
@@ -67,7 +69,7 @@ class InputSpec:
         return any(isinstance(d, str) for d in self.dims)
 
     def concrete_shape(self, dynamic_size: int = DEFAULT_DYNAMIC_SIZE) -> tuple[int, ...]:
-        return tuple(d if isinstance(d, int) else dynamic_size for d in self.dims)
+        return tuple(d if isinstance(d, int) else dim_size(d, dynamic_size) for d in self.dims)
 
     def data_bytes(self, dynamic_size: int = DEFAULT_DYNAMIC_SIZE) -> int:
         """The bytes of one array of this input (a dynamic dim at `dynamic_size`)."""
@@ -78,6 +80,36 @@ class InputSpec:
         if self.value_range is None:
             return text
         return text + ":" + "..".join(f"{bound:g}" for bound in self.value_range)
+
+
+def dim_size(dim: str, dynamic_size: int) -> int:
+    """The size of a dynamic dim when every dim name takes `dynamic_size`: a name is
+    `dynamic_size`; an expression of names, as exporters write related dims (GPT-2's mask is
+    `past_sequence_length + sequence_length`, its past `past_sequence_length`), is evaluated,
+    so that the made-up inputs agree with each other. At least 1."""
+    try:
+        tree = ast.parse(dim, mode="eval").body
+    except (SyntaxError, ValueError):
+        return dynamic_size
+    value = _evaluated(tree, dynamic_size)
+    return dynamic_size if value is None else max(1, value)
+
+
+def _evaluated(node: ast.AST, size: int) -> int | None:
+    """+, -, * and // of names and small integer literals; None for anything else."""
+    if isinstance(node, ast.Name):
+        return size
+    if isinstance(node, ast.Constant) and type(node.value) is int and 0 <= node.value < 1 << 20:
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _DIM_OPERATORS:
+        left, right = _evaluated(node.left, size), _evaluated(node.right, size)
+        if left is None or right is None or (right == 0 and isinstance(node.op, ast.FloorDiv)):
+            return None
+        return _DIM_OPERATORS[type(node.op)](left, right)
+    return None
+
+
+_DIM_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
 
 
 def parse_input_spec(text: str) -> InputSpec:
@@ -153,7 +185,8 @@ def input_specs(given) -> list[InputSpec]:
 
 def random_inputs(specs: list[InputSpec], seed: int, dynamic_size: int = DEFAULT_DYNAMIC_SIZE) -> dict[str, np.ndarray]:
     """Seeded data for each input: standard normal floats, small non-negative integers, or
-    uniform in the input's value range (integers inclusive of both ends)."""
+    uniform in the input's value range (integers inclusive of both ends); a bool of one
+    element True for an even seed, False for an odd one (validation's runs take both)."""
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for spec in specs:
@@ -168,6 +201,8 @@ def random_inputs(specs: list[InputSpec], seed: int, dynamic_size: int = DEFAULT
         low, high = spec.value_range or (None, None)
         if np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16:
             feeds[spec.name] = _floats(rng, shape, dtype, low, high)
+        elif dtype == np.bool_ and math.prod(shape) == 1:  # a switch (optimum's use_cache_branch):
+            feeds[spec.name] = np.full(shape, seed % 2 == 0)  # each way in turn, as the seeds go
         elif dtype == np.bool_:
             feeds[spec.name] = rng.integers(0, 2, shape).astype(np.bool_)
         elif low is None:
@@ -202,7 +237,15 @@ def with_overrides(specs: list[InputSpec], given: list[InputSpec], source) -> li
             f"--input {', '.join(sorted(unknown))}: {source} has no such input "
             f"(inputs: {', '.join(s.name for s in specs)})"
         )
-    return [by_name.get(spec.name, spec) for spec in specs]
+    return [_given_over(by_name[spec.name], spec) if spec.name in by_name else spec for spec in specs]
+
+
+def _given_over(given: InputSpec, graph: InputSpec) -> InputSpec:
+    """An --input spec in place of the graph's: the graph's range of values (input_domains.py)
+    where --input gives none and the dtype is the graph's."""
+    if given.value_range is None and graph.value_range is not None and given.dtype == graph.dtype:
+        return replace(given, value_range=graph.value_range)
+    return given
 
 
 def dynamic_dims_note(specs: list[InputSpec], sizes: str) -> str:

@@ -22,6 +22,7 @@ from onnx import version_converter
 
 from . import ir
 from .errors import ConvexportError, first_line
+from .input_domains import integer_ranges
 from .inputs import DTYPES, InputSpec
 
 MIN_OPSET = 13  # the oldest opset the rules are written for; older models are converted
@@ -47,7 +48,7 @@ def prepare_onnx(
         if specs or dynamic_batch:  # the shapes the model declares were those of the old inputs
             _forget_inferred_shapes(reference)
     if edits or not ir.fully_shaped(reference):
-        reference = ir.infer_shapes(reference, source)
+        reference = ir.carry_dim_names(ir.infer_shapes(reference, source), given)
     model, conversions = _brought_up_to_date(reference, source)
     return reference, model, conversions, changed
 
@@ -154,8 +155,10 @@ def _forget_negative_dims(model: onnx.ModelProto) -> None:
 
 
 def graph_input_specs(model: onnx.ModelProto) -> list[InputSpec]:
-    """The graph's real inputs (not initializers) as InputSpecs."""
+    """The graph's real inputs (not initializers) as InputSpecs, integer ones with the values
+    made-up data of them may take (input_domains.py)."""
     initializers = {init.name for init in model.graph.initializer}
+    ranges = integer_ranges(model)
     specs = []
     for value in model.graph.input:
         if value.name in initializers:
@@ -165,7 +168,7 @@ def graph_input_specs(model: onnx.ModelProto) -> list[InputSpec]:
             d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or f"{value.name}_{i}")
             for i, d in enumerate(tensor_type.shape.dim)
         )
-        specs.append(InputSpec(value.name, dims, _dtype_name(value.type)))
+        specs.append(InputSpec(value.name, dims, _dtype_name(value.type), value_range=ranges.get(value.name)))
     return specs
 
 
@@ -192,8 +195,8 @@ def _forget_inferred_shapes(model: onnx.ModelProto) -> None:
 
 
 def _apply_input_specs(model: onnx.ModelProto, specs: list[InputSpec], dynamic_batch: bool, source: str) -> list[str]:
-    """--input on an ONNX model fixes (or names) the dims of its inputs; what it changed of the
-    dims the model fixed, in words."""
+    """--input on an ONNX model fixes (or names) the dims of its inputs (a dim the model names
+    keeps its name); what it changed of the dims the model fixed, in words."""
     by_name = {value.name: value for value in model.graph.input}
     changed: list[str] = []
     for spec in specs:
@@ -216,7 +219,7 @@ def _apply_input_specs(model: onnx.ModelProto, specs: list[InputSpec], dynamic_b
         for dim, value in zip(shape.dim, spec.dims):
             if isinstance(value, int):
                 dim.dim_value = value
-            else:
+            elif not dim.dim_param:  # a dim the model names keeps its name: serving code binds by it
                 dim.dim_param = value
         if any(d > 0 and d != v for d, v in zip(fixed, spec.dims) if isinstance(v, int)):
             # a new resolution or batch is what the user may want; a model that refuses the inputs
@@ -231,7 +234,7 @@ def _apply_input_specs(model: onnx.ModelProto, specs: list[InputSpec], dynamic_b
             if value.name in defaults:
                 continue
             dims = value.type.tensor_type.shape.dim
-            if dims:
+            if dims and not dims[0].dim_param:
                 dims[0].dim_param = BATCH_DIM
     return changed
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from . import __version__, heap, ir
+from . import __version__, heap, input_domains, ir, transformer_fusions
 from .api_words import in_callers_words
 from .errors import ConvexportError, InternalError, ValidationError, first_line
 from .exact_check import FLOAT64_WEIGHT_BYTES
@@ -225,20 +225,21 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
     # more (where shape inference gave a new model, a large one's weights were held twice)
     loaded.onnx_model = loaded.program = None
     say("rewriting")
-    folded = ir.fold_to_fixed_point(exported.model, loaded.source)  # the rules see constants as constants
     primitives = builtin_primitives()
-    decided: dict = {}  # cost/measure decisions, replayed by the bisection below
-    with ir.counting_bytes(BytesShown(say, "rewriting", "of weights read", ir.weight_bytes(folded))):
-        outcome = rewrite_model(
-            folded,
-            rule_list,
-            primitives,
-            strategy,
-            loaded.source,
-            device=device,
-            decided=decided,
-            explain=frozenset(request.rule for request in explain),
+    explained = frozenset(request.rule for request in explain)
+
+    def rewrite(folded: onnx.ModelProto, kept: list, decided: dict):
+        return rewrite_model(
+            folded, rule_list, primitives, strategy, loaded.source, device=device, decided=decided,
+            explain=explained, kept_kernels=kept,
+        )  # fmt: skip
+
+    with ir.counting_bytes(BytesShown(say, "rewriting", "of weights read", ir.weight_bytes(exported.model))):
+        # the decisions of cost/measure are replayed by the bisection below
+        stage = transformer_fusions.rewrite_keeping_fusions(
+            exported.model, exported.reference, loaded.source, strategy, rewrite
         )
+    folded, outcome, kept, decided = stage.folded, stage.outcome, stage.kept, stage.decided
     deduplicated = ir.deduplicate_initializers(outcome.model)  # copies of a weight, written once
     outcome.model = deduplicated.model
     report = _report(loaded, destination, exported, outcome, device, strategy)
@@ -246,6 +247,8 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
         report["deduplicated_initializers"] = {"merged": deduplicated.merged, "bytes_saved": deduplicated.bytes_saved}
     report["low_rank_branches_left"] = low_rank_branches_left(outcome.model, outcome.provenance)
     report["runtime_fusions"] = fusion_entries(outcome.applied, outcome.skipped)
+    if stage.before.counts:
+        report["transformer_fusions"] = transformer_fusions.report_entry(stage)
     if explain:
         report["explain"], report["explain_modules"] = explanations(explain, outcome.explained, outcome.provenance)
     report["constant_folding"] = {
@@ -255,7 +258,9 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
     }
 
     def rewritten_with(limit: int) -> onnx.ModelProto:  # the first `limit` rewrites only, for a bisection
-        return rewrite_model(folded, rule_list, primitives, strategy, loaded.source, limit, device, decided).model
+        return rewrite_model(
+            folded, rule_list, primitives, strategy, loaded.source, limit, device, decided, kept_kernels=kept
+        ).model
 
     if destination is not None and _spilled_before_validation(outcome.model, exported.reference, destination):
         # its weights written beside the output now (read back by ONNX Runtime's sessions, not
@@ -281,6 +286,8 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
     input_data = options.input_data
     real_data = [load_npz(Path(input_data), inputs_for_check)] if input_data is not None else []
     made_up_runs = DEFAULT_RUNS if options.made_up_inputs else 0
+    if made_up_runs and (options.validate or options.profile):
+        inputs_for_check = input_domains.sized_by_running(exported.reference, inputs_for_check)
     if not options.made_up_inputs:
         report["made_up_inputs"] = "not used: --input-data replaces them"
     tf32_sample = None  # the device check's first input set, for TF32's effect on the device
@@ -789,7 +796,8 @@ def _validation_inputs(exported: ExportResult, specs: list[InputSpec]) -> list[I
         if override is not None:
             same_rank = len(override.dims) == len(spec.dims)
             dims = tuple(o if isinstance(o, int) else s for o, s in zip(override.dims, spec.dims))
-            spec = InputSpec(spec.name, dims if same_rank else spec.dims, spec.dtype, value_range=override.value_range)
+            value_range = override.value_range or spec.value_range  # --input's range, else the graph's
+            spec = InputSpec(spec.name, dims if same_rank else spec.dims, spec.dtype, value_range=value_range)
         resolved.append(spec)
     return resolved
 

@@ -12,6 +12,7 @@ from rich.table import Table
 from .files import write_text_atomically
 from .low_rank import summary_line as low_rank_summary
 from .rewrite.runtime_fusions import summary_line as fusions_summary
+from .transformer_fusions import summary_line as transformer_summary
 
 
 def write_json(report: dict, destination: str | Path) -> None:
@@ -124,9 +125,9 @@ def print_optimize_summary(report: dict, console: Console) -> None:
     validation = report.get("validation")
     if validation:
         console.print(validation_line(validation))
-        warning = export_check_line(validation)
-        if warning:
-            console.print(warning, markup=False)
+        for line in (export_check_line(validation), nonfinite_line(validation, report.get("made_up_inputs"))):
+            if line:
+                console.print(line, markup=False)
         if validation.get("on_device"):
             console.print(device_check_line(validation["on_device"]), markup=False)
     if report.get("profile_skipped"):
@@ -152,6 +153,12 @@ def print_optimize_summary(report: dict, console: Console) -> None:
         )
     if report.get("runtime_fusions"):
         console.print(fusions_summary(report["runtime_fusions"]), markup=False, highlight=False)
+    transformer_line = transformer_summary(report["transformer_fusions"]) if report.get("transformer_fusions") else None
+    if transformer_line:
+        lost = report["transformer_fusions"].get("lost")
+        console.print(
+            f"[red]{transformer_line}[/red]" if lost else transformer_line, markup=bool(lost), highlight=False
+        )
     if report.get("low_rank_branches_left"):
         console.print(f"[yellow]{low_rank_summary(report['low_rank_branches_left'])}[/yellow]", highlight=False)
     grown = growth_line(report)
@@ -252,6 +259,22 @@ def validation_line(validation: dict) -> str:
     return (
         f"validation: {verdict} over {runs} against the float64 result{whose}{where}: error {error:.3g}, "
         f"the original's own {own:.3g} (max abs)"
+    )
+
+
+def nonfinite_line(validation: dict, made_up_inputs=None) -> str | None:
+    """A note where the original itself gives NaN or infinities: there the optimized graph is
+    only checked to give the same, so the validation says less than its verdict suggests."""
+    counted = [(name, e) for name, e in validation["outputs"].items() if e.get("nonfinite")]
+    if not counted:
+        return None
+    name, worst = max(counted, key=lambda item: item[1]["nonfinite"])
+    others = f" (and {len(counted) - 1} more output{'s' if len(counted) > 2 else ''})" if len(counted) > 1 else ""
+    data = "the given inputs" if made_up_inputs else "made-up inputs"
+    return (
+        f"note: on {data} the original gives NaN or infinity at {worst['nonfinite']} of {worst['elements']} "
+        f"elements of output {name!r}{others}; there the optimized graph was only checked to give the same"
+        + ("" if made_up_inputs else "; give real inputs with --input-data DATA.npz for a full check")
     )
 
 

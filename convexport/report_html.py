@@ -6,7 +6,7 @@ import html
 from pathlib import Path
 
 from .files import write_text_atomically
-from .report import export_check_line, growth_line, model_lines, si, size, tracer_warning
+from .report import export_check_line, growth_line, model_lines, nonfinite_line, si, size, tracer_warning
 
 BEFORE, AFTER = "#9aa5b1", "#2f7de1"
 STYLE = """
@@ -68,10 +68,12 @@ def render(report: dict) -> str:
     parts += ["<h2>Rewrites</h2>", _rewrites(report["rewrites"]), "<h2>Skipped</h2>", _skipped(report["skipped"])]
     if report.get("runtime_fusions"):
         parts += ["<h2>ONNX Runtime fusions</h2>", _fusions(report["runtime_fusions"])]
+    if report.get("transformer_fusions", {}).get("model_types"):
+        parts += ["<h2>ONNX Runtime's transformer optimizer</h2>", _transformer_fusions(report["transformer_fusions"])]
     if report.get("low_rank_branches_left"):
         parts += ["<h2>Low-rank branches left</h2>", _low_rank(report["low_rank_branches_left"])]
     if validation:
-        parts += ["<h2>Validation</h2>", _validation(validation)]
+        parts += ["<h2>Validation</h2>", _validation(validation, report.get("made_up_inputs"))]
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>convexport report</title>"
         f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>\n"
@@ -283,6 +285,32 @@ def _fusions(entries) -> str:
     )
 
 
+def _transformer_fusions(entry: dict) -> str:
+    """The kernels ONNX Runtime's transformer optimizer makes of the original and of the
+    optimized graph, per model type, and those lost."""
+
+    def kernels(counts) -> str:
+        return ", ".join(f"{n} {op}" for op, n in sorted((counts or {}).items())) or "none"
+
+    body = ""
+    for model_type, counts in entry["model_types"].items():
+        lost = entry["lost"].get(model_type)
+        verdict = f"<span class=bad>lost {_e(kernels(lost))}</span>" if lost else "all kept"
+        optimized = kernels(counts["optimized"])
+        if counts["optimized"] is None:  # only the model type that fuses most is checked after
+            optimized, verdict = "not checked", "kept whole"
+        body += (
+            f"<tr><td><code>{_e(model_type)}</code></td><td>{_e(kernels(counts['original']))}</td>"
+            f"<td>{_e(optimized)}</td><td>{verdict}</td></tr>"
+        )
+    note = (
+        f"<p class=sub><code>optimize_model(path, model_type=...)</code> run on both files by convexport "
+        f"({_e(entry['checked_with'])}); the nodes of each kernel it makes of the original are kept whole.</p>"
+    )
+    head = "<tr><th>model type</th><th>original</th><th>optimized graph</th><th>verdict</th></tr>"
+    return f"{note}<table>{head}{body}</table>"
+
+
 def _low_rank(entries) -> str:
     """Low-rank pairs summed with the layer of the same input and not merged into it."""
     body = "".join(
@@ -304,7 +332,7 @@ def _skipped(entries) -> str:
     return f"<table><tr><th>rule</th><th>nodes</th><th>why not</th></tr>{body}</table>"
 
 
-def _validation(validation) -> str:
+def _validation(validation, made_up_inputs=None) -> str:
     """Per output: against the float64 result, the optimized graph's error, the original's own
     (its noise floor) and the bound; against the original's run, the differences; the
     tolerances where they bound it."""
@@ -339,6 +367,10 @@ def _validation(validation) -> str:
     warning = export_check_line(validation)
     if warning:
         blame += f"<p class=badges><span class=bad>{_e(warning.removeprefix('warning: '))}</span></p>"
+    nonfinite = nonfinite_line(validation, made_up_inputs)
+    if nonfinite:
+        text = nonfinite.removeprefix("note: ")
+        blame += f"<p>{_e(text[0].upper() + text[1:])}</p>"
     return (
         f"{blame}<p>{validation['runs']} runs, judged against {against}{note}: the optimized graph's largest error "
         "there, the original's own (its noise floor), the bound the first had to meet (4x the second and 32 units "

@@ -35,6 +35,7 @@ from .exact_check import ExactReference, exact_reference, judge, noise_floor_bou
 from .float64 import Float64Evaluator, Float64Unavailable
 from .float64.precision import dtype_name
 from .input_data import load_npz
+from .input_domains import sized_by_running
 from .inputs import InputSpec, dynamic_dims_note, random_inputs, with_overrides
 from .runtime import MissingKernel, RunFailure, checked_run, create_session
 from .stats import graph_stats
@@ -137,6 +138,7 @@ class OutputError:
     exact_error: float | None = None
     exact_error_float64: float | None = None
     exact_bound: float | None = None
+    nonfinite: int = 0  # elements where the original gives NaN or an infinity
 
     def merge(self, other: OutputError) -> OutputError:
         elements = self.elements + other.elements
@@ -161,6 +163,7 @@ class OutputError:
             most(self.exact_error, other.exact_error),
             most(self.exact_error_float64, other.exact_error_float64),
             most(self.exact_bound, other.exact_bound),
+            self.nonfinite + other.nonfinite,
         )
 
 
@@ -417,6 +420,7 @@ def compare_arrays(ref: np.ndarray, cand: np.ndarray, rtol: float, atol: float) 
         elements=int(ref.size),
         rtol=rtol,
         atol=atol,
+        nonfinite=int(np.count_nonzero(~np.isfinite(ref64))),
     )
 
 
@@ -514,4 +518,6 @@ def validate_files(
     feeds = [] if inputs_npz is None else [load_npz(inputs_npz, specs)]
     if runs == 0 and not feeds:
         raise ConvexportError("--runs 0 without --inputs compares nothing")
+    if runs:  # made-up data: an image's dynamic dims, as the model takes them
+        specs = sized_by_running(models[0], specs)
     return compare_models(models[0], models[1], specs, runs, tolerances, extra_feeds=feeds)

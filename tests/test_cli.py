@@ -247,10 +247,20 @@ def test_missing_external_data_is_a_user_error(tmp_path):
     assert_user_error(invoke("optimize", model), "m.onnx", "not a readable ONNX model", "missing.bin")
 
 
+def _pool_model(path, input_dims):
+    """x -> MaxPool(3x3) -> y: no weights to read sizes from."""
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3])], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, input_dims)],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 3, "h", "w"])])
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)], ir_version=9), path)
+    return path
+
+
 def test_dynamic_dims_too_small_for_the_model_ask_for_input_sizes(tmp_path):
     """Made-up sizes (dynamic dims 1) that the model cannot run on: one line on stderr, ONNX
     Runtime's own log included, naming the shapes and --input; with --input it works."""
-    model = _conv_model(tmp_path / "m.onnx", ["N", 3, "H", "W"])
+    model = _pool_model(tmp_path / "m.onnx", ["N", 3, "H", "W"])
     completed = subprocess.run([sys.executable, "-m", "convexport", "optimize", str(model), "--no-profile"],
                                capture_output=True, text=True)
     assert completed.returncode == 1, completed.stderr
@@ -261,6 +271,21 @@ def test_dynamic_dims_too_small_for_the_model_ask_for_input_sizes(tmp_path):
     assert invoke("profile", model, "--runs", "1", "--input", "x:1x3x9x9").exit_code == 0
     assert_user_error(invoke("validate", model, model), "cannot run the reference model", "--input")
     assert invoke("validate", model, model, "--input", "x:2x3x9x9").exit_code == 0
+
+
+def test_an_images_dynamic_dims_are_sized_by_the_conv_that_reads_it(tmp_path):
+    """Dynamic channels and spatial dims a 3x3 Conv reads: made-up data takes its channels and
+    the smallest size it runs at; the written model keeps every dim's name."""
+    model = _conv_model(tmp_path / "m.onnx", ["N", "C", "H", "W"])
+    out = tmp_path / "out.onnx"
+    result = invoke("optimize", model, "-o", out, "--no-profile", "--report", tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    validated = json.loads((tmp_path / "r.json").read_text())["validation"]["inputs"]
+    assert validated == ["x:Nx3x3x3:float32"]
+    dims = [d.dim_param for d in onnx.load(out).graph.input[0].type.tensor_type.shape.dim]
+    assert dims == ["N", "C", "H", "W"]
+    assert invoke("profile", model, "--runs", "1").exit_code == 0
+    assert invoke("validate", model, model).exit_code == 0
 
 
 def test_a_model_that_cannot_run_is_a_user_error(tmp_path):

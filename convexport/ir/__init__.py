@@ -49,7 +49,7 @@ from .query import (
     tensor_dtype,
 )
 from .scopes import all_graphs, cleaned_up, node_subgraphs, proto_scopes, proto_subgraphs, tensor_map, toposort
-from .shapes import fully_shaped, infer_shapes
+from .shapes import carry_dim_names, fully_shaped, infer_shapes
 from .weight_files import counting_bytes, is_file_backed, moved_weights, point_at_files, relative_to, tensor_array
 
 __all__ = [
@@ -64,6 +64,7 @@ __all__ = [
     "nodes_as_model",
     "overridable_initializers",
     "external_data_files",
+    "carry_dim_names",
     "fold_constants",
     "Deduplicated",
     "deduplicate_initializers",

@@ -45,16 +45,19 @@ def _small_constant_of_shape(node) -> bool | None:
     return int(np.prod(shape.numpy())) <= FOLD_LIMIT_ELEMENTS
 
 
-def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
+def fold_constants(model: onnx.ModelProto, keep: frozenset[str] = frozenset()) -> onnx.ModelProto:
     """The model with its input-independent subgraphs folded, what they leave unused removed
     and its Constant nodes made initializers (the TorchScript exporter writes every constant
     as a node; as an initializer it is the same value, and no node to count or to run): a new
-    model, or `model` itself when there is nothing to do."""
+    model, or `model` itself when there is nothing to do. The nodes named in `keep` are not
+    folded (a runtime fuses them as they are: transformer_fusions.py)."""
     nameless = _mark_nameless_nodes(model)
+    kept = _hide(model, keep)
     try:
         graph = onnx_ir.serde.deserialize_model(model)
     finally:
         _unmark_nameless_nodes(model, nameless)
+        _unhide(model, kept)
     with quiet_libraries():  # onnxscript logs each node it will not fold
         result = onnxscript.optimizer.fold_constants(
             graph,
@@ -69,22 +72,47 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     onnxscript.optimizer.remove_unused_nodes(graph)
     folded = onnx_ir.serde.serialize_model(graph)
     _unmark_nameless_nodes(folded, nameless)
+    _unhide(folded, kept)
     return folded
+
+
+_HIDDEN = "convexport.kept."  # a domain no model imports: onnxscript folds no node of it
+
+
+def _hide(model: onnx.ModelProto, keep: frozenset[str]) -> bool:
+    """Put the nodes named in `keep` in the _HIDDEN domain, where onnxscript's folding (its
+    should_fold hook comes after its per-op simplifications, which would still fold a Gather
+    of a static dim) leaves them alone; whether any was."""
+    hidden = False
+    for scope in proto_scopes(model.graph) if keep else ():
+        for node in scope.node:
+            if node.name in keep and node.op_type != "Constant":
+                node.domain = _HIDDEN + node.domain
+                hidden = True
+    return hidden
+
+
+def _unhide(model: onnx.ModelProto, hidden: bool) -> None:
+    for scope in proto_scopes(model.graph) if hidden else ():
+        for node in scope.node:
+            if node.domain.startswith(_HIDDEN):
+                node.domain = node.domain.removeprefix(_HIDDEN)
 
 
 MAX_FOLD_ROUNDS = 8  # EfficientViT-M's TorchScript export settles after 2
 
 
-def fold_to_fixed_point(model: onnx.ModelProto, source: str) -> onnx.ModelProto:
+def fold_to_fixed_point(model: onnx.ModelProto, source: str, keep: frozenset[str] = frozenset()) -> onnx.ModelProto:
     """Fold, infer shapes, fold again, until a round folds nothing (onnxsim's loop): folding
     makes a Slice's bounds constant, inference then gives its output a static shape, and the
     Shape of that output folds in the next round (the TorchScript exporter writes
     `x.shape`, `chunk` and `view` as such chains). A dim that is dynamic stays symbolic: only
     what does not depend on it folds (static_dims.py picks the static dims out of a shape
-    that has a dynamic one). `model` itself when nothing folds."""
+    that has a dynamic one). `model` itself when nothing folds. The nodes named in `keep` stay
+    as they are."""
     current = model
     for _ in range(MAX_FOLD_ROUNDS):
-        folded = fold_constants(constant_reshape_targets(fold_static_dims(current)))
+        folded = fold_constants(constant_reshape_targets(fold_static_dims(current, keep), keep), keep)
         if folded is current:
             break
         current = infer_shapes(folded, source, forget_unknown_dims=True)

@@ -35,7 +35,12 @@ def infer_shapes(model: onnx.ModelProto, source: str, forget_unknown_dims: bool 
 
 
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
-    inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    # ONNX's data propagation keys the values it propagates by tensor name across scopes: in a
+    # merged decoder (optimum's If over the with-past and without-past graphs, which share
+    # names) one branch's shape reaches the other's tensor, and ONNX Runtime then refuses the
+    # model ("Incompatible dimensions"); such a model is inferred without it
+    propagate = not _scopes_share_names(model.graph)
+    inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=propagate)
     # A body nested in a body (a Scan in a Scan) gets its shapes only once the outer body's
     # are in the outer value_info, and ONNX never fills a value_info it left unshaped: one
     # more round per level of nesting, without the unshaped entries
@@ -43,11 +48,22 @@ def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
         retry = onnx.ModelProto()
         retry.CopyFrom(inferred)
         _drop_unshaped_value_info(retry.graph)
-        again = onnx.shape_inference.infer_shapes(retry, check_type=False, strict_mode=False, data_prop=True)
+        again = onnx.shape_inference.infer_shapes(retry, check_type=False, strict_mode=False, data_prop=propagate)
         if _shaped_values(again.graph) <= _shaped_values(inferred.graph):
             break
         inferred = again
     return inferred
+
+
+def _scopes_share_names(graph: onnx.GraphProto) -> bool:
+    """Whether a tensor name is made in two scopes (the graph and its subgraphs)."""
+    seen: set[str] = set()
+    for scope in proto_scopes(graph):
+        made = {name for node in scope.node for name in node.output}
+        if made & seen:
+            return True
+        seen |= made
+    return False
 
 
 def fully_shaped(model: onnx.ModelProto) -> bool:
@@ -94,3 +110,45 @@ def _drop_unshaped_value_info(graph: onnx.GraphProto) -> None:
 def _shaped_values(graph: onnx.GraphProto) -> int:
     """value_info entries with a shape, in the graph and its subgraphs."""
     return sum(value.type.tensor_type.HasField("shape") for scope in proto_scopes(graph) for value in scope.value_info)
+
+
+def carry_dim_names(model: onnx.ModelProto, original: onnx.ModelProto, same_outputs: bool = False) -> onnx.ModelProto:
+    """`model` (changed in place, and returned) with the dims `original` knew of its main
+    graph's tensors where `model` has lost them: a tensor of the same name, element type and
+    rank takes the original's dim wherever its own has no value and no name, or only a name ONNX
+    made up (`unk__3`); with `same_outputs` (`original` is the model `model` must stand in
+    for), a graph output takes every dim the original gives it (a dim torch's exporter named
+    stays named where inference now knows its size). Shape inference after constant folding
+    starts again from the inputs and cannot follow every dim the exporter knew (GPT-2's `past_sequence_length +
+    sequence_length`, torch's `seq` through a sliced position table); serving code binds the
+    outputs' dims by name, and ONNX Runtime's transformer optimizer compares the shapes of the
+    two inputs of an Add before it fuses a SkipLayerNormalization."""
+    known = {
+        value.name: value.type
+        for value in [*original.graph.input, *original.graph.value_info, *original.graph.output]
+        if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape")
+    }
+    graph = model.graph
+    described = {value.name for value in [*graph.input, *graph.value_info, *graph.output]}
+    produced = {name for node in graph.node for name in node.output}
+    for value in graph.value_info:
+        _take_dims(value.type, known.get(value.name))
+    for value in graph.output:  # the interface: as the original writes it, names and all
+        _take_dims(value.type, known.get(value.name), every_dim=same_outputs)
+    missing = [name for name in produced if name not in described and name in known]
+    graph.value_info.extend(onnx.helper.make_value_info(name, known[name]) for name in sorted(missing))
+    return model
+
+
+def _take_dims(value_type: onnx.TypeProto, original: onnx.TypeProto | None, every_dim: bool = False) -> None:
+    if original is None or not value_type.HasField("tensor_type"):
+        return
+    tensor, before = value_type.tensor_type, original.tensor_type
+    if tensor.elem_type != before.elem_type or not tensor.HasField("shape"):
+        return
+    if len(tensor.shape.dim) != len(before.shape.dim):
+        return
+    for dim, old in zip(tensor.shape.dim, before.shape.dim):
+        lost = not dim.HasField("dim_value") and (not dim.dim_param or dim.dim_param.startswith("unk__"))
+        if (lost or every_dim) and (old.HasField("dim_value") or old.dim_param):
+            dim.CopyFrom(old)

@@ -26,16 +26,18 @@ from .scopes import proto_scopes
 from .weight_files import tensor_array
 
 
-def fold_static_dims(model: onnx.ModelProto) -> onnx.ModelProto:
+def fold_static_dims(model: onnx.ModelProto, keep: frozenset[str] = frozenset()) -> onnx.ModelProto:
     """The model with each Gather or Slice of a Shape that picks only static dims replaced by a
-    Constant node of those dims (same output name): a new model, or `model` itself when there
-    is none."""
+    Constant node of those dims (same output name), but for the nodes named in `keep`: a new
+    model, or `model` itself when there is none."""
     dims, constants = _known_dims(model), _constant_arrays(model)
     edits = {}  # (scope number, node number) -> the Constant node for it
     for number, scope in enumerate(proto_scopes(model.graph)):
         shapes = {node.output[0]: _shape_value(node, dims) for node in scope.node if node.op_type == "Shape"}
         for index, node in enumerate(scope.node):
             if node.domain not in ("", "ai.onnx") or not node.input or shapes.get(node.input[0]) is None:
+                continue
+            if node.name in keep:
                 continue
             picked = _picked(node, shapes[node.input[0]], constants)
             if picked is not None:
@@ -69,7 +71,18 @@ def _known_dims(model: onnx.ModelProto, named: bool = False) -> dict[str, list]:
                 found[value.name] = [_dim(d, named) for d in tensor_type.shape.dim]
         for initializer in scope.initializer:
             found[initializer.name] = list(initializer.dims)
-    return found
+    return _unambiguous(found, model)
+
+
+def _unambiguous(found: dict, model: onnx.ModelProto) -> dict:
+    """`found` without the names two scopes both make (a merged decoder's If branches share
+    every name): by name, one branch's tensor would be taken for the other's."""
+    made: dict[str, int] = {}
+    for scope in proto_scopes(model.graph):
+        names = {name for node in scope.node for name in node.output} | {init.name for init in scope.initializer}
+        for name in names:
+            made[name] = made.get(name, 0) + 1
+    return {name: value for name, value in found.items() if made.get(name, 0) <= 1}
 
 
 def _dim(dim, named: bool):
@@ -87,7 +100,7 @@ def _constant_arrays(model: onnx.ModelProto) -> dict[str, np.ndarray]:
         for name, tensor in tensors:
             if tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and np.prod(tensor.dims) <= 16:
                 found[name] = tensor_array(tensor)
-    return found
+    return _unambiguous(found, model)
 
 
 def _holds_a_tensor(node: onnx.NodeProto) -> bool:
@@ -134,16 +147,21 @@ def _picked(node: onnx.NodeProto, shape: list, constants: dict, keep_dynamic: bo
     return np.asarray(picked, dtype=np.int64)
 
 
-def constant_reshape_targets(model: onnx.ModelProto) -> onnx.ModelProto:
+def constant_reshape_targets(model: onnx.ModelProto, keep: frozenset[str] = frozenset()) -> onnx.ModelProto:
     """The model with each Reshape whose target is a Concat of constants and dims of tensors
-    reading a constant target instead (a Constant node inserted before it): a new model, or
-    `model` itself when there is none."""
+    reading a constant target instead (a Constant node inserted before it), but for the
+    Reshapes named in `keep`: a new model, or `model` itself when there is none."""
     dims, constants = _known_dims(model, named=True), _constant_arrays(model)
     edits = {}  # (scope number, node number) -> the Reshape's constant target
     for number, scope in enumerate(proto_scopes(model.graph)):
         producers = {output: node for node in scope.node for output in node.output}
         for index, node in enumerate(scope.node):
-            if node.op_type == "Reshape" and node.domain in ("", "ai.onnx") and len(node.input) >= 2:
+            if (
+                node.op_type == "Reshape"
+                and node.domain in ("", "ai.onnx")
+                and len(node.input) >= 2
+                and node.name not in keep
+            ):
                 target = _constant_target(node, producers, dims, constants)
                 if target is not None:
                     edits[number, index] = target

@@ -117,6 +117,7 @@ def rewrite_model(
     device: str = "cpu",
     decided: dict | None = None,
     explain: frozenset[str] = frozenset(),
+    kept_kernels=(),
 ) -> RewriteOutcome:
     """Rewrite to a fixed point; with `limit`, stop after that many rewrites (the same first
     ones as an unlimited run, since the order is deterministic: used to find a bad one).
@@ -124,9 +125,13 @@ def rewrite_model(
     same dict replays them (a measurement need not come out the same twice). For the rules
     named in `explain`, the outcome's `explained` says, for each node where matching started
     (the root op's nodes), what happened there last: the pattern line or condition that
-    failed, the primitive's or the decision's refusal, or the rewrite."""
+    failed, the primitive's or the decision's refusal, or the rewrite. `kept_kernels`: (kind,
+    node names) of the kernels ONNX Runtime's transformer optimizer makes, kept whole as the
+    fusions of runtime_fusions.py are."""
     with _collector_paused():
-        outcome = _rewrite(model, rules, primitives, strategy, source, limit, device, decided, frozenset(explain))
+        outcome = _rewrite(
+            model, rules, primitives, strategy, source, limit, device, decided, frozenset(explain), kept_kernels
+        )
     # the graph is garbage now, in cycles that hold every weight a rewrite read (a 1 GiB
     # LoRA/BN MLP: 1 GiB held through validation until the collector happened to run)
     heap.release_after(model)
@@ -150,13 +155,13 @@ def _collector_paused():
             gc.enable()
 
 
-def _rewrite(model, rules, primitives, strategy, source, limit, device, decided, explain) -> RewriteOutcome:
+def _rewrite(model, rules, primitives, strategy, source, limit, device, decided, explain, kept) -> RewriteOutcome:
     if strategy not in STRATEGIES:  # the caller resolves aliases: an unknown one would mean "cost"
         raise ValueError(f"strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
     opset = ir.onnx_opset(model) or ir.DEFAULT_OPSET
     decided = {} if decided is None else decided
     graph = ir.import_graph(model)
-    fusions = RuntimeFusions(graph)
+    fusions = RuntimeFusions(graph, kept)
     base = RewriteContext(graph, opset, ir.NameGenerator(graph), {}, strategy, device, decided, fusions)
     state = _Run(primitives, ChangeLog(), [], {}, limit, explain=explain, provenance=graph.provenance)
     passes, changed_at_all = 0, False
@@ -168,7 +173,7 @@ def _rewrite(model, rules, primitives, strategy, source, limit, device, decided,
         if not changed:
             break
         for scope in ir.all_graphs(graph):
-            state.folded += _fold_constant_nodes(scope, opset, base.fresh, state.changes)
+            state.folded += _fold_constant_nodes(scope, opset, base.fresh, state.changes, fusions)
         changed_at_all = True
         # a tensor that now has a shape may now match where it did not: a change like any other
         alive = [node for node in state.created if not state.changes.is_dead(node)]
@@ -196,10 +201,13 @@ def _rewrite(model, rules, primitives, strategy, source, limit, device, decided,
     )
 
 
-def _fold_constant_nodes(scope: ir.Graph, opset: int, fresh: ir.NameGenerator, changes: ChangeLog) -> int:
+def _fold_constant_nodes(
+    scope: ir.Graph, opset: int, fresh: ir.NameGenerator, changes: ChangeLog, fusions: RuntimeFusions
+) -> int:
     """The nodes a pass left reading only constants (a rule replaced their run-time input with
-    a constant), computed now as the folding before the rules would have (ir.constant_node_values):
-    their outputs become constants, and their readers are looked at again. How many."""
+    a constant), computed now as the folding before the rules would have (ir.constant_node_values),
+    but for those of a fusion: their outputs become constants, and their readers are looked at
+    again. How many."""
     folded, members = 0, set(map(id, scope.nodes))  # (a fold adds no node)
     for node in list(scope.nodes):
         constant_inputs = [t for t in node.inputs if not ir.is_absent(t)]
@@ -208,6 +216,7 @@ def _fold_constant_nodes(scope: ir.Graph, opset: int, fresh: ir.NameGenerator, c
             or not constant_inputs
             or not all(isinstance(t, ir.Constant) for t in constant_inputs)
             or any(_is_graph_output(out, scope) for out in node.outputs)
+            or fusions.touched([node]) is not None
         ):
             continue
         values = ir.constant_node_values(node, opset)

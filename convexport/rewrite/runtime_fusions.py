@@ -50,10 +50,12 @@ class Fusion:
 
 
 class RuntimeFusions:
-    """The fusions of a graph, by node; those a rewrite broke (under --strategy all) are gone."""
+    """The fusions of a graph, by node; those a rewrite broke (under --strategy all) are gone.
+    `measured`: (kind, node names) of the kernels ONNX Runtime's transformer optimizer made of
+    the graph (transformer_fusions.py), kept whole besides those found by pattern here."""
 
-    def __init__(self, graph: ir.Graph):
-        self.fusions = find_fusions(graph)
+    def __init__(self, graph: ir.Graph, measured=()):
+        self.fusions = _named_fusions(graph, measured) + find_fusions(graph)
         self._by_node = {id(node): fusion for fusion in self.fusions for node in fusion.nodes}
 
     def touched(self, nodes) -> Fusion | None:
@@ -63,6 +65,19 @@ class RuntimeFusions:
     def broken(self, fusion: Fusion) -> None:
         for node in fusion.nodes:
             self._by_node.pop(id(node), None)
+
+
+def _named_fusions(graph: ir.Graph, measured) -> list[Fusion]:
+    """A Fusion of each measured kernel, of its nodes still in the graph (in graph order)."""
+    if not measured:
+        return []
+    nodes = [node for scope in ir.all_graphs(graph) for node in scope.nodes]
+    fusions = []
+    for kind, names in measured:
+        members = tuple(node for node in nodes if node.name in names)
+        if members:
+            fusions.append(Fusion(kind, members))
+    return fusions
 
 
 def find_fusions(graph: ir.Graph) -> list[Fusion]:

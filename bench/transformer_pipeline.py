@@ -1,0 +1,257 @@
+"""Transformers through the pipeline users deploy them with (issue 50): optimum's ONNX export ->
+convexport -> ONNX Runtime's transformer optimizer, against optimum's export -> the optimizer.
+
+    PYTHONPATH=/path/to/hf/packages .venv/bin/python bench/transformer_pipeline.py [--only NAME] [--write FILE]
+
+Needs transformers 4.57 and optimum-onnx 0.1 (installed with `pip install --no-deps --target`,
+not in convexport's environment; README "Benchmarks"). The models are small random configs
+(2 layers, hidden 64, 4 heads) with every weight perturbed, so that no bias is zero and no
+LayerNorm is the identity, exported by optimum as users export them: BERT, DistilBERT, ViT
+(feature-extraction), GPT-2 with past (text-generation-with-past), T5 and Whisper with past
+(their encoders, decoders, decoders with past and merged decoders); and BERT with an unmerged
+LoRA (peft's form, rank 4) in its query and value. Every file through
+convexport with its default made-up inputs (no --input).
+
+Per model: the fused kernels `optimize_model(path, model_type=...)` makes of optimum's file and
+of convexport's output, whether the interface (input and output names, dtypes, dims and dim
+names) is the same, and the latency of both optimized files (ONNX Runtime CPU, made-up inputs of
+every dynamic dim 16: batch 16 x sequence 16, past 16; median of 21 interleaved rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+import torch
+
+import convexport
+from convexport.input_domains import sized_by_running
+from convexport.inputs import random_inputs
+from convexport.onnx_route import graph_input_specs
+
+FUSED = {
+    "Attention",
+    "MultiHeadAttention",
+    "GroupQueryAttention",
+    "EmbedLayerNormalization",
+    "SkipLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+    "LayerNormalization",
+    "SimplifiedLayerNormalization",
+    "BiasGelu",
+    "Gelu",
+    "FastGelu",
+    "RotaryEmbedding",
+}
+SMALL = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
+
+
+def _perturbed(model):
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.02)
+    return model.eval()
+
+
+def _bert():
+    from transformers import BertConfig, BertModel
+
+    return BertModel(BertConfig(vocab_size=100, max_position_embeddings=64, **SMALL)), "feature-extraction", "bert"
+
+
+class _LoRA(torch.nn.Module):
+    """peft's LoRA layer, unmerged: base(x) + B(A(x)) * alpha / r."""
+
+    def __init__(self, base, rank=4, alpha=8):
+        super().__init__()
+        self.base, self.scale = base, alpha / rank
+        self.lora_A = torch.nn.Linear(base.in_features, rank, bias=False)
+        self.lora_B = torch.nn.Linear(rank, base.out_features, bias=False)
+
+    def forward(self, x):
+        return self.base(x) + self.lora_B(self.lora_A(x)) * self.scale
+
+
+def _bert_lora():
+    model, task, model_type = _bert()
+    for layer in model.encoder.layer:
+        layer.attention.self.query = _LoRA(layer.attention.self.query)
+        layer.attention.self.value = _LoRA(layer.attention.self.value)
+    return model, task, model_type
+
+
+def _distilbert():
+    from transformers import DistilBertConfig, DistilBertModel
+
+    config = DistilBertConfig(vocab_size=100, max_position_embeddings=64, n_layers=2, dim=64, n_heads=4, hidden_dim=128)
+    return DistilBertModel(config), "feature-extraction", "bert"
+
+
+def _vit():
+    from transformers import ViTConfig, ViTModel
+
+    return ViTModel(ViTConfig(image_size=32, patch_size=8, **SMALL)), "feature-extraction", "vit"
+
+
+def _gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=100, n_positions=64, n_layer=2, n_embd=64, n_head=4)
+    return GPT2LMHeadModel(config), "text-generation-with-past", "gpt2"
+
+
+def _t5():
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    config = T5Config(vocab_size=100, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)
+    # as "bert": the t5 type's RelativePositionBias has no CPU kernel in ONNX Runtime 1.31
+    return T5ForConditionalGeneration(config), "text2text-generation-with-past", "bert"
+
+
+def _whisper():
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    config = WhisperConfig(
+        vocab_size=100,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_source_positions=1500,  # optimum's dummy features are 3000 frames, as Whisper's are
+        max_target_positions=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+        suppress_tokens=[],
+        begin_suppress_tokens=[],
+    )
+    return WhisperForConditionalGeneration(config), "automatic-speech-recognition-with-past", "bart"
+
+
+MODELS = {
+    "bert": _bert,
+    "bert_lora": _bert_lora,
+    "distilbert": _distilbert,
+    "vit": _vit,
+    "gpt2": _gpt2,
+    "t5": _t5,
+    "whisper": _whisper,
+}
+
+
+def export(name: str, folder: Path) -> list[tuple[str, Path, str]]:
+    """optimum's files for one model: (label, path, the optimizer's model type)."""
+    from optimum.exporters.onnx import onnx_export_from_model
+
+    model, task, model_type = MODELS[name]()
+    onnx_export_from_model(_perturbed(model), output=folder, task=task, do_validation=False)
+    return [(f"{name}/{path.stem}", path, model_type) for path in sorted(folder.glob("*.onnx"))]
+
+
+def fused(path: Path, model_type: str) -> tuple[dict, Path]:
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    optimized = optimize_model(str(path), model_type=model_type, use_gpu=False)
+    out = path.with_suffix(".ort.onnx")
+    optimized.save_model_to_file(str(out))
+    counts = Counter(node.op_type for node in optimized.model.graph.node if node.op_type in FUSED)
+    return dict(sorted(counts.items())), out
+
+
+def interface(path: Path) -> list:
+    model = onnx.load(str(path), load_external_data=False)
+
+    def described(values):
+        return [
+            (v.name, v.type.tensor_type.elem_type, [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim])
+            for v in values
+        ]
+
+    initializers = {i.name for i in model.graph.initializer}
+    return [described(v for v in model.graph.input if v.name not in initializers), described(model.graph.output)]
+
+
+def _same(path: Path, out: Path) -> str:
+    return "yes" if interface(path) == interface(out) else "NO"
+
+
+def feeds(path: Path, size: int = 16) -> dict:
+    """Made-up inputs as convexport makes them (token ids inside the table, masks of 0 and 1,
+    related dims related, an image sized for its Conv), every dynamic dim `size`."""
+    model = onnx.load(str(path))
+    specs = sized_by_running(model, graph_input_specs(model))
+    return random_inputs(specs, seed=0, dynamic_size=size)
+
+
+def latency(paths: list[Path], inputs: dict, rounds: int = 21, round_s: float = 0.2) -> list[float]:
+    """Median ms per run of each model, in interleaved rounds of about `round_s` each."""
+    sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in paths]
+    began = time.perf_counter()
+    for session in sessions:
+        for _ in range(3):
+            session.run(None, inputs)
+    per_round = max(1, int(round_s / ((time.perf_counter() - began) / (3 * len(sessions)))))
+    times = [[] for _ in paths]
+    for _ in range(rounds):
+        for index, session in enumerate(sessions):
+            began = time.perf_counter()
+            for _ in range(per_round):
+                session.run(None, inputs)
+            times[index].append((time.perf_counter() - began) / per_round * 1e3)
+    return [statistics.median(t) for t in times]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", action="append")
+    parser.add_argument("--write")
+    args = parser.parse_args()
+    rows = [
+        "| model | optimizer alone: fused | convexport then optimizer: fused | interface same | "
+        "ms optimizer alone | ms convexport + optimizer | ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in args.only or MODELS:
+            for label, path, model_type in export(name, Path(scratch) / name):
+                out = path.with_name(path.stem + ".cx.onnx")
+                result = convexport.optimize(str(path), output=str(out), profile=False)
+                error = result.report["validation"]["outputs"]
+                print(f"{label}: validated, {len(error)} outputs, {result.report['after']['nodes']} nodes", flush=True)
+                if "merged" in label:  # an If over two graphs: the optimizer fuses inside neither
+                    rows.append(f"| {label} | (If: not fused) | (If: not fused) | {_same(path, out)} | | | |")
+                    continue
+                before, before_ort = fused(path, model_type)
+                after, after_ort = fused(out, model_type)
+                same = _same(path, out)
+                try:
+                    inputs = feeds(path)
+                    ms = latency([before_ort, after_ort], inputs)
+                    timing = f"{ms[0]:.3f} | {ms[1]:.3f} | {ms[0] / ms[1]:.2f}x"
+                except Exception as exc:  # an input the made-up feeds do not fit
+                    timing = f"not timed: {str(exc).splitlines()[0][:60]} | | "
+                show = ", ".join(f"{n} {op}" for op, n in before.items()) or "none"
+                shown_after = ", ".join(f"{n} {op}" for op, n in after.items()) or "none"
+                rows.append(f"| {label} | {show} | {shown_after} | {same} | {timing} |")
+                print(rows[-1], flush=True)
+    table = "\n".join(rows)
+    print(table)
+    if args.write:
+        Path(args.write).write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""The values a made-up input may take, read from the graph that reads it.
+
+Made-up data (validation, profiling) is drawn where the model is defined, not where any
+number fits: a token id past the embedding table is an error in ONNX Runtime's Gather, and an
+attention mask of 2 or 3 turns transformers' `(1 - mask) * min_float` into an overflow that
+gives NaN. Two rules, each a fact of the graph or of the naming every exporter of transformers
+(torch's, optimum's) uses:
+
+    index into a table  an integer input that reaches a Gather's indices through ops that only
+                        move or convert values (Cast, Reshape, Unsqueeze, ...) takes values in
+                        [0, rows - 1] of the smallest such table (a constant's axis length)
+    mask                an integer input named like a mask (`attention_mask`,
+                        `decoder_attention_mask`, `pixel_mask`) takes the values 0 and 1
+
+The ranges only narrow made-up data; a range given with --input wins.
+
+The sizes of an image's dynamic dims are read the same way (sized_for_data): a float input a
+Conv reads takes the Conv's input channels (weight in-channels x groups), and dynamic spatial
+dims, where the model does not run at the made-up size of 1, the smallest multiple of the
+Conv's stride at which it runs (a ViT's position table fixes the number of patches: optimum's
+ViT export names all four dims of `pixel_values`). Those sizes are for made-up data only; the
+model written keeps its dims as they are.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+import onnx
+
+from .inputs import InputSpec, random_inputs
+
+# Ops whose output holds the same values as their first input, moved or converted: an index
+# read through them is still an index.
+_VALUE_PRESERVING = {
+    "Cast",
+    "Identity",
+    "Reshape",
+    "Unsqueeze",
+    "Squeeze",
+    "Flatten",
+    "Expand",
+    "Transpose",
+    "Slice",
+    "Tile",
+}
+_MASK_NAME = re.compile(r"mask", re.IGNORECASE)
+
+
+def integer_ranges(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
+    """{integer input name: (low, high), inclusive} for the inputs the rules of the
+    module doc bound; the others are left out."""
+    graph = model.graph
+    constants, readers = _constant_shapes(graph), _readers(graph)
+    initializers = {init.name for init in graph.initializer}
+    ranges = {}
+    for value in graph.input:
+        element = value.type.tensor_type.elem_type
+        if value.name in initializers or not _is_integer(element):
+            continue
+        rows = _table_rows(value.name, readers, constants)
+        if rows:
+            ranges[value.name] = (0, rows - 1)
+        elif _MASK_NAME.search(value.name):
+            ranges[value.name] = (0, 1)
+    return ranges
+
+
+def _table_rows(name: str, readers, constants: dict[str, tuple[int, ...]]) -> int | None:
+    """The fewest rows of a constant table the values of `name` index (Gather's indices)."""
+    fewest, seen, pending = None, set(), [name]
+    while pending:
+        tensor = pending.pop()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        for node in readers.get(tensor, ()):
+            if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] == tensor:
+                shape = constants.get(node.input[0])
+                axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                if shape and -len(shape) <= axis < len(shape) and shape[axis] > 0:
+                    rows = shape[axis]
+                    fewest = rows if fewest is None else min(fewest, rows)
+            elif node.op_type in _VALUE_PRESERVING and node.input[0] == tensor:
+                pending.extend(node.output)
+    return fewest
+
+
+def _readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    """The nodes that read each tensor, by name."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    return readers
+
+
+def _constant_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
+    """The shapes of the graph's initializers and Constant nodes' tensors, by name."""
+    shapes = {init.name: tuple(init.dims) for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output:
+            value = next((a for a in node.attribute if a.name == "value"), None)
+            if value is not None and value.type == onnx.AttributeProto.TENSOR:
+                shapes[node.output[0]] = tuple(value.t.dims)
+    return shapes
+
+
+_INTEGER_TYPES = {
+    getattr(onnx.TensorProto, name)
+    for name in ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64")
+}
+
+
+def _is_integer(element: int) -> bool:
+    return element in _INTEGER_TYPES
+
+
+# Multiples of the Conv's stride tried for an image's dynamic spatial dims (ViT-L/14 at 518 is 37).
+MAX_PATCHES_PER_SIDE = 64
+
+
+@dataclass(frozen=True)
+class ConvRead:
+    """What the first Conv reading an image input fixes of it."""
+
+    channels: int
+    strides: tuple[int, ...]
+    extents: tuple[int, ...]  # the dilated kernel's size along each spatial axis
+
+
+def conv_reads(model: onnx.ModelProto) -> dict[str, ConvRead]:
+    """{input name: ConvRead} for each float input a Conv reads as its data (directly or
+    through a Cast or an Identity), with a constant weight."""
+    graph = model.graph
+    weights, readers = _constant_shapes(graph), _readers(graph)
+    found = {}
+    for value in graph.input:
+        pending, seen = [value.name], set()
+        while pending and value.name not in found:
+            tensor = pending.pop()
+            seen.add(tensor)
+            for node in readers.get(tensor, ()):
+                if node.op_type == "Conv" and node.input[0] == tensor and len(weights.get(node.input[1], ())) >= 3:
+                    found[value.name] = _conv_read(node, weights[node.input[1]])
+                    break
+                if node.op_type in ("Cast", "Identity") and node.output[0] not in seen:
+                    pending.append(node.output[0])
+    return found
+
+
+def _conv_read(conv: onnx.NodeProto, weight: tuple[int, ...]) -> ConvRead:
+    attributes = {a.name: onnx.helper.get_attribute_value(a) for a in conv.attribute}
+    spatial = len(weight) - 2
+    strides = tuple(attributes.get("strides") or (1,) * spatial)
+    dilations = tuple(attributes.get("dilations") or (1,) * spatial)
+    extents = tuple(d * (k - 1) + 1 for d, k in zip(dilations, weight[2:]))
+    return ConvRead(weight[1] * int(attributes.get("group", 1)), strides, extents)
+
+
+def sized_for_data(model: onnx.ModelProto, specs: list[InputSpec], run) -> list[InputSpec]:
+    """`specs` with the dynamic dims of image inputs sized as the module doc says; `run(feeds)`
+    runs the model (an exception where it cannot), and is called only where an image input
+    has dynamic spatial dims."""
+    reads = conv_reads(model)
+    sized = [_with_channels(spec, reads.get(spec.name)) for spec in specs]
+    images = [i for i, spec in enumerate(sized) if spec.name in reads and _spatial_dynamic(spec)]
+    if not images or _runs(run, sized):
+        return sized
+    for multiple in range(1, MAX_PATCHES_PER_SIDE + 1):
+        tried = list(sized)
+        for index in images:
+            tried[index] = _spatial_sized(sized[index], reads[sized[index].name], multiple)
+        if _runs(run, tried):
+            return tried
+    return sized
+
+
+def _with_channels(spec: InputSpec, read: ConvRead | None) -> InputSpec:
+    if read is None or len(spec.dims) != len(read.strides) + 2 or not isinstance(spec.dims[1], str):
+        return spec
+    return replace(spec, dims=(spec.dims[0], read.channels, *spec.dims[2:]))
+
+
+def _spatial_dynamic(spec: InputSpec) -> bool:
+    return any(isinstance(dim, str) for dim in spec.dims[2:])
+
+
+def _spatial_sized(spec: InputSpec, read: ConvRead, multiple: int) -> InputSpec:
+    spatial = [
+        dim if isinstance(dim, int) else max(extent, stride * multiple)
+        for dim, stride, extent in zip(spec.dims[2:], read.strides, read.extents)
+    ]
+    return replace(spec, dims=(*spec.dims[:2], *spatial))
+
+
+def _runs(run, specs: list[InputSpec]) -> bool:
+    try:
+        run(random_inputs(specs, seed=0))
+    except Exception:  # the model refuses these sizes: the next are tried
+        return False
+    return True
+
+
+def sized_by_running(model: onnx.ModelProto, specs: list[InputSpec], device: str = "cpu") -> list[InputSpec]:
+    """sized_for_data with ONNX Runtime running the model: a session is opened only where a
+    size has to be tried, once (a model it cannot load keeps the specs as they are: the run
+    that follows says why)."""
+    from .errors import ConvexportError
+    from .runtime import create_session
+
+    opened: list = []
+
+    def run(feeds: dict) -> None:
+        if not opened:
+            try:
+                opened.append(create_session(model, device, what="the model"))
+            except ConvexportError:
+                opened.append(None)
+        if opened[0] is None:
+            raise RuntimeError("ONNX Runtime cannot load the model")
+        opened[0].run(None, feeds)
+
+    return sized_for_data(model, specs, run)

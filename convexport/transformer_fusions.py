@@ -1,0 +1,348 @@
+"""What ONNX Runtime's transformer optimizer fuses in a model, measured with the optimizer itself.
+
+A transformer is deployed as exporter -> convexport -> `onnxruntime.transformers.optimizer.
+optimize_model` -> serving. The optimizer replaces whole subgraphs with one kernel (Attention,
+EmbedLayerNormalization, SkipLayerNormalization, BiasGelu, ...) by matching the exporter's
+node patterns, and a rewrite that is exact can still break a match (BERT's `q @ k^T / sqrt(d)`
+with the Sqrt folded into a constant: no Attention; bench/RESULTS.md, "Transformers through
+ONNX Runtime's optimizer"). Its patterns change with every ONNX Runtime release, so they are
+not copied here: the optimizer is run on the model before the rewrite, and the nodes each fused
+kernel replaced are kept whole (constant folding and the rules leave them alone, as
+rewrite/runtime_fusions.py keeps the level-2 fusions); it is run again on the result, and the
+report says what it fuses in each.
+
+The optimizer is run as a user runs it (`optimize_model(path, model_type=...)`, its default
+level, CPU) for each model type in MODEL_TYPES whose fusions it finds: which one a user picks
+is not written in the model. A fused kernel's nodes are those its outputs are computed from,
+back to its inputs, among the nodes the optimizer removed; a removed node that only feeds those
+(BERT's Shape -> Gather -> Sqrt that made the scale) belongs to the same kernel.
+
+A fold can also make a fusion possible that the model as given misses: a LoRA merged into
+BERT's query leaves the plain projection Attention is matched on. The optimizer's attention
+patterns are written against the exporters' shape arithmetic (the scale as Sqrt of a dim read
+by Shape), which constant folding would turn into constants. So for a model with attention
+(a Softmax) whose fusions the optimizer finds, the rewrite runs twice, once with that shape
+arithmetic folded and once with it kept (rewrite_keeping_fusions), and the result the
+optimizer fuses more of is taken; where both fuse the same, the folded one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from . import ir
+from .ir.large import skeleton
+
+# The optimizer's model types for the transformers optimum exports: BERT, DistilBERT, ViT and
+# other encoders (bert), GPT-2 (gpt2), T5 (t5), BART and Whisper (bart).
+MODEL_TYPES = ("bert", "gpt2", "t5", "bart")
+# Where a model holds none of these, it has no attention or normalisation to fuse.
+_NO_FILE = "convexport-weights-left-out"
+_TRANSFORMER_OPS = {"Softmax", "LayerNormalization", "SimplifiedLayerNormalization", "ReduceMean"}
+
+
+@dataclass(frozen=True)
+class FusedKernel:
+    """One kernel the optimizer made: its op and the names of the nodes it replaced."""
+
+    kind: str
+    nodes: frozenset[str]
+
+
+@dataclass
+class TransformerFusions:
+    """The optimizer's fused kernels by model type: their counts, and the kernels themselves."""
+
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)  # model type -> op -> count
+    kernels: list[FusedKernel] = field(default_factory=list)
+
+    @property
+    def node_names(self) -> frozenset[str]:
+        return frozenset(name for kernel in self.kernels for name in kernel.nodes)
+
+
+def applies(model: onnx.ModelProto) -> bool:
+    """Whether the model holds what the optimizer fuses (attention, normalisation)."""
+    return any(node.op_type in _TRANSFORMER_OPS for node in model.graph.node)
+
+
+def measure(model: onnx.ModelProto, model_types=None) -> TransformerFusions:
+    """The optimizer's fusions in `model` for each model type given, or for MODEL_TYPES in
+    turn where it finds any, up to the first that fuses every attention of the model (BERT's
+    `bert`: the type such a model is optimized as; each run takes seconds on BERT-base);
+    nothing where the model holds nothing to fuse."""
+    if not applies(model):
+        return TransformerFusions()
+    light, stripped = skeleton(model)  # the weights' values decide no fusion (_zeros_for_stripped_weights)
+    for _, tensor in stripped:  # a location onnx's checker takes; no file is read from it
+        entry = tensor.external_data.add()
+        entry.key, entry.value = "location", _NO_FILE
+    found = TransformerFusions()
+    for model_type in model_types or MODEL_TYPES:
+        optimized = _optimized(light, model_type)
+        if optimized is None:
+            continue
+        counts = {op: n for op, n in optimized.get_fused_operator_statistics().items() if n}
+        if counts or model_types:
+            found.counts[model_type] = counts
+        if counts:
+            found.kernels += _kernels(model.graph, optimized.model.graph, set(counts))
+        if not model_types and _attention_kernels(found) >= _softmaxes(model) > 0:
+            break
+    return found
+
+
+def checked_type(found: TransformerFusions) -> str:
+    """The model type whose result is checked after the rewrite: the one that fuses most."""
+    return max(found.counts, key=lambda model_type: sum(found.counts[model_type].values()))
+
+
+def _softmaxes(model: onnx.ModelProto) -> int:
+    return sum(node.op_type == "Softmax" for node in model.graph.node)
+
+
+def _optimized(light: onnx.ModelProto, model_type: str):
+    """The optimizer's result for one model type on a copy of the weightless model, or None
+    where it fails on it. Its own graph fusions only (opt_level 0): the level-1 ONNX Runtime
+    session it runs first by default would need the weights, and folds only what ONNX Runtime
+    folds when it loads the model anyway."""
+    from onnxruntime.transformers.optimizer import optimize_model  # (puts its modules on sys.path)
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(light)
+    with _optimizer_silenced(), _zeros_for_stripped_weights():
+        try:
+            return optimize_model(copy, model_type=model_type, opt_level=0, use_gpu=False)
+        except Exception:  # the optimizer's own failure on a graph it was not written for
+            return None
+
+
+@contextlib.contextmanager
+def _optimizer_silenced():
+    """The optimizer logs a warning for every model type it is not told the head count of."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+
+
+@contextlib.contextmanager
+def _zeros_for_stripped_weights():
+    """The optimizer reads a weight's values only to pack them into its kernel's (Q, K and V
+    into one matrix), never to decide whether it fuses; on the skeleton (ir.skeleton: the large
+    weights' data left out, where the optimizer would copy 2 s a GiB for each of its shape
+    inferences: 12 s a run on BERT-base, 1.5 s without) such a weight reads as zeros of its
+    shape. onnx's own reader is wrapped (the optimizer's modules all read through it), for
+    the weights marked _NO_FILE only."""
+    from onnx import numpy_helper
+
+    read = numpy_helper.to_array
+
+    def to_array(tensor, base_dir: str = ""):
+        if any(entry.key == "location" and entry.value == _NO_FILE for entry in tensor.external_data):
+            return np.zeros(tuple(tensor.dims), onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+        return read(tensor, base_dir)
+
+    numpy_helper.to_array = to_array
+    try:
+        yield
+    finally:
+        numpy_helper.to_array = read
+
+
+def _kernels(original: onnx.GraphProto, optimized: onnx.GraphProto, fused_ops: set[str]) -> list[FusedKernel]:
+    """Each fused node of `optimized` with the nodes of `original` it replaced (module doc)."""
+    kept = {node.name for node in optimized.node}
+    removed = {node.name: node for node in original.node if node.name and node.name not in kept}
+    maker = {output: node for node in removed.values() for output in node.output}
+    owner: dict[str, int] = {}
+    fused = [node for node in optimized.node if node.op_type in fused_ops]
+    for number, node in enumerate(fused):
+        inputs, pending = set(node.input), list(node.output)
+        while pending:
+            source = maker.get(pending.pop())
+            if source is None or source.name in owner:
+                continue
+            owner[source.name] = number
+            pending += [name for name in source.input if name not in inputs]
+    _attach_feeders(removed, owner)
+    members: dict[int, set[str]] = {}
+    for name, number in owner.items():
+        members.setdefault(number, set()).add(name)
+    return [FusedKernel(fused[number].op_type, frozenset(names)) for number, names in sorted(members.items())]
+
+
+def _attach_feeders(removed: dict[str, onnx.NodeProto], owner: dict[str, int]) -> None:
+    """Give each removed node that no kernel reached the kernel of a removed node it feeds."""
+    readers: dict[str, list[str]] = {}
+    for node in removed.values():
+        for name in node.input:
+            readers.setdefault(name, []).append(node.name)
+    changed = True
+    while changed:
+        changed = False
+        for node in removed.values():
+            if node.name in owner:
+                continue
+            fed = [owner[r] for output in node.output for r in readers.get(output, ()) if r in owner]
+            if fed:
+                owner[node.name] = fed[0]
+                changed = True
+
+
+# A kernel that does what another does and more: one of it in place of the other is no loss
+# (after a fold, GPT-2's last LayerNormalization reads a residual Add the optimizer then takes in
+# as a SkipLayerNormalization).
+_LARGER = {
+    "LayerNormalization": ("SkipLayerNormalization", "EmbedLayerNormalization"),
+    "SimplifiedLayerNormalization": ("SkipSimplifiedLayerNormalization",),
+    "Gelu": ("BiasGelu",),
+    "FastGelu": ("BiasFastGelu",),
+    "MultiHeadAttention": ("Attention",),
+}
+
+
+def lost(before: TransformerFusions, after: TransformerFusions) -> dict[str, dict[str, int]]:
+    """{model type: {op: how many fewer}} for each model type measured `after` where the
+    optimizer fuses less than `before` (a kernel replaced by a larger one of _LARGER counted
+    as kept)."""
+    fewer = {}
+    for model_type, fused in after.counts.items():
+        counts = before.counts.get(model_type, {})
+        now, was = Counter(fused), Counter(counts)
+        missing = {}
+        for op, count in counts.items():
+            gained = sum(max(0, now[larger] - was[larger]) for larger in _LARGER.get(op, ()))
+            if now[op] + gained < count:
+                missing[op] = count - now[op] - gained
+        if missing:
+            fewer[model_type] = missing
+    return fewer
+
+
+def report_entry(stage: FusionAwareRewrite) -> dict:
+    """The report's `transformer_fusions`: per model type, the optimizer's fused kernels on the
+    original and on the optimized graph, and those lost; whether the shape arithmetic was kept."""
+    import onnxruntime
+
+    before, after = stage.before, stage.after
+    entry: dict = {
+        "checked_with": f"onnxruntime.transformers.optimizer (ONNX Runtime {onnxruntime.__version__})",
+        "shape_arithmetic_kept": stage.shape_arithmetic_kept,
+    }
+    entry["model_types"] = {
+        model_type: {"original": counts, "optimized": (after.counts.get(model_type, {}) if after else None)}
+        for model_type, counts in before.counts.items()
+    }
+    entry["lost"] = lost(before, after) if after is not None else {}
+    return entry
+
+
+def summary_line(entry: dict) -> str | None:
+    """One line for the terminal: what the optimizer fuses in the original as the model type
+    checked, and what of it the optimized graph keeps, loses or adds."""
+    checked = [(t, counts) for t, counts in (entry.get("model_types") or {}).items() if counts["optimized"] is not None]
+    if not checked:
+        return None
+    model_type, counts = checked[0]
+    before, after = Counter(counts["original"]), Counter(counts["optimized"])
+    lost_here = (entry.get("lost") or {}).get(model_type)
+    verdict = f"lost {_kernel_list(lost_here)}" if lost_here else "all kept"
+    gained = {op: after[op] - before[op] for op in after if after[op] > before[op]}
+    if gained and not lost_here:
+        verdict += f", and {_kernel_list(gained)} more in the optimized graph"
+    return f"ONNX Runtime's transformer optimizer (as {model_type}) fuses {_kernel_list(before)}: {verdict}"
+
+
+def _kernel_list(counts) -> str:
+    return ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))
+
+
+def shape_arithmetic(model: onnx.ModelProto) -> frozenset[str]:
+    """The names of the nodes that compute from tensors' shapes alone: Shape nodes, and each
+    node whose run-time inputs all come from such nodes (constants aside)."""
+    graph = model.graph
+    constant = {init.name for init in graph.initializer}
+    constant |= {name for node in graph.node if node.op_type == "Constant" for name in node.output}
+    from_shapes: set[str] = set()
+    names = set()
+    for node in graph.node:  # in graph order: a node's inputs are made before it
+        live = [name for name in node.input if name and name not in constant]
+        if node.op_type == "Shape" or (live and all(name in from_shapes for name in live)):
+            from_shapes.update(node.output)
+            names.add(node.name)
+    return frozenset(name for name in names if name)
+
+
+@dataclass
+class FusionAwareRewrite:
+    """The rewrite stage's result: the folded model the rules ran on, their outcome, the
+    kernels kept whole, the decisions they made, and the optimizer's fusions before and after."""
+
+    folded: onnx.ModelProto
+    outcome: object  # rewrite.engine.RewriteOutcome
+    kept: list[tuple[str, frozenset[str]]]
+    decided: dict
+    before: TransformerFusions
+    after: TransformerFusions | None
+    shape_arithmetic_kept: bool = False
+
+
+def rewrite_keeping_fusions(
+    model: onnx.ModelProto, reference: onnx.ModelProto, source: str, strategy: str, rewrite: Callable
+) -> FusionAwareRewrite:
+    """Constant folding and the rules (`rewrite(folded, kept, decided)`, the engine's outcome),
+    with the optimizer's kernels kept whole (but under --strategy all), the dims `reference`
+    named carried over, and, for a model with attention, the better of two (module doc)."""
+    before = measure(model)
+    kept = [] if strategy == "all" else [(kernel.kind, kernel.nodes) for kernel in before.kernels]
+    keep = frozenset(name for _, names in kept for name in names)
+    chosen = _attempt(model, reference, source, rewrite, before, kept, keep)
+    if strategy == "all" or not before.counts or _attention_kernels(chosen.after) >= _softmaxes(model):
+        return chosen  # (every attention fused already: keeping shape arithmetic cannot add one)
+    with_shapes = keep | shape_arithmetic(model)
+    if with_shapes == keep:
+        return chosen
+    other = _attempt(model, reference, source, rewrite, before, kept, with_shapes)
+    other.shape_arithmetic_kept = True
+    return other if _fuses_more(other.after, chosen.after) else chosen
+
+
+_ATTENTION = ("Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention")
+
+
+def _attention_kernels(found: TransformerFusions | None) -> int:
+    """The most attention kernels the optimizer makes for any model type."""
+    if found is None:
+        return 0
+    return max((sum(counts.get(op, 0) for op in _ATTENTION) for counts in found.counts.values()), default=0)
+
+
+def _attempt(model, reference, source, rewrite, before, kept, keep) -> FusionAwareRewrite:
+    folded = ir.fold_to_fixed_point(model, source, keep)  # the rules see constants as constants
+    decided: dict = {}
+    outcome = rewrite(folded, kept, decided)
+    outcome.model = ir.carry_dim_names(outcome.model, reference, same_outputs=True)  # its dims, named as it names them
+    after = measure(outcome.model, [checked_type(before)]) if before.counts else None
+    return FusionAwareRewrite(folded, outcome, kept, decided, before, after)
+
+
+def _fuses_more(one: TransformerFusions | None, other: TransformerFusions | None) -> bool:
+    """Whether the optimizer fuses all it fuses in `other` in `one`, and more."""
+    if one is None or other is None:
+        return False
+    gained = any(
+        sum(counts.values()) > sum(other.counts.get(model_type, {}).values())
+        or set(counts) - set(other.counts.get(model_type, {}))
+        for model_type, counts in one.counts.items()
+    )
+    return gained and not lost(other, one)

@@ -1,0 +1,282 @@
+"""A transformer through the pipeline it is deployed with (issue 50): the TorchScript export
+optimum runs -> convexport -> ONNX Runtime's transformer optimizer. The encoder below is
+BERT's as transformers writes it (sdpa attention, `view(b, -1, heads, head_size)`, an
+additive mask of finfo.min), re-implemented so the test needs neither transformers nor the hub.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from typer.testing import CliRunner
+
+from convexport.cli import app
+from convexport.input_domains import integer_ranges
+from convexport.inputs import InputSpec, dim_size, random_inputs
+
+FUSED = {"Attention", "EmbedLayerNormalization", "SkipLayerNormalization", "BiasGelu", "LayerNormalization"}
+NAMES = ["input_ids", "attention_mask", "token_type_ids"]
+
+
+class Encoder(nn.Module):
+    def __init__(self, vocab=50, hidden=32, heads=4, layers=2, positions=16):
+        super().__init__()
+        self.heads, self.head_size = heads, hidden // heads
+        self.words, self.positions = nn.Embedding(vocab, hidden), nn.Embedding(positions, hidden)
+        self.types, self.norm = nn.Embedding(2, hidden), nn.LayerNorm(hidden)
+        self.layers = nn.ModuleList(
+            nn.ModuleDict(
+                {
+                    "q": nn.Linear(hidden, hidden),
+                    "k": nn.Linear(hidden, hidden),
+                    "v": nn.Linear(hidden, hidden),
+                    "o": nn.Linear(hidden, hidden),
+                    "n1": nn.LayerNorm(hidden),
+                    "up": nn.Linear(hidden, 2 * hidden),
+                    "down": nn.Linear(2 * hidden, hidden),
+                    "n2": nn.LayerNorm(hidden),
+                }
+            )
+            for _ in range(layers)
+        )
+        self.register_buffer("position_ids", torch.arange(positions)[None])
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        b, s = input_ids.shape
+        h = self.words(input_ids) + self.types(token_type_ids) + self.positions(self.position_ids[:, :s])
+        h = self.norm(h)
+        mask = (1.0 - attention_mask[:, None, None, :].to(h.dtype)) * torch.finfo(h.dtype).min
+        for layer in self.layers:
+
+            def split(t):
+                return t.view(b, -1, self.heads, self.head_size).transpose(1, 2)
+
+            q, k, v = (split(layer[name](h)) for name in "qkv")
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            h = layer["n1"](layer["o"](context.transpose(1, 2).reshape(b, s, self.heads * self.head_size)) + h)
+            h = layer["n2"](layer["down"](F.gelu(layer["up"](h))) + h)
+        return h
+
+
+class LoRA(nn.Module):
+    """peft's unmerged LoRA layer: base(x) + B(A(x)) * alpha / r."""
+
+    def __init__(self, base: nn.Linear, rank: int = 2):
+        super().__init__()
+        self.base, self.scale = base, 2.0
+        self.lora_A = nn.Linear(base.in_features, rank, bias=False)
+        self.lora_B = nn.Linear(rank, base.out_features, bias=False)
+
+    def forward(self, x):
+        return self.base(x) + self.lora_B(self.lora_A(x)) * self.scale
+
+
+def export_encoder(folder, fresh: bool = False, lora: bool = False) -> str:
+    """optimum's export of the encoder: TorchScript, batch and sequence dynamic and named;
+    `fresh`: with transformers' initialisation (zero biases, LayerNorms the identity), else
+    perturbed as a trained model's weights are."""
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    for layer in model.layers if lora else ():
+        layer["q"] = LoRA(layer["q"])
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if fresh and name.endswith("bias"):
+                parameter.zero_()
+            elif not fresh:
+                parameter.add_(torch.randn_like(parameter) * 0.02)
+    path = str(folder / "model.onnx")
+    args = (torch.randint(0, 50, (2, 7)), torch.ones(2, 7, dtype=torch.long), torch.zeros(2, 7, dtype=torch.long))
+    dims = {0: "batch_size", 1: "sequence_length"}
+    torch.onnx.export(
+        model,
+        args,
+        path,
+        dynamo=False,
+        opset_version=14,
+        input_names=NAMES,
+        output_names=["last_hidden_state"],
+        dynamic_axes=dict.fromkeys([*NAMES, "last_hidden_state"], dims),
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> str:
+    return export_encoder(tmp_path_factory.mktemp("encoder"))
+
+
+def fused(path: str) -> Counter:
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    optimized = optimize_model(path, model_type="bert", use_gpu=False)
+    return Counter(node.op_type for node in optimized.model.graph.node if node.op_type in FUSED)
+
+
+def interface(path: str) -> list:
+    model = onnx.load(path)
+    return [
+        (v.name, v.type.tensor_type.elem_type, [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim])
+        for v in [*model.graph.input, *model.graph.output]
+    ]
+
+
+def optimized(exported, tmp_path, *options) -> tuple[str, dict]:
+    out, report = str(tmp_path / "out.onnx"), tmp_path / "report.json"
+    result = CliRunner().invoke(
+        app, ["optimize", exported, "-o", out, "--no-profile", "--report", str(report), *options]
+    )
+    assert result.exit_code == 0, result.output
+    return out, json.loads(report.read_text())
+
+
+def test_the_optimizer_fuses_on_convexports_output_all_it_fuses_on_the_export(exported, tmp_path):
+    before = fused(exported)
+    assert before["Attention"] == 2 and before["EmbedLayerNormalization"] == 1  # the test has teeth
+    out, report = optimized(exported, tmp_path)
+    after = fused(out)
+    assert all(after[op] >= count for op, count in before.items()), (before, after)
+    entry = report["transformer_fusions"]
+    assert entry["model_types"]["bert"]["original"] == dict(before)
+    assert entry["lost"] == {}
+
+
+def test_a_fresh_models_zero_biases_stay_where_the_optimizer_fuses_them(tmp_path):
+    fresh = export_encoder(tmp_path, fresh=True)
+    before = fused(fresh)
+    assert before["BiasGelu"] == 2
+    out, report = optimized(fresh, tmp_path)
+    assert fused(out)["BiasGelu"] == 2 and report["transformer_fusions"]["lost"] == {}
+
+
+def test_a_merged_lora_lets_the_optimizer_fuse_the_attention_it_could_not(tmp_path):
+    """With a LoRA branch in the query the optimizer matches no attention; merged, it would,
+    but only if the scale's shape arithmetic is still there (the rewrite is tried both ways)."""
+    adapted = export_encoder(tmp_path, lora=True)
+    assert fused(adapted)["Attention"] == 0
+    out, report = optimized(adapted, tmp_path)
+    assert fused(out)["Attention"] == 2
+    assert report["transformer_fusions"]["shape_arithmetic_kept"] is True
+    assert sum(entry["rule"] == "linear-region" for entry in report["rewrites"]) == 2
+
+
+def test_under_strategy_all_what_breaks_a_fusion_is_made_and_reported(exported, tmp_path):
+    out, report = optimized(exported, tmp_path, "--strategy", "all")
+    lost = report["transformer_fusions"]["lost"]
+    assert lost.get("bert", {}).get("Attention") == 2  # the scale's Sqrt folded: ORT's qk path no longer matches
+    assert fused(out)["Attention"] == 0
+
+
+def test_the_interface_is_the_exports_own(exported, tmp_path):
+    out, _ = optimized(exported, tmp_path)
+    assert interface(out) == interface(exported)
+
+
+def test_input_fixing_a_dim_keeps_the_names_of_the_others(exported, tmp_path):
+    fixed = [option for name in NAMES for option in ("--input", f"{name}:Nx7")]
+    out, _ = optimized(exported, tmp_path, *fixed)
+    dims = {name: d for name, _, d in interface(out)}
+    assert dims["input_ids"] == ["batch_size", 7] and dims["last_hidden_state"] == ["batch_size", 7, 32]
+
+
+def test_made_up_token_types_stay_inside_their_table(exported):
+    assert integer_ranges(onnx.load(exported)) == {
+        "input_ids": (0, 49),
+        "attention_mask": (0, 1),
+        "token_type_ids": (0, 1),
+    }
+
+
+def test_a_mask_named_so_is_drawn_in_zero_one_and_other_integers_are_not_bounded():
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["pixel_mask"], ["m"], to=TensorProto.FLOAT),
+            helper.make_node("Add", ["m", "n"], ["y"]),
+        ],
+        "g",
+        [
+            helper.make_tensor_value_info("pixel_mask", TensorProto.INT64, ["b"]),
+            helper.make_tensor_value_info("n", TensorProto.FLOAT, ["b"]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b"])],
+    )
+    assert integer_ranges(helper.make_model(graph)) == {"pixel_mask": (0, 1)}
+
+
+def test_related_dims_take_related_sizes():
+    past = InputSpec("past", ("batch", 4, "past_sequence_length", 8))
+    mask = InputSpec("attention_mask", ("batch", "past_sequence_length + sequence_length"), "int64", value_range=(0, 1))
+    feeds = random_inputs([past, mask], seed=0, dynamic_size=3)
+    assert feeds["past"].shape == (3, 4, 3, 8) and feeds["attention_mask"].shape == (3, 6)
+    assert set(np.unique(feeds["attention_mask"])) <= {0, 1}
+    assert dim_size("2 * seq - 1", 3) == 5 and dim_size("not an expression (", 3) == 3
+
+
+def test_identical_outputs_with_nan_where_the_exact_result_is_finite_match():
+    from convexport.exact_check import judge
+
+    exact = np.array([1.0, 2.0, 3.0, 4.0])
+    original = np.array([1.0, np.nan, 3.0, np.inf], dtype=np.float32)
+    assert judge(original, original.copy(), exact, None, "float32").beyond == 0
+    worse = np.array([1.0, np.nan, 3.5, np.inf], dtype=np.float32)
+    assert judge(original, worse, exact, None, "float32").beyond == 1
+    finite_where_nan = np.array([1.0, 2.0, 3.0, 7.0], dtype=np.float32)  # right at 1, wrong at 3
+    assert judge(original, finite_where_nan, exact, None, "float32").beyond == 1
+
+
+def _merged_decoder() -> onnx.ModelProto:
+    """An If over two branches that make the same tensor names with other shapes and values,
+    as optimum's merged decoders do (with past / without past)."""
+    from onnx import TensorProto, helper
+
+    def branch(start: int, name: str) -> onnx.GraphProto:
+        one = helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
+        nodes = [
+            helper.make_node("Shape", ["x"], ["shape_out"], start=start),
+            helper.make_node("ConstantOfShape", ["shape_out"], ["c"], value=one),
+            helper.make_node("Add", ["x", "c"], ["sum"]),
+            helper.make_node("Shape", ["sum"], ["s2"]),
+            helper.make_node("Equal", ["s2", "shape_out"], ["eq"]),
+            helper.make_node("Cast", ["eq"], ["eqf"], to=TensorProto.FLOAT),
+            helper.make_node("ReduceSum", ["eqf"], ["k"], keepdims=1),
+            helper.make_node("Mul", ["sum", "k"], [f"y_{name}"]),
+        ]
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(f"y_{name}", TensorProto.FLOAT, None)])
+
+    node = helper.make_node(
+        "If", ["use_cache_branch"], ["y"], then_branch=branch(0, "then"), else_branch=branch(1, "else")
+    )
+    graph = helper.make_graph(
+        [node],
+        "merged",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch_size", 4]),
+            helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL, [1]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch_size", 4])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+
+
+def test_a_merged_decoder_is_written_validated_on_both_branches_and_keeps_its_interface(tmp_path):
+    from convexport.ir.shapes import _scopes_share_names
+
+    model = _merged_decoder()
+    assert _scopes_share_names(model.graph)  # so shape inference runs without data propagation
+    path = tmp_path / "decoder_model_merged.onnx"
+    onnx.save(model, path)
+    out, report = optimized(str(path), tmp_path)
+    assert interface(out) == interface(str(path))
+    switch = [
+        random_inputs([InputSpec("use_cache_branch", (1,), "bool")], seed)["use_cache_branch"][0] for seed in range(3)
+    ]
+    assert report["validation"]["runs"] == 3 and set(map(bool, switch)) == {True, False}
