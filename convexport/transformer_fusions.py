@@ -5,15 +5,16 @@ optimize_model` -> serving. The optimizer replaces whole subgraphs with one kern
 EmbedLayerNormalization, SkipLayerNormalization, BiasGelu, ...) by matching the exporter's
 node patterns, and a rewrite that is exact can still break a match (BERT's `q @ k^T / sqrt(d)`
 with the Sqrt folded into a constant: no Attention; bench/RESULTS.md, "Transformers through
-ONNX Runtime's optimizer"). Its patterns change with every ONNX Runtime release, so they are
+ONNX Runtime's transformer optimizer"). Its patterns change with every ONNX Runtime release, so they are
 not copied here: the optimizer is run on the model before the rewrite, and the nodes each fused
 kernel replaced are kept whole (constant folding and the rules leave them alone, as
 rewrite/runtime_fusions.py keeps the level-2 fusions); it is run again on the result, and the
 report says what it fuses in each.
 
-The optimizer is run as a user runs it (`optimize_model(path, model_type=...)`, its default
-level, CPU) for each model type in MODEL_TYPES whose fusions it finds: which one a user picks
-is not written in the model. A fused kernel's nodes are those its outputs are computed from,
+The optimizer is run as a user runs it (`optimize_model(model, model_type=...)`, CPU), for the
+model types of MODEL_TYPES (measure says which): which one a user picks is not written in the
+model. It runs its own graph fusions on the model's skeleton (opt_level 0, the weights left
+out: _zeros_for_stripped_weights). A fused kernel's nodes are those its outputs are computed from,
 back to its inputs, among the nodes the optimizer removed; a removed node that only feeds those
 (BERT's Shape -> Gather -> Sqrt that made the scale) belongs to the same kernel.
 
@@ -43,8 +44,9 @@ from .ir.large import skeleton
 # The optimizer's model types for the transformers optimum exports: BERT, DistilBERT, ViT and
 # other encoders (bert), GPT-2 (gpt2), T5 (t5), BART and Whisper (bart).
 MODEL_TYPES = ("bert", "gpt2", "t5", "bart")
-# Where a model holds none of these, it has no attention or normalisation to fuse.
+# The external-data location of the weights the skeleton leaves out (no such file is read).
 _NO_FILE = "convexport-weights-left-out"
+# Where a model holds none of these, it has no attention or normalisation to fuse.
 _TRANSFORMER_OPS = {"Softmax", "LayerNormalization", "SimplifiedLayerNormalization", "ReduceMean"}
 
 
@@ -62,10 +64,6 @@ class TransformerFusions:
 
     counts: dict[str, dict[str, int]] = field(default_factory=dict)  # model type -> op -> count
     kernels: list[FusedKernel] = field(default_factory=list)
-
-    @property
-    def node_names(self) -> frozenset[str]:
-        return frozenset(name for kernel in self.kernels for name in kernel.nodes)
 
 
 def applies(model: onnx.ModelProto) -> bool:
