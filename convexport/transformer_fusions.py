@@ -74,7 +74,7 @@ def applies(model: onnx.ModelProto) -> bool:
 def measure(model: onnx.ModelProto, model_types=None) -> TransformerFusions:
     """The optimizer's fusions in `model` for each model type given, or for MODEL_TYPES in
     turn where it finds any, up to the first that fuses every attention of the model (BERT's
-    `bert`: the type such a model is optimized as; each run takes seconds on BERT-base), none
+    `bert`: the type such a model is optimized as; each run is a cost, bench/RESULTS.md), none
     after `bert` where it fuses nothing or the model has no attention (FastViT's Gelus: every
     type fuses them alike); nothing where the model holds nothing to fuse."""
     if not applies(model):
@@ -140,8 +140,8 @@ def _optimizer_silenced():
 def _zeros_for_stripped_weights():
     """The optimizer reads a weight's values only to pack them into its kernel's (Q, K and V
     into one matrix), never to decide whether it fuses; on the skeleton (ir.skeleton: the large
-    weights' data left out, where the optimizer would copy 2 s a GiB for each of its shape
-    inferences: 12 s a run on BERT-base, 1.5 s without) such a weight reads as zeros of its
+    weights' data left out, which the optimizer would otherwise copy for each of its shape
+    inferences: bench/RESULTS.md, "Transformers through ...") such a weight reads as zeros of its
     shape. onnx's own reader is wrapped (the optimizer's modules all read through it), for
     the weights marked _NO_FILE only."""
     from onnx import numpy_helper
