@@ -1,5 +1,6 @@
 """The documentation runs (issue 51): every fenced block of README.md and docs/*.md says what it
-is, and every `console` block is run, its output checked, unless the line above it says why not.
+is, and every `console` and `python` block is run, its output checked, unless the line above it
+says why not.
 
 A console block is what a terminal shows: `$ command` lines (a trailing `# exit N` says the exit
 code it ends with; 0 otherwise), each followed by its output, stdout and stderr as the terminal
@@ -8,6 +9,11 @@ to machine (times, speeds, rounding errors), within a line, or, alone on a line,
 number of lines. Everything else must be what the command prints. The blocks of one file run
 in order in one folder holding copies of sample_models/, rules/ and docs/examples/, so a block
 may read what an earlier one wrote; `$ cd FOLDER` moves the commands after it there.
+
+A python block runs as a script in that folder, with the installed convexport, and must exit 0.
+A line `print(EXPRESSION)  # SHOWN` says what it prints: the printed lines, in order, must be the
+SHOWN texts (`...` again standing for what varies). A block that only defines functions (a
+primitive's shape) still runs: its imports and decorators are the API it documents.
 
 Own runner rather than sybil or pytest-examples: both are built around Python code blocks
 and doctest output; the blocks here are shell sessions whose output has terminal tables,
@@ -69,7 +75,9 @@ def blocks(document: Path) -> list[Block]:
 
 
 ALL = [block for document in DOCUMENTS for block in blocks(document)]
-CONSOLE = {document: [b for b in blocks(document) if b.kind == "console" and not b.not_run] for document in DOCUMENTS}
+RUN = {"console", "python"}
+RUNNABLE = {document: [b for b in blocks(document) if b.kind in RUN and not b.not_run] for document in DOCUMENTS}
+SHOWN_PRINT = re.compile(r"^print\((.*)\)\s+# (.*)$")
 
 
 @pytest.mark.parametrize("block", ALL, ids=lambda block: block.name)
@@ -134,10 +142,26 @@ def environment() -> dict[str, str]:
             "TERM": "dumb", "NO_COLOR": "1"}
 
 
-@pytest.mark.parametrize("document", [d for d in DOCUMENTS if CONSOLE[d]], ids=lambda d: str(d.relative_to(ROOT)))
+def shown_prints(block: Block) -> list[str]:
+    """What a python block says its `print(...)  # SHOWN` lines print, in order."""
+    return [shown[2] for line in block.text.splitlines() if (shown := SHOWN_PRINT.match(line))]
+
+
+def run_python(block: Block, folder: Path) -> None:
+    done = subprocess.run([sys.executable, "-"], input=block.text, cwd=folder, env=environment(),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=COMMAND_SECONDS)
+    assert done.returncode == 0, f"{block.name}: exit {done.returncode}\n{done.stderr}"
+    expected = "\n".join(shown_prints(block))
+    assert matches(expected, done.stdout), f"{block.name}:\nshown:\n{expected}\nprinted:\n{done.stdout}"
+
+
+@pytest.mark.parametrize("document", [d for d in DOCUMENTS if RUNNABLE[d]], ids=lambda d: str(d.relative_to(ROOT)))
 def test_the_documents_commands_print_what_they_show(document, workspaces):
     folder = workspaces(document)
-    for block in CONSOLE[document]:
+    for block in RUNNABLE[document]:
+        if block.kind == "python":
+            run_python(block, folder)
+            continue
         for command, code, expected in sessions(block):
             moved = re.fullmatch(r"cd (\S+)", command)
             if moved:  # the folder of the commands after it, as in a terminal
