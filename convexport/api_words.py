@@ -27,6 +27,8 @@ FLAG_KEYWORDS = {
     "--explain": ("explain", "list"),
     "--custom-ops-library": ("custom_ops_libraries", "list"),
     "--opset": ("opset", "value"),
+    "--dtype": ("dtype", "value"),
+    "--io-dtype": ("io_dtype", "value"),
     "--rtol": ("rtol", "value"),
     "--atol": ("atol", "value"),
     "--strategy": ("strategy", "value"),

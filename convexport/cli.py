@@ -154,6 +154,17 @@ def optimize(
         ),
     ] = None,
     custom_ops_library: LibraryOpt = None,
+    dtype: Annotated[
+        str,
+        typer.Option(
+            "--dtype",
+            help="fp32 | fp16: the type the written model computes in (fp16 node by node, where the error "
+            "measured against float64 allows; the rest float32).",
+        ),
+    ] = "fp32",
+    io_dtype: Annotated[
+        str | None, typer.Option("--io-dtype", help="fp32 | fp16: its inputs' and outputs' type (default fp32).")
+    ] = None,
 ):
     """Export MODEL, fold its linear structure, validate, profile and write the result."""
     from . import pipeline
@@ -191,6 +202,8 @@ def optimize(
                     disable_rules=disable_rule or [],
                     explain=explain or [],
                     custom_ops_libraries=custom_ops_library or [],
+                    dtype=dtype,
+                    io_dtype=io_dtype,
                 )
                 result = pipeline.optimize(model, options=options)
         except ValidationError as exc:

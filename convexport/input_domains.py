@@ -10,7 +10,8 @@ gives NaN. Two rules, each a fact of the graph or of the naming every exporter o
                         move or convert values (Cast, Reshape, Unsqueeze, ...) takes values in
                         [0, rows - 1] of the smallest such table (a constant's axis length)
     mask                an integer input named like a mask (`attention_mask`,
-                        `decoder_attention_mask`, `pixel_mask`) takes the values 0 and 1
+                        `decoder_attention_mask`, `pixel_mask`) takes the values 0 and 1,
+                        each row with a 1 at its first position (inputs.random_inputs)
 
 The ranges only narrow made-up data; a range given with --input wins.
 
@@ -24,12 +25,11 @@ model written keeps its dims as they are.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
 import onnx
 
-from .inputs import InputSpec, random_inputs
+from .inputs import MASK_NAME, InputSpec, random_inputs
 
 # Ops whose output holds the same values as their first input, moved or converted: an index
 # read through them is still an index.
@@ -45,7 +45,6 @@ _VALUE_PRESERVING = {
     "Slice",
     "Tile",
 }
-_MASK_NAME = re.compile(r"mask", re.IGNORECASE)
 
 
 def integer_ranges(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
@@ -62,7 +61,7 @@ def integer_ranges(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
         rows = _table_rows(value.name, readers, constants)
         if rows:
             ranges[value.name] = (0, rows - 1)
-        elif _MASK_NAME.search(value.name):
+        elif MASK_NAME.search(value.name):
             ranges[value.name] = (0, 1)
     return ranges
 

@@ -38,6 +38,9 @@ _DIM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # input larger than this is a typo (an extra digit), or a model this machine cannot test.
 MAX_INPUT_BYTES = 16 << 30
 
+# an input named like an attention mask (`attention_mask`, `decoder_attention_mask`, `pixel_mask`)
+MASK_NAME = re.compile(r"mask", re.IGNORECASE)
+
 # The size a dynamic dimension takes when data has to be made up for it (validation,
 # profiling) and no concrete size was given.
 DEFAULT_DYNAMIC_SIZE = 1
@@ -209,6 +212,11 @@ def random_inputs(specs: list[InputSpec], seed: int, dynamic_size: int = DEFAULT
             feeds[spec.name] = rng.integers(0, 4, shape).astype(dtype)
         else:
             feeds[spec.name] = rng.integers(math.ceil(low), math.floor(high) + 1, shape).astype(dtype)
+        if MASK_NAME.search(spec.name) and spec.value_range == (0, 1) and len(shape) > 1 and shape[-1]:
+            # a padding mask attends to at least one position of each row: a row of zeros has no
+            # defined result (a softmax of finfo.min everywhere, uniform in float32 by absorption
+            # alone, NaN or another distribution in float16), so no model's output is judged on one
+            feeds[spec.name][..., 0] = 1
     return feeds
 
 

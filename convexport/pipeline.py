@@ -26,6 +26,8 @@ from .explain import ExplainRequest, explanations
 from .export import ExportResult, export_model
 from .files import check_paths, is_stream, temporary_folder_beside
 from .folds import builtin_primitives
+from .half import DTYPES as HALF_DTYPES
+from .half import in_half_precision
 from .input_data import check_data_file, load_npz
 from .inputs import InputSpec, input_specs
 from .loading import MODEL_SUFFIXES, LoadedModel, load_model, train_mode_note
@@ -200,6 +202,7 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
     strategy = STRATEGY_ALIASES.get(options.strategy, options.strategy)
     if strategy not in STRATEGIES:
         raise ConvexportError(f"--strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    dtype, io_dtype = _precisions(options.dtype, options.io_dtype)
     device = resolve_device(options.device)  # where the model will run: what cost and measure decide for
     specs = input_specs(inputs)
     say("loading")
@@ -373,6 +376,17 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
                 "nothing was written",
                 report,
             )
+    if dtype != "float32":
+        say(f"converting to {dtype}")
+        half = in_half_precision(
+            exported.reference, outcome.model, inputs_for_check, made_up_runs, real_data,
+            result.exact if options.validate else None, dtype, io_dtype, kept, device,
+        )  # fmt: skip
+        report["precision"] = half.to_report()
+        if not half.passed:
+            raise ValidationError(f"{loaded.source}: {half.failure()}; nothing was written", report)
+        outcome.model = half.model
+        _restate_after(report, outcome.model)
     del torch_source  # the torch model's float64 copy (twice its weights), before the profile's sessions
     measured = None
     if options.profile:
@@ -800,6 +814,28 @@ def _validation_inputs(exported: ExportResult, specs: list[InputSpec]) -> list[I
             spec = InputSpec(spec.name, dims if same_rank else spec.dims, spec.dtype, value_range=value_range)
         resolved.append(spec)
     return resolved
+
+
+def _precisions(dtype: str, io_dtype: str | None) -> tuple[str, str]:
+    """--dtype and --io-dtype as the types' names: the model's, and its interface's."""
+    for flag, given in (("--dtype", dtype), ("--io-dtype", io_dtype or "fp32")):
+        if given not in HALF_DTYPES:
+            raise ConvexportError(f"{flag} {given}: expected fp32 or fp16")
+    model, interface = HALF_DTYPES[dtype], HALF_DTYPES[io_dtype or "fp32"]
+    if interface not in ("float32", model):
+        raise ConvexportError(f"--io-dtype {io_dtype} with --dtype {dtype}: the interface is fp32 or the model's own")
+    return model, interface
+
+
+def _restate_after(report: dict, after: onnx.ModelProto) -> None:
+    """The report's `after` (and what it gives) for the model written, when it is not the one
+    the rewrite gave."""
+    stats = {**graph_stats(after), "model_bytes": ir.serialized_bytes(after)}
+    report["after"] = stats
+    report["size_regression"] = stats["model_bytes"] > REGRESSION_RATIO * report["before"]["model_bytes"]
+    report["growth"] = {
+        key: stats[key] / report["before"][key] if report["before"][key] else None for key in ("flops", "params")
+    }
 
 
 def _report(

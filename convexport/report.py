@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 from rich.console import Console
@@ -130,6 +131,9 @@ def print_optimize_summary(report: dict, console: Console) -> None:
                 console.print(line, markup=False)
         if validation.get("on_device"):
             console.print(device_check_line(validation["on_device"]), markup=False)
+    if report.get("precision"):
+        for line in precision_lines(report["precision"]):
+            console.print(line, markup=False, highlight=False)
     if report.get("profile_skipped"):
         console.print(f"profile: skipped: {report['profile_skipped']}", markup=False)
     if profile and profile.get("speedup"):
@@ -260,6 +264,31 @@ def validation_line(validation: dict) -> str:
         f"validation: {verdict} over {runs} against the float64 result{whose}{where}: error {error:.3g}, "
         f"the original's own {own:.3g} (max abs)"
     )
+
+
+def precision_lines(precision: dict, where_listed: str = "the report's kept_float32") -> list[str]:
+    """The half-precision model in two lines: its error against the exact result with the
+    bound (the worst output by its bound), then what runs in which type (the nodes kept
+    float32 listed, with why, `where_listed`)."""
+    judged = precision["validation"]
+    name, worst = max(judged["outputs"].items(), key=lambda item: item[1]["error"] / max(item[1]["bound"], 1e-300))
+    verdict = "passed" if judged["passed"] else "FAILED"
+    which = f" (output {name!r})" if len(judged["outputs"]) > 1 else ""
+    kept = Counter(entry["op"] for entry in precision["kept_float32"])
+    listed = ", ".join(f"{op} x{count}" for op, count in kept.most_common(6))
+    more = f" and {len(kept) - 6} more ops" if len(kept) > 6 else ""
+    total = precision["nodes_half"] + precision["nodes_float32"]
+    interface = "" if precision["io_dtype"] == "float32" else f", {precision['io_dtype']} inputs and outputs"
+    if precision["nodes_half"] == 0:
+        where = f"  no node runs in {precision['dtype']} within the bound: the model written computes in float32"
+    else:
+        where = f"  {precision['nodes_half']} of {total} nodes in {precision['dtype']}"
+    return [
+        f"{precision['dtype']}: {verdict} against the {judged['against']} result{which}: error {worst['error']:.3g}, "
+        f"bound {worst['bound']:.3g}, the float32 original's own {worst['error_original']:.3g} (max abs)",
+        f"{where}, {plural(precision['casts'], 'Cast')}{interface}"
+        + (f"; float32: {listed}{more} (each with why: {where_listed})" if kept else ""),
+    ]
 
 
 def nonfinite_line(validation: dict, made_up_inputs=None) -> str | None:

@@ -6,7 +6,16 @@ import html
 from pathlib import Path
 
 from .files import write_text_atomically
-from .report import export_check_line, growth_line, model_lines, nonfinite_line, si, size, tracer_warning
+from .report import (
+    export_check_line,
+    growth_line,
+    model_lines,
+    nonfinite_line,
+    precision_lines,
+    si,
+    size,
+    tracer_warning,
+)
 
 BEFORE, AFTER = "#9aa5b1", "#2f7de1"
 STYLE = """
@@ -74,6 +83,8 @@ def render(report: dict) -> str:
         parts += ["<h2>Low-rank branches left</h2>", _low_rank(report["low_rank_branches_left"])]
     if validation:
         parts += ["<h2>Validation</h2>", _validation(validation, report.get("made_up_inputs"))]
+    if report.get("precision"):
+        parts += [f"<h2>In {_e(report['precision']['dtype'])}</h2>", _precision(report["precision"])]
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>convexport report</title>"
         f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>\n"
@@ -309,6 +320,30 @@ def _transformer_fusions(entry: dict) -> str:
     )
     head = "<tr><th>model type</th><th>original</th><th>optimized graph</th><th>verdict</th></tr>"
     return f"{note}<table>{head}{body}</table>"
+
+
+def _precision(precision: dict) -> str:
+    """The half-precision model: its error against the exact result per output, with the bound
+    and the float32 original's own, then every node kept float32 and why."""
+    lines = "".join(f"<p class=sub>{_e(line.strip())}</p>" for line in precision_lines(precision, "below"))
+    judged = precision["validation"]["outputs"].items()
+    rows = "".join(
+        f"<tr><td><code>{_e(name)}</code></td><td>{_number(j['error'])}</td><td>{_number(j['bound'])}</td>"
+        f"<td>{_number(j['error_original'])}</td><td>{j['beyond']} of {j['elements']}</td></tr>"
+        for name, j in judged
+    )
+    against = _e(precision["validation"]["against"])
+    table = (
+        f"<table><tr><th>output</th><th>error against {against}</th><th>bound</th><th>float32 original's own</th>"
+        f"<th>beyond</th></tr>{rows}</table>"
+    )
+    if not precision["kept_float32"]:
+        return f"{lines}{table}<p>every node with float data runs in {_e(precision['dtype'])}</p>"
+    kept = "".join(
+        f"<tr><td><code>{_e(e['node'])}</code></td><td><code>{_e(e['op'])}</code></td><td>{_e(e['reason'])}</td></tr>"
+        for e in precision["kept_float32"]
+    )
+    return f"{lines}{table}<h3>Kept float32</h3><table><tr><th>node</th><th>op</th><th>why</th></tr>{kept}</table>"
 
 
 def _low_rank(entries) -> str:

@@ -43,6 +43,13 @@ def node_flops(model: onnx.ModelProto, count=None) -> float:
     return total
 
 
+def flops_by_node(model: onnx.ModelProto) -> list[float]:
+    """The FLOPs of each main-graph node, in order (from the shapes its value_info holds)."""
+    scopes = proto_scopes(model.graph)
+    shapes, integers = _known_shapes(scopes), _small_integers(scopes)
+    return [_node_flops(node, node.op_type, shapes, integers) for node in model.graph.node]
+
+
 def _graph_flops(graph: onnx.GraphProto, shapes, integers, nested: bool) -> float:
     """The FLOPs of graph's nodes, and (when `nested`: the model has subgraphs) of their subgraphs."""
     total = 0.0

@@ -261,7 +261,7 @@ def compare_models(
     # One session at a time: the reference's outputs on every input set are computed and its
     # session released before the candidate's opens (a session holds the model's weights: two
     # at once doubled validation's peak memory on large models).
-    names, all_feeds, expected_runs = _reference_runs(reference, inputs, runs, seed, extra_feeds, labels[0], device)
+    names, all_feeds, expected_runs = reference_runs(reference, inputs, runs, seed, extra_feeds, labels[0], device)
     heap.release_after(reference)  # its session, before the float64 evaluator's or the candidate's
     if exact is True:
         exact = exact_reference(
@@ -301,7 +301,7 @@ def compare_models(
     return result
 
 
-def _reference_runs(reference, inputs, runs, seed, extra_feeds, label, device):
+def reference_runs(reference, inputs, runs, seed, extra_feeds, label, device):
     """The reference's output names, the input sets (`runs` made up, then `extra_feeds`) and
     its outputs on each; its session is gone when this returns."""
     session = _evaluator(reference, label, device)

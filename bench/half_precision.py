@@ -1,0 +1,313 @@
+"""Half precision for deployment (issue 52): convexport --dtype fp16 against the converters users
+reach for, each judged against the exact (float64) result of the model as exported.
+
+    PYTHONPATH=/path/to/fp16/packages[:/path/to/hf/packages] .venv/bin/python bench/half_precision.py [--only NAME] [--write FILE]
+
+Needs onnxconverter-common 1.16 and onnxslim 0.1 (`pip install --no-deps --target FOLDER`, not
+in convexport's environment); the BERT and GPT-2 rows also transformers 4.57 (bench/
+transformer_pipeline.py's folder), left out without it.
+
+Models: the five sample models; RepVGG, MobileOne and FastViT networks (bench/family_blocks.py);
+a YOLO-like detector at 320x320 on [0, 1] images (tests/fixtures/detectors.py); BERT with an
+unmerged LoRA in its query and value, and GPT-2 with one in its MLP (small random configs, every
+weight perturbed, exported by optimum for feature-extraction; batch 2 x sequence 16).
+
+Per model and tool: whether it gives a model ONNX Runtime runs; its worst error against the
+float64 result over three input sets, as a multiple of the output's rms (the worst output); the
+nodes and Casts; ONNX Runtime CPU latency (median of 21 interleaved rounds). The tools:
+- convexport --dtype fp16 (float32 interface, precision chosen by measured error);
+- onnxconverter-common's convert_float_to_float16 (keep_io_types) of the export, and of
+  convexport's float32 output (the fold, then another tool's rounding);
+- onnxconverter-common's auto_convert_mixed_precision (keep_io_types), given the first input
+  set and rtol 1e-2, atol 1e-3 against the float32 run (it needs data and a tolerance);
+- onnxslim --dtype fp16 (its slim(model, dtype="fp16"));
+- for BERT and GPT-2, ONNX Runtime's transformer optimizer then its float16 conversion
+  (keep_io_types), the route its docs give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections import Counter
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests" / "fixtures")]
+
+import convexport  # noqa: E402
+from convexport.float64 import Float64Evaluator  # noqa: E402
+from convexport.float64.precision import rms  # noqa: E402
+from convexport.input_domains import sized_by_running  # noqa: E402
+from convexport.inputs import random_inputs  # noqa: E402
+from convexport.onnx_route import graph_input_specs  # noqa: E402
+
+RUNS = 3
+SAMPLES = ["seed000_subtracted_conv", "seed001_bottleneck3d", "seed002_group_attention", "seed003_large_kernel",
+           "seed004_full_padding"]  # fmt: skip
+
+
+def _family(name):
+    def build():
+        import family_blocks
+
+        return getattr(family_blocks, name)()
+
+    return build
+
+
+def _detector():
+    import detectors
+
+    torch.manual_seed(0)
+    return detectors.tiny_yolo(), (torch.rand(1, 3, 320, 320),)
+
+
+class LoRA(torch.nn.Module):
+    """peft's LoRA, unmerged, around an nn.Linear or GPT-2's Conv1D: base(x) + B(A(x)) * 2."""
+
+    def __init__(self, base, rank=4):
+        super().__init__()
+        linear = isinstance(base, torch.nn.Linear)
+        features_in, features_out = base.weight.shape[::-1] if linear else base.weight.shape
+        self.base = base
+        self.lora_A = torch.nn.Linear(features_in, rank, bias=False)
+        self.lora_B = torch.nn.Linear(rank, features_out, bias=False)
+        torch.nn.init.normal_(self.lora_B.weight, std=0.02)
+
+    def forward(self, x):
+        return self.base(x) + self.lora_B(self.lora_A(x)) * 2.0
+
+
+def _bert_lora():
+    from transformer_pipeline import _bert
+
+    model, _, _ = _bert()
+    for layer in model.encoder.layer:
+        layer.attention.self.query = LoRA(layer.attention.self.query)
+        layer.attention.self.value = LoRA(layer.attention.self.value)
+    return model
+
+
+def _gpt2_lora():
+    from transformers import GPT2Config, GPT2Model
+
+    model = GPT2Model(GPT2Config(vocab_size=100, n_positions=64, n_layer=2, n_embd=64, n_head=4))
+    for block in model.h:
+        block.mlp.c_fc = LoRA(block.mlp.c_fc)
+    return model
+
+
+MODELS = {
+    **{name: ROOT / "sample_models" / f"{name}.py" for name in SAMPLES},
+    "repvgg": _family("repvgg"),
+    "mobileone": _family("mobileone"),
+    "fastvit": _family("fastvit"),
+    "yolo-like detector": _detector,
+    "bert + LoRA": _bert_lora,
+    "gpt2 + LoRA": _gpt2_lora,
+}
+TRANSFORMER_TYPES = {"bert + LoRA": "bert", "gpt2 + LoRA": "gpt2"}
+
+
+def exported(name: str, folder: Path) -> Path:
+    """The model as ONNX, float32: convexport's export of a sample model, torch.onnx's of the others."""
+    path = folder / f"{name.replace(' ', '_').replace('+', 'and')}.onnx"
+    made = MODELS[name]
+    if isinstance(made, Path):
+        convexport.export_only(str(made), path)
+        return path
+    if name in TRANSFORMER_TYPES:  # as users export them: optimum, feature-extraction
+        from optimum.exporters.onnx import onnx_export_from_model
+
+        from transformer_pipeline import _perturbed
+
+        out = folder / path.stem
+        _quietly(lambda: onnx_export_from_model(_perturbed(made()), output=out, task="feature-extraction",
+                                                do_validation=False))  # fmt: skip
+        return out / "model.onnx"
+    module, inputs = made()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), inputs, str(path), input_names=["x"], dynamo=False, opset_version=17)
+    return path
+
+
+def input_sets(path: Path) -> list[dict]:
+    """Three input sets: a transformer's as convexport makes them up (token ids inside the
+    table, padding masks), batch 2 x sequence 16; an image's N(0, 1) (the detector's uniform in
+    [0, 1])."""
+    model = onnx.load(str(path))
+    if any(value.type.tensor_type.elem_type == onnx.TensorProto.INT64 for value in model.graph.input):
+        specs = sized_by_running(model, graph_input_specs(model))
+        return [{k: v[:2] for k, v in random_inputs(specs, seed, dynamic_size=16).items()} for seed in range(RUNS)]
+    sets = []
+    for seed in range(RUNS):
+        rng = np.random.default_rng(seed)
+        feeds = {}
+        for value in model.graph.input:
+            dims = [d.dim_value or 1 for d in value.type.tensor_type.shape.dim]
+            if "detector" in path.stem:
+                feeds[value.name] = rng.random(dims, dtype=np.float32)
+            else:
+                feeds[value.name] = rng.standard_normal(dims).astype(np.float32)
+        sets.append(feeds)
+    return sets
+
+
+def error_vs_exact(path: Path, sets: list[dict], exact: list[list[np.ndarray]]) -> tuple[float, float]:
+    """The worst max|y - exact| / rms(exact), and the worst rms(y - exact) / rms(exact), over
+    outputs and input sets."""
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    kinds = {i.name: i.type for i in session.get_inputs()}
+    worst, typical = 0.0, 0.0
+    for feeds, expected in zip(sets, exact):
+        fed = {k: v.astype(np.float16) if kinds[k] == "tensor(float16)" else v for k, v in feeds.items()}
+        for got, want in zip(session.run(None, fed), expected):
+            got = np.asarray(got).astype(np.float64)
+            if not np.all(np.isfinite(got)):
+                return float("inf"), float("inf")
+            scale = max(rms(want), 1e-300)
+            worst = max(worst, float(np.abs(got - want).max()) / scale)
+            typical = max(typical, rms(got - want) / scale)
+    return worst, typical
+
+
+def latency_ms(paths: list[Path], feeds: dict, rounds: int = 21, round_s: float = 0.1) -> list[float]:
+    sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in paths]
+    fed = []
+    for session in sessions:
+        kinds = {i.name: i.type for i in session.get_inputs()}
+        fed.append({k: v.astype(np.float16) if kinds[k] == "tensor(float16)" else v for k, v in feeds.items()})
+    for session, f in zip(sessions, fed):
+        session.run(None, f)
+    times = [[] for _ in sessions]
+    for _ in range(rounds):
+        for index, (session, f) in enumerate(zip(sessions, fed)):
+            count, start = 0, time.perf_counter()
+            while time.perf_counter() - start < round_s:
+                session.run(None, f)
+                count += 1
+            times[index].append((time.perf_counter() - start) / count * 1e3)
+    return [statistics.median(t) for t in times]
+
+
+def _quietly(call):
+    with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return call()
+
+
+def tools(name: str, original: Path, folder: Path, sets: list[dict]) -> dict:
+    """Each tool's half-precision model of `original`: name -> path, or the reason it failed."""
+    from onnxconverter_common import auto_mixed_precision, float16
+
+    made = {}
+    fp32 = folder / f"{original.stem}.cx32.onnx"
+    cx16 = folder / f"{original.stem}.cx16.onnx"
+
+    def attempt(label, build, out):
+        try:
+            model = _quietly(build)
+            if model is not None:
+                onnx.save(model, str(out))
+            made[label] = out
+        except Exception as exc:  # the tool's own failure is the result
+            made[label] = f"fails: {type(exc).__name__}: {str(exc).splitlines()[0][:70]}"
+
+    attempt("convexport --dtype fp16", lambda: convexport.optimize(str(original), output=str(cx16), dtype="fp16",
+                                                                   profile=False) and None, cx16)  # fmt: skip
+    convexport.optimize(str(original), output=str(fp32), profile=False)
+    model = onnx.load(str(original))
+    attempt("onnxconverter-common fp16", lambda: float16.convert_float_to_float16(model, keep_io_types=True),
+            folder / f"{original.stem}.occ.onnx")  # fmt: skip
+    attempt("convexport fp32 -> onnxconverter-common fp16",
+            lambda: float16.convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=True),
+            folder / f"{original.stem}.cx_occ.onnx")  # fmt: skip
+
+    def amp():
+        return auto_mixed_precision.auto_convert_mixed_precision(
+            onnx.load(str(original)), sets[0], rtol=1e-2, atol=1e-3, keep_io_types=True
+        )
+
+    attempt("onnxconverter-common auto_mixed_precision", amp, folder / f"{original.stem}.amp.onnx")
+
+    def slim():
+        import onnxslim
+
+        return onnxslim.slim(onnx.load(str(original)), dtype="fp16")
+
+    attempt("onnxslim --dtype fp16", slim, folder / f"{original.stem}.slim.onnx")
+    if name in TRANSFORMER_TYPES:
+
+        def optimizer():
+            from onnxruntime.transformers.optimizer import optimize_model
+
+            optimized = optimize_model(str(original), model_type=TRANSFORMER_TYPES[name], use_gpu=False)
+            optimized.convert_float_to_float16(keep_io_types=True)
+            return optimized.model
+
+        attempt("ORT transformer optimizer fp16", optimizer, folder / f"{original.stem}.ortopt.onnx")
+    return made
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", action="append")
+    parser.add_argument("--write")
+    args = parser.parse_args()
+    rows = [
+        "| model | tool | runs | max error / rms | rms error / rms | nodes | Casts | CPU ms (fp32 original) | CPU ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in args.only or MODELS:
+            folder = Path(scratch)
+            try:
+                original = exported(name, folder)
+            except ImportError as exc:
+                print(f"{name}: left out ({exc})", flush=True)
+                continue
+            sets = input_sets(original)
+            evaluator = Float64Evaluator(onnx.load(str(original)))
+            exact = [evaluator.run(feeds) for feeds in sets]
+            base = error_vs_exact(original, sets, exact)
+            nodes = len(onnx.load(str(original)).graph.node)
+            rows.append(f"| {name} | (float32 original) | yes | {base[0]:.2e} | {base[1]:.2e} | {nodes} | 0 | | |")
+            for label, made in tools(name, original, folder, sets).items():
+                if isinstance(made, str):
+                    rows.append(f"| {name} | {label} | {made} | | | | | | |")
+                    print(rows[-1], flush=True)
+                    continue
+                try:
+                    error = error_vs_exact(made, sets, exact)
+                    ms = latency_ms([original, made], sets[0])
+                except Exception as exc:
+                    rows.append(f"| {name} | {label} | no: {str(exc).splitlines()[0][:70]} | | | | | | |")
+                    print(rows[-1], flush=True)
+                    continue
+                ops = Counter(node.op_type for node in onnx.load(str(made)).graph.node)
+                rows.append(
+                    f"| {name} | {label} | yes | {error[0]:.2e} | {error[1]:.2e} | {sum(ops.values())} | {ops['Cast']} | "
+                    f"{ms[0]:.3f} | {ms[1]:.3f} |"
+                )
+                print(rows[-1], flush=True)
+    table = "\n".join(rows)
+    print(table)
+    if args.write:
+        Path(args.write).write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Half precision (`optimize --dtype fp16`): the rewritten float32 model, whose folded weights
+were computed in float64 and stored once in float32, rounded once more into float16, node by
+node where the measured error allows (choose.py), and judged against the exact result.
+
+The stage's inputs are validation's: the original's float32 runs and its float64 reference on
+the same input sets; the float64 run of the optimized graph on the first set gives the exact
+value of every tensor the nodes are measured on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from ..exact_check import ExactReference, exact_reference
+from ..float64 import Float64Evaluator, Float64Unavailable
+from ..inputs import InputSpec
+from ..ir import tensor_array
+from ..runtime import checked_run, create_session
+from .choose import HalfPrecision, KeptFloat32, element_types, to_half_precision
+from .outputs import HalfRuns
+
+DTYPES = {"fp16": "float16", "float16": "float16", "fp32": "float32", "float32": "float32"}
+
+__all__ = ["DTYPES", "HalfPrecision", "KeptFloat32", "in_half_precision"]
+
+
+def in_half_precision(
+    original: onnx.ModelProto,
+    optimized: onnx.ModelProto,
+    inputs: list[InputSpec],
+    runs: int,
+    extra_feeds: list[dict],
+    exact: ExactReference | None,
+    dtype: str,
+    io_dtype: str,
+    fused: list[tuple[str, frozenset[str]]],
+    device: str,
+) -> HalfPrecision:
+    """`optimized` in `dtype` (package doc), judged on the input sets validation used (`runs`
+    made up from `inputs`, then `extra_feeds`) against `exact` (validation's float64 reference of
+    `original`; computed here where validation did not run)."""
+    from ..validate import reference_runs
+
+    names, feeds, float32 = reference_runs(original, inputs, runs, 0, extra_feeds, "the model as given", device)
+    if exact is None:
+        exact = exact_reference(original, feeds)
+    exact_outputs = [dict(zip(names, exact.outputs[i])) if exact.available(i) else None for i in range(len(feeds))]
+    judged_on = HalfRuns(feeds, [dict(zip(names, run)) for run in float32], exact_outputs)
+    values = _exact_values(optimized, feeds[0], exact.available(0))
+    return to_half_precision(optimized, dtype, io_dtype, judged_on, values, fused, device)
+
+
+def _exact_values(model: onnx.ModelProto, feeds: dict, float64: bool) -> dict[str, np.ndarray]:
+    """Every tensor's value on `feeds`: the float64 run's, or where the float64 reference was
+    left out (a model too large for its budget) the float32 run's, as float64."""
+    if float64:
+        try:
+            return Float64Evaluator(model).run(feeds, intermediate=True)
+        except Float64Unavailable:
+            pass
+    return _float32_values(model, feeds)
+
+
+def _float32_values(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
+    types = element_types(model)
+    listed = onnx.ModelProto()
+    listed.CopyFrom(model)
+    present = {value.name for value in listed.graph.output}
+    for node in listed.graph.node:
+        for name in node.output:
+            if name and name not in present and name in types:
+                listed.graph.output.append(onnx.helper.make_tensor_value_info(name, types[name], None))
+    session = create_session(listed, "cpu", optimize=False, what="the model")
+    names = [value.name for value in session.get_outputs()]
+    values = dict(zip(names, checked_run(lambda: session.run(names, feeds), feeds, "the model")))
+    values.update(feeds)
+    for tensor in model.graph.initializer:
+        values[tensor.name] = tensor_array(tensor)
+    return {name: v.astype(np.float64) if v.dtype.kind == "f" else v for name, v in values.items()}

@@ -1,0 +1,393 @@
+"""Which nodes run in half precision: chosen by measured error against the exact result, not
+by a list of ops.
+
+1. Every node with float data whose op has a half form (slots.py) is a candidate; the others
+   stay float32, with the reason.
+2. Each candidate's own error in half is measured with its inputs exact (measure.py); one over
+   its bound stays float32: a reduction that loses its small terms, a kernel that accumulates
+   in half. One whose exact output is beyond the half type's range (an attention mask's
+   finfo(float32).min, a stand-in for an infinity: convert.rounded) stays in half where the
+   outputs still meet their bound with it there (a softmax gives 0 for both), float32 where
+   not. Where a node is still over in float32 on its inputs rounded to half (a Softmax of
+   large logits: exp's error is the logit's rounding times itself), the producers of those
+   inputs stay float32 too.
+3. A runtime fusion's nodes (ONNX Runtime's transformer optimizer's Attention, its Gelu, kept
+   whole by the rewrite) run in one precision: a Cast inside one would stop the fusion.
+4. The model is converted (convert.py) and its outputs judged against the exact result
+   (outputs.py). Where they miss the bound, by errors that each node kept within its own but
+   that grow through the graph (an ill-conditioned head: a difference of large terms), a
+   float32 region grows back from the outputs that missed it: their half-precision ancestors,
+   nearest first (by their own error among equals), as few as make the outputs meet the bound,
+   found by bisection (with every ancestor float32 the outputs are the float32 model's).
+5. Where float32 is cheap and measurably closer, it is taken: the nodes nearest the outputs
+   (a detector's box decoding, whose pixel coordinates float16 rounds to a quarter pixel) are
+   tried float32 in growing sets, those within 1, 2, 4, ... nodes of an output, while their
+   FLOPs stay within TAIL_FLOPS_SHARE of the model's; the set whose outputs come nearest the
+   exact result (each output's error over its bound, the worst) is kept where that is at most
+   TAIL_GAIN of the error without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from .. import ir
+from ..ir import proto_subgraphs
+from ..stats import flops_by_node
+from .convert import Converted, PrecisionPlan, with_precision
+from .measure import NodeError, node_errors
+from .outputs import HalfRuns, OutputJudgement, judge_outputs
+from .slots import HALF_TYPES, DataSlots, NoHalfForm, data_slots
+
+FLOAT = TensorProto.FLOAT
+# step 5 (module doc): the float32 tail may cost this share of the model's FLOPs, and is taken
+# where it brings the outputs' error to this fraction of what it is without it or less
+TAIL_FLOPS_SHARE = 0.01
+TAIL_GAIN = 0.8
+
+
+@dataclass
+class KeptFloat32:
+    """A node with float data that stays float32, and why (its measured error where it has one)."""
+
+    node: str
+    op: str
+    reason: str
+    error: float | None = None
+    bound: float | None = None
+
+    @classmethod
+    def of(cls, node: onnx.NodeProto, reason: str, error: float | None = None, bound: float | None = None):
+        """The entry of `node`, named by its name or, where it has none, its first output."""
+        return cls(node.name or node.output[0], node.op_type, reason, error, bound)
+
+    def to_report(self) -> dict:
+        return dict(vars(self))
+
+
+@dataclass
+class HalfPrecision:
+    """The model in half precision and what was chosen (module doc)."""
+
+    model: onnx.ModelProto
+    dtype: str
+    io_dtype: str
+    nodes_half: int
+    casts: int
+    kept: list[KeptFloat32]
+    outputs: dict[str, OutputJudgement]
+    against: str  # "float64", or "float32" where no float64 reference was computed
+    attempts: int = 1  # conversions judged, the bisection's included
+    measured: int = 0  # nodes whose own error was measured
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(judged.beyond == 0 for judged in self.outputs.values())
+
+    def failure(self) -> str:
+        """Why the outputs fail, where they do: the worst output against its bound."""
+        name, worst = max(self.outputs.items(), key=lambda item: item[1].error / max(item[1].bound, 1e-300))
+        hint = "; with a float32 interface (--io-dtype fp32) it may" if self.io_dtype != "float32" else ""
+        return (
+            f"the {self.dtype} model misses the bound against the {self.against} result with every node it "
+            f"depends on float32: output {name!r} is {worst.error:.3g} off (bound {worst.bound:.3g}, "
+            f"{worst.beyond} of {worst.elements} elements beyond){hint}"
+        )
+
+    def to_report(self) -> dict:
+        return {
+            "dtype": self.dtype,
+            "io_dtype": self.io_dtype,
+            "nodes_half": self.nodes_half,
+            "nodes_float32": len(self.kept),
+            "casts": self.casts,
+            "kept_float32": [kept.to_report() for kept in self.kept],
+            "nodes_measured": self.measured,
+            "attempts": self.attempts,
+            "validation": {
+                "passed": self.passed,
+                "against": self.against,
+                "outputs": {name: judged.to_report() for name, judged in self.outputs.items()},
+            },
+        }
+
+
+def to_half_precision(
+    model: onnx.ModelProto,
+    dtype: str,
+    io_dtype: str,
+    runs: HalfRuns,
+    values: dict[str, np.ndarray],
+    fused: list[tuple[str, frozenset[str]]],
+    device: str,
+) -> HalfPrecision:
+    """`model` (float32) with every node it can run in `dtype` within the bound (module doc):
+    judged on `runs`, each node measured on `values` (the exact value of every tensor on the
+    first input set), the nodes of each of `fused` (kernel, node names) in one precision."""
+    choice = _Choice(model, HALF_TYPES[dtype], HALF_TYPES[dtype] if io_dtype == dtype else FLOAT, runs, device)
+    kept = choice.kept_by_own_error(values, fused)
+    converted, judged = choice.attempt(kept)
+    if _over(judged) and choice.out_of_range:
+        nodes = choice.model.graph.node
+        kept = choice.with_regions({**kept, **{i: _kept_for_range(nodes[i]) for i in choice.out_of_range}})
+        converted, judged = choice.attempt(kept)
+    if _over(judged):
+        kept, (converted, judged) = choice.grown_to_bound(kept, judged)
+    tail = choice.closer_tail(kept, judged)
+    if tail is not None:
+        kept, (converted, judged) = tail
+    listed = [kept[i] for i in sorted(kept)]
+    return HalfPrecision(
+        converted.model, dtype, io_dtype, converted.half_nodes, converted.casts, listed, judged, runs.against,
+        choice.attempts, len(choice.local),
+    )  # fmt: skip
+
+
+Attempt = tuple[Converted, dict[str, OutputJudgement]]
+
+
+class _Choice:
+    """The steps of the module doc on one model; `attempts` counts the conversions judged."""
+
+    def __init__(self, model: onnx.ModelProto, half: int, io_type: int, runs: HalfRuns, device: str):
+        self.model, self.half, self.io_type, self.runs, self.device = model, half, io_type, runs, device
+        inferred = ir.infer_shapes(model, "the model")
+        self.types = element_types(model, inferred)
+        self.flops = flops_by_node(inferred)
+        self.candidates, self.refused = _candidates(model, self.types, half)
+        self.local: dict[int, NodeError] = {}
+        self.regions: list[tuple[str, set[int]]] = []
+        self.out_of_range: set[int] = set()  # step 2's nodes whose exact output half cannot hold
+        self.attempts = 0
+
+    def attempt(self, keep: dict[int, KeptFloat32]) -> Attempt:
+        plan = PrecisionPlan(self.half, self.io_type, {i: s for i, s in self.candidates.items() if i not in keep})
+        converted = with_precision(self.model, plan, self.types)
+        self.attempts += 1
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(self.half).name
+        return converted, judge_outputs(converted.model, self.runs, dtype, self.device)
+
+    def kept_by_own_error(self, values: dict[str, np.ndarray], fused) -> dict[int, KeptFloat32]:
+        """Steps 1-3: the nodes that stay float32 before the outputs are judged."""
+        nodes = self.model.graph.node
+        self.local = node_errors(self.model, self.candidates, values, self.half, self.device)
+        kept = dict(self.refused)
+        for index in self.candidates:
+            error = self.local.get(index)
+            if error is None and not self.candidates[index].outputs:
+                continue  # no float output to round (Shape, a comparison): the outputs judge it
+            if error is None:
+                kept[index] = KeptFloat32.of(nodes[index], "its inputs have no exact value")
+            elif error.out_of_range:
+                self.out_of_range.add(index)
+            elif error.ratio > 1:
+                kept[index] = _kept_for_error(nodes[index], error)
+                if error.from_inputs:
+                    self._keep_producers(index, kept)
+        self.regions = _regions(self.model, fused)
+        return self.with_regions(kept)
+
+    def _keep_producers(self, index: int, kept: dict[int, KeptFloat32]) -> None:
+        """The producers of a node's data inputs float32, where rounding those inputs to half is
+        what puts the node over its bound (a Softmax reading the logits a Conv makes)."""
+        nodes = self.model.graph.node
+        producer = {name: i for i, node in enumerate(nodes) for name in node.output}
+        reader = nodes[index]
+        for position in self.candidates[index].inputs:
+            made_by = producer.get(reader.input[position])
+            if made_by in self.candidates and made_by not in kept:
+                reason = (
+                    f"its output rounded to half puts {reader.name or reader.output[0]} ({reader.op_type}) over "
+                    "its bound even computed in float32"
+                )
+                kept[made_by] = KeptFloat32.of(nodes[made_by], reason)
+
+    def with_regions(self, kept: dict[int, KeptFloat32]) -> dict[int, KeptFloat32]:
+        _keep_regions(self.model, self.regions, self.candidates, kept)
+        return kept
+
+    def half_nodes(self, kept) -> set[int]:
+        return {index for index in self.candidates if index not in kept and index in self.local}
+
+    def grown_to_bound(self, kept: dict[int, KeptFloat32], judged) -> tuple[dict[int, KeptFloat32], Attempt]:
+        """Step 4: the fewest ancestors of the outputs over the bound kept float32, by bisection."""
+        missed = [name for name, judgement in judged.items() if judgement.beyond]
+        ranked = _nearest_first(self.model, missed, self.half_nodes(kept), self.local)
+
+        def keeping(count: int, failing) -> dict[int, KeptFloat32]:
+            trial = dict(kept)
+            _keep_worst(trial, ranked[:count], self.model.graph.node, self.local, failing)
+            return self.with_regions(trial)
+
+        # keeping `low` of the ranked nodes float32 misses the bound; keeping `high` meets it
+        # (all of them: the float32 model), checked below where the bisection never ran it
+        low, high, failing, passing = 0, len(ranked), judged, None
+        while high - low > 1:
+            middle = (low + high) // 2
+            result = self.attempt(keeping(middle, failing))
+            if _over(result[1]):
+                low, failing = middle, result[1]
+            else:
+                high, passing = middle, result
+        if passing is None:
+            passing = self.attempt(keeping(high, failing))
+        return keeping(high, failing), passing
+
+    def closer_tail(self, kept: dict[int, KeptFloat32], judged) -> tuple[dict[int, KeptFloat32], Attempt] | None:
+        """Step 5: the float32 tail that brings the outputs nearest the exact result, where one
+        within the FLOPs allowed does so by TAIL_GAIN or more; None where none does."""
+        half = self.half_nodes(kept)
+        distance = _distances(self.model, list(judged))
+        allowed = TAIL_FLOPS_SHARE * sum(self.flops)
+        best, best_error, reach = None, _worst_ratio(judged), 1
+        while True:
+            tail = [index for index in half if distance.get(index, reach + 1) <= reach]
+            if not tail or sum(self.flops[i] for i in tail) > allowed:
+                break
+            trial = self.with_regions({**kept, **{i: self._tail_entry(i, reach) for i in tail}})
+            if sum(self.flops[i] for i in trial if i not in kept) > allowed:
+                break  # a fused kernel's nodes came with it
+            result = self.attempt(trial)
+            error = _worst_ratio(result[1])
+            if not _over(result[1]) and error <= TAIL_GAIN * best_error:
+                best, best_error = (trial, result), error
+            if len(tail) == len(half):
+                break
+            reach *= 2
+        return best
+
+    def _tail_entry(self, index: int, reach: int) -> KeptFloat32:
+        node = self.model.graph.node[index]
+        reason = f"within {reach} nodes of an output, where float32 costs little and brings the outputs nearer"
+        return KeptFloat32.of(node, reason)
+
+
+def _over(judged: dict[str, OutputJudgement]) -> bool:
+    return any(judgement.beyond for judgement in judged.values())
+
+
+def element_types(model: onnx.ModelProto, inferred: onnx.ModelProto | None = None) -> dict[str, int]:
+    """The element type of every tensor of the main graph whose type ONNX can infer (from
+    `inferred`, the model with its shapes inferred, where given)."""
+    graph = (inferred or ir.infer_shapes(model, "the model")).graph
+    types = {value.name: value.type.tensor_type.elem_type for value in (*graph.value_info, *graph.input, *graph.output)}
+    types.update({tensor.name: tensor.data_type for tensor in model.graph.initializer})
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for attribute in node.attribute:
+                if attribute.name == "value":
+                    types[node.output[0]] = attribute.t.data_type
+                elif attribute.name in ("value_float", "value_floats"):
+                    types[node.output[0]] = FLOAT
+    return {name: elem for name, elem in types.items() if elem}
+
+
+def _candidates(model, types, half) -> tuple[dict[int, DataSlots], dict[int, KeptFloat32]]:
+    """The nodes that may run in half (with their data operands), and those with float data
+    that may not (with why)."""
+    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+    read_inside = _read_in_subgraphs(model.graph)
+    candidates, kept = {}, {}
+    for index, node in enumerate(model.graph.node):
+        if node.op_type == "Constant":
+            continue  # a stored constant: in the type of its readers (convert.py)
+        if not any(types.get(name) == FLOAT for name in (*node.input, *node.output)):
+            continue
+        try:
+            slots = data_slots(node, opset, types, half)
+        except NoHalfForm as why:
+            if any(types.get(name) == FLOAT for name in node.output):
+                kept[index] = KeptFloat32.of(node, str(why))
+            continue
+        if read_inside & set(node.output):
+            kept[index] = KeptFloat32.of(node, "its output is read inside a subgraph")
+            continue
+        candidates[index] = slots
+    return candidates, kept
+
+
+def _read_in_subgraphs(graph: onnx.GraphProto) -> set[str]:
+    """Names the subgraphs of the graph's nodes read (outer-scope values among them)."""
+    read = set()
+    for node in graph.node:
+        for subgraph in proto_subgraphs(node):
+            for inner in subgraph.node:
+                read.update(inner.input)
+            read |= _read_in_subgraphs(subgraph)
+    return read
+
+
+def _nearest_first(model, outputs: list[str], half: set[int], local: dict[int, NodeError]) -> list[int]:
+    """The nodes of `half` that `outputs` depend on, nearest first (the fewest nodes between),
+    then by their own error (worst first)."""
+    distance = _distances(model, outputs)
+    near = [index for index in distance if index in half]
+    return sorted(near, key=lambda index: (distance[index], -local[index].ratio))
+
+
+def _distances(model, outputs: list[str]) -> dict[int, int]:
+    """Each node that `outputs` depend on: how many nodes from one of them (its producer: 0)."""
+    producer = {name: index for index, node in enumerate(model.graph.node) for name in node.output}
+    distance, frontier, step = {}, [producer[name] for name in outputs if name in producer], 0
+    while frontier:
+        following = []
+        for index in frontier:
+            if index not in distance:
+                distance[index] = step
+                following += [producer[name] for name in model.graph.node[index].input if name in producer]
+        frontier, step = following, step + 1
+    return distance
+
+
+def _worst_ratio(judged: dict[str, OutputJudgement]) -> float:
+    """The outputs' error, each over its bound: the worst."""
+    return max((j.error / j.bound if j.bound > 0 else float(j.error > 0) for j in judged.values()), default=0.0)
+
+
+def _kept_for_error(node: onnx.NodeProto, error: NodeError) -> KeptFloat32:
+    reason = (
+        f"in half precision its output is {error.error:.3g} off the exact result, over the bound "
+        f"{error.bound:.3g} (float32: {error.error_float32:.3g})"
+    )
+    return KeptFloat32.of(node, reason, error.error, error.bound)
+
+
+def _kept_for_range(node: onnx.NodeProto) -> KeptFloat32:
+    reason = "its exact output is beyond the half type's range, and with it in half the outputs miss the bound"
+    return KeptFloat32.of(node, reason)
+
+
+def _keep_worst(kept: dict, indices: list[int], nodes, local: dict[int, NodeError], failing) -> None:
+    """The nodes kept float32 so that the outputs meet the bound, with the output that missed it."""
+    name, worst = max(failing.items(), key=lambda item: item[1].error / max(item[1].bound, 1e-300))
+    for index in indices:
+        error = local[index]
+        reason = (
+            f"kept so that the outputs meet the bound (with it in half, output {name!r} is {worst.error:.3g} off, "
+            f"bound {worst.bound:.3g}); its own error in half is {error.ratio:.2g} of its bound"
+        )
+        kept[index] = KeptFloat32.of(nodes[index], reason, error.error, error.bound)
+
+
+def _regions(model: onnx.ModelProto, fused: list[tuple[str, frozenset[str]]]) -> list[tuple[str, set[int]]]:
+    positions = {node.name: index for index, node in enumerate(model.graph.node) if node.name}
+    return [(kind, {positions[name] for name in names if name in positions}) for kind, names in fused]
+
+
+def _keep_regions(model, regions, candidates, kept: dict[int, KeptFloat32]) -> None:
+    """A fused kernel's nodes float32 together where one of them is (module doc, step 3)."""
+    nodes = model.graph.node
+    for kind, members in regions:
+        first = next((index for index in sorted(members) if index in kept), None)
+        if first is None:
+            continue
+        for index in members:
+            # a node with no float output (Shape) follows its inputs' type (convert.py)
+            if index in candidates and index not in kept and candidates[index].outputs:
+                reason = f"in one precision with {nodes[first].name or nodes[first].op_type}, its {kind} kernel"
+                kept[index] = KeptFloat32.of(nodes[index], reason)

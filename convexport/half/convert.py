@@ -1,0 +1,223 @@
+"""A float32 model rewritten to compute chosen nodes in half precision.
+
+Every float tensor gets one home type: its producer's (float32, or the half type for the
+data outputs of a node chosen to run in half), the interface's for a graph input, and for a
+stored constant (an initializer or a Constant node's value) the half type when every node
+reading it reads it in half: the float32 weight rounded once into the half type. A reader
+that needs the other type reads a Cast of it, one Cast per tensor and type, placed before
+its first reader; a graph output whose home differs from the interface's type is cast back
+under its own name. So Casts sit only at the edges between the two precisions and at the
+interface.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from ..ir import tensor_array
+from .slots import TYPE_ATTRIBUTES, DataSlots
+
+FLOAT = TensorProto.FLOAT
+
+
+@dataclass
+class PrecisionPlan:
+    """Which nodes (by position in the graph) run in `half`, with the operands that follow
+    their data type, and the interface's float type."""
+
+    half: int
+    io_type: int
+    nodes: dict[int, DataSlots] = field(default_factory=dict)
+
+
+@dataclass
+class Converted:
+    model: onnx.ModelProto
+    casts: int  # Cast nodes added
+    half_nodes: int  # nodes computing in half
+
+
+def with_precision(model: onnx.ModelProto, plan: PrecisionPlan, types: dict[str, int]) -> Converted:
+    """`model` (float32) with the nodes of `plan` in half precision (module doc); `types`
+    gives the element type of each tensor by name."""
+    converted = onnx.ModelProto()
+    converted.CopyFrom(model)
+    graph = converted.graph
+    nodes = list(graph.node)
+    plan = _readers_follow_their_inputs(graph, nodes, plan)
+    wanted = _wanted_types(nodes, plan, types)
+    home = _home_types(graph, nodes, plan, types, wanted)
+    for index in plan.nodes:
+        retype_attributes(nodes[index], plan.half)
+    stored = _retype_constants(graph, nodes, home, plan.half)
+    outputs = {value.name: value for value in graph.output}
+    renamed = _renamed_outputs(nodes, home, outputs, plan.io_type, stored)
+    casts: dict[tuple[str, int], onnx.NodeProto] = {}
+    ordered: list[onnx.NodeProto] = []
+    for index, node in enumerate(nodes):
+        for position, name in enumerate(node.input):
+            source = renamed.get(name, name)
+            want = wanted.get((index, position))
+            if want is None or home.get(name, want) == want:
+                node.input[position] = source
+                continue
+            if (name, want) not in casts:
+                cast = onnx.helper.make_node("Cast", [source], [f"{name}__as_{_short(want)}"], to=want)
+                cast.name = f"{cast.output[0]}__cast"
+                casts[(name, want)] = cast
+                ordered.append(cast)
+            node.input[position] = casts[(name, want)].output[0]
+        ordered.append(node)
+    for name, inner in renamed.items():
+        cast = onnx.helper.make_node("Cast", [inner], [name], to=plan.io_type, name=f"{name}__cast")
+        ordered.append(cast)
+    del graph.node[:]
+    graph.node.extend(ordered)
+    _retype_interface(graph, plan.io_type)
+    _retype_value_info(graph, home, renamed)
+    return Converted(converted, len(casts) + len(renamed), len(plan.nodes))
+
+
+def _readers_follow_their_inputs(graph, nodes, plan: PrecisionPlan) -> PrecisionPlan:
+    """The plan with each node that makes no float output (Shape, a comparison, ArgMax) in half
+    only where one of its float inputs is made in half: it rounds nothing of its own, and a Cast
+    of a whole tensor for a Shape to read would be the only work it adds."""
+    made_in_half = {
+        node.output[position]
+        for index, node in enumerate(nodes)
+        for position in plan.nodes.get(index, DataSlots((), ())).outputs
+    }
+    if plan.io_type == plan.half:
+        made_in_half |= {value.name for value in graph.input}
+    follow = {
+        index: slots
+        for index, slots in plan.nodes.items()
+        if slots.outputs or any(nodes[index].input[p] in made_in_half for p in slots.inputs)
+    }
+    return PrecisionPlan(plan.half, plan.io_type, follow)
+
+
+def _wanted_types(nodes, plan: PrecisionPlan, types: dict[str, int]) -> dict[tuple[int, int], int]:
+    """The type each float operand is read in: (node index, input position) -> element type."""
+    wanted = {}
+    for index, node in enumerate(nodes):
+        slots = plan.nodes.get(index)
+        for position, name in enumerate(node.input):
+            if not name:
+                continue
+            if slots is not None and position in slots.inputs:
+                wanted[(index, position)] = plan.half
+            elif types.get(name) == FLOAT:
+                wanted[(index, position)] = FLOAT
+    return wanted
+
+
+def _home_types(graph, nodes, plan: PrecisionPlan, types, wanted) -> dict[str, int]:
+    """The type each float tensor is made in (module doc)."""
+    home = {value.name: plan.io_type for value in graph.input if types.get(value.name) == FLOAT}
+    for index, node in enumerate(nodes):
+        slots = plan.nodes.get(index)
+        for position, name in enumerate(node.output):
+            if slots is not None and position in slots.outputs:
+                home[name] = plan.half
+            elif types.get(name) == FLOAT:
+                home[name] = FLOAT
+    readers: dict[str, set[int]] = {}
+    for (index, position), want in wanted.items():
+        readers.setdefault(nodes[index].input[position], set()).add(want)
+    constants = [t.name for t in graph.initializer if t.data_type == FLOAT]
+    constants += [node.output[0] for node in nodes if node.op_type == "Constant" and types.get(node.output[0]) == FLOAT]
+    outputs = {value.name for value in graph.output}
+    for name in constants:
+        home[name] = plan.half if readers.get(name) == {plan.half} and name not in outputs else FLOAT
+    return home
+
+
+def retype_attributes(node: onnx.NodeProto, half: int) -> None:
+    """A half node's attributes that name the float type it makes."""
+    for attribute in node.attribute:
+        if attribute.name == TYPE_ATTRIBUTES.get(node.op_type) and attribute.i == FLOAT:
+            attribute.i = half
+        elif node.op_type == "ConstantOfShape" and attribute.name == "value" and attribute.t.data_type == FLOAT:
+            attribute.t.CopyFrom(rounded(attribute.t, half))
+    if node.op_type == "ConstantOfShape" and not any(a.name == "value" for a in node.attribute):
+        zero = numpy_helper.from_array(np.zeros(1, np.float32))
+        node.attribute.append(onnx.helper.make_attribute("value", rounded(zero, half)))
+
+
+def _retype_constants(graph, nodes, home: dict[str, int], half: int) -> set[str]:
+    """Stored constants whose home is the half type, rounded once into it; their names."""
+    stored = set()
+    for index, tensor in enumerate(graph.initializer):
+        if home.get(tensor.name) == half and tensor.data_type == FLOAT:
+            graph.initializer[index].CopyFrom(rounded(tensor, half))
+            stored.add(tensor.name)
+    for node in nodes:
+        if node.op_type == "Constant" and home.get(node.output[0]) == half:
+            for attribute in node.attribute:
+                if attribute.name == "value":
+                    attribute.t.CopyFrom(rounded(attribute.t, half))
+                elif attribute.name in ("value_float", "value_floats"):
+                    values = np.array(attribute.f if attribute.name == "value_float" else list(attribute.floats))
+                    attribute.CopyFrom(onnx.helper.make_attribute("value", rounded(numpy_helper.from_array(
+                        values.astype(np.float32)), half)))  # fmt: skip
+            stored.add(node.output[0])
+    return stored
+
+
+def rounded(tensor: onnx.TensorProto, half: int) -> onnx.TensorProto:
+    """`tensor` rounded to the nearest value of the half type (ties to even). A finite value
+    beyond its range stands for an infinity (an attention mask's finfo(float32).min) and
+    becomes half the largest finite value, 32752 for float16: an infinity times a mask's zero
+    would be NaN, and the largest value plus any negative score is an infinity again, which
+    makes a fully masked row's softmax NaN instead of uniform. The outputs' judgement says
+    whether the model still computes what it did."""
+    values = tensor_array(tensor)
+    if half == TensorProto.FLOAT16:
+        largest = np.finfo(np.float16).max / 2
+        saturated = np.where(np.isfinite(values), np.clip(values, -largest, largest), values)
+        result = numpy_helper.from_array(saturated.astype(np.float16), tensor.name)
+    else:
+        result = onnx.helper.make_tensor(tensor.name, half, values.shape, values.astype(np.float32).reshape(-1))
+    return result
+
+
+def _renamed_outputs(nodes, home, outputs: dict, io_type: int, stored: set[str]) -> dict[str, str]:
+    """Graph outputs made in another type than the interface's: output name -> the inner
+    name their producer now writes (a Cast back writes the output's own name)."""
+    renamed = {}
+    for node in nodes:
+        for position, name in enumerate(node.output):
+            if name in outputs and home.get(name, io_type) != io_type and name not in stored:
+                inner = f"{name}__{_short(home[name])}"
+                node.output[position] = inner
+                renamed[name] = inner
+    return renamed
+
+
+def _retype_interface(graph: onnx.GraphProto, io_type: int) -> None:
+    for value in (*graph.input, *graph.output):
+        if value.type.tensor_type.elem_type == FLOAT:
+            value.type.tensor_type.elem_type = io_type
+
+
+def _retype_value_info(graph: onnx.GraphProto, home: dict[str, int], renamed: dict[str, str]) -> None:
+    """value_info in the types the tensors now have; a renamed output's inner tensor keeps its
+    shape under its new name."""
+    for value in graph.value_info:
+        if value.name in home and value.type.tensor_type.elem_type == FLOAT:
+            value.type.tensor_type.elem_type = home[value.name]
+    for value in graph.output:
+        if value.name in renamed:
+            inner = graph.value_info.add()
+            inner.CopyFrom(value)
+            inner.name = renamed[value.name]
+            inner.type.tensor_type.elem_type = home[value.name]
+
+
+def _short(elem_type: int) -> str:
+    return {TensorProto.FLOAT16: "f16", TensorProto.BFLOAT16: "bf16", FLOAT: "f32"}[elem_type]

@@ -1,0 +1,175 @@
+"""How far half precision puts each node, and each output, from the exact result.
+
+A node's own error is measured with its inputs exact: every candidate node is copied into one
+"exploded" model where it reads graph inputs fed with the exact values of its inputs (the
+float64 run's, rounded into the type it reads them in) and writes graph outputs, so no node's
+error reaches another. The exploded model runs twice on ONNX Runtime, on the device the model
+is for: once with the half type in the node's data operands (its weights rounded once), once
+in float32, and once in float32 on its inputs rounded to half (whether rounding its inputs is
+what puts it off, rather than its own arithmetic). Each output is judged as validation judges
+a model (exact_check.judge): the half
+run may be off the exact result by FACTOR times the float32 run's own error plus FLOOR_ULPS
+units of the half type's roundoff of the output's scale. What a kernel does in half (ONNX
+Runtime's CPU provider computes a float16 Conv in float32 between Casts, CUDA's in float16
+with float32 accumulation, an ARM CPU's MLAS in float16) is what is measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from ..exact_check import judge
+from ..runtime import checked_run, create_session
+from .convert import retype_attributes, rounded
+from .slots import DataSlots
+
+FLOAT = TensorProto.FLOAT
+NUMPY = {TensorProto.FLOAT16: np.float16, FLOAT: np.float32}
+# the exact values an exploded model is fed at once: more nodes are measured in more sessions
+EXPLODED_BYTES = 256 << 20
+
+
+@dataclass
+class NodeError:
+    """A node's largest error in half against the exact result, with its inputs exact, the bound
+    it had to meet and its float32 error on the same inputs."""
+
+    error: float
+    bound: float
+    error_float32: float
+    # its exact output is beyond the half type's range, or half gives an infinity or NaN where
+    # the exact result is finite: what that does is for the outputs to say (choose.py)
+    out_of_range: bool = False
+    # in float32 on its inputs rounded to half it is still over the bound: the rounding of its
+    # inputs is what puts it there (a Softmax of large logits), not its own arithmetic
+    from_inputs: bool = False
+
+    @property
+    def ratio(self) -> float:
+        """How many times its bound the error is."""
+        return self.error / self.bound if self.bound > 0 else (0.0 if self.error == 0 else float("inf"))
+
+
+def node_errors(
+    model: onnx.ModelProto,
+    candidates: dict[int, DataSlots],
+    values: dict[str, np.ndarray],
+    half: int,
+    device: str,
+) -> dict[int, NodeError]:
+    """Each candidate node's NodeError (module doc), measured on `values`, the exact value of
+    every tensor by name; a node whose inputs have no exact value is left out."""
+    measurable = {i: s for i, s in candidates.items() if all(not n or n in values for n in model.graph.node[i].input)}
+    errors: dict[int, NodeError] = {}
+    for chunk in _chunks(model, measurable, values):
+        half_runs = _run_exploded(model, chunk, values, half, device)
+        float_runs = _run_exploded(model, chunk, values, FLOAT, device)
+        rounded_in = _run_exploded(model, chunk, values, FLOAT, device, inputs_in=half)
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(half).name
+        for index, slots in chunk.items():
+            node = model.graph.node[index]
+            verdicts = []
+            for position in slots.outputs:
+                name = node.output[position]
+                exact = values.get(name)
+                if exact is None or (index, position) not in half_runs:
+                    continue
+                ours, theirs = half_runs[(index, position)], float_runs[(index, position)]
+                verdict = judge(theirs, ours, exact, None, dtype)
+                finite = np.isfinite(exact)
+                largest = float(np.finfo(NUMPY[half]).max) if half in NUMPY else float("inf")
+                beyond = np.abs(np.where(finite, exact, 0.0)) > largest
+                overflow = bool(np.any(beyond | (~np.isfinite(ours.astype(np.float64)) & finite)))
+                from_inputs = judge(theirs, rounded_in[(index, position)], exact, None, dtype).beyond > 0
+                verdicts.append(NodeError(verdict.error, verdict.bound, verdict.error_original, overflow, from_inputs))
+            if verdicts:
+                errors[index] = max(verdicts, key=lambda e: e.ratio)
+    return errors
+
+
+def _chunks(model, candidates: dict[int, DataSlots], values) -> list[dict[int, DataSlots]]:
+    chunks, current, size = [], {}, 0
+    for index, slots in candidates.items():
+        node = model.graph.node[index]
+        need = sum(values[name].size * 4 for name in node.input if name and name in values)
+        if current and size + need > EXPLODED_BYTES:
+            chunks.append(current)
+            current, size = {}, 0
+        current[index] = slots
+        size += need
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _run_exploded(
+    model, chunk: dict[int, DataSlots], values, elem: int, device: str, inputs_in: int | None = None
+) -> dict[tuple, np.ndarray]:
+    """The chunk's nodes run apart (module doc), their data operands in `elem` (the values fed
+    rounded to `inputs_in` first, where given): (node index, output position) -> the output."""
+    graph = model.graph
+    stored = {tensor.name: tensor for tensor in graph.initializer}
+    initializers, inputs, feeds, nodes, outputs = {}, {}, {}, [], {}
+    for index, slots in chunk.items():
+        node = onnx.NodeProto()
+        node.CopyFrom(graph.node[index])
+        node.name = f"measured_{index}"
+        if elem != FLOAT:
+            retype_attributes(node, elem)
+        for position, name in enumerate(node.input):
+            if not name:
+                continue
+            in_data = position in slots.inputs
+            if name in stored:
+                if in_data and elem != FLOAT:
+                    renamed = f"{name}@rounded"
+                    if renamed not in initializers:
+                        initializers[renamed] = _rounded_initializer(stored[name], renamed, elem)
+                    node.input[position] = renamed
+                else:
+                    initializers.setdefault(name, stored[name])
+                continue
+            value = values[name]
+            is_float = value.dtype == np.float64
+            elem_type = elem if in_data else (FLOAT if is_float else None)
+            fed = f"{name}@{_type_tag(elem_type)}"
+            if fed not in feeds:
+                rounded = value.astype(NUMPY[inputs_in]) if in_data and inputs_in is not None else value
+                feeds[fed] = rounded.astype(NUMPY[elem_type]) if is_float else value
+                inputs[fed] = onnx.helper.make_tensor_value_info(fed, _elem_of(feeds[fed]), None)
+            node.input[position] = fed
+        for position, name in enumerate(node.output):
+            if name:
+                node.output[position] = f"{name}@out{index}"
+                if position in slots.outputs:
+                    outputs[(index, position)] = node.output[position]
+        nodes.append(node)
+    exploded = onnx.helper.make_graph(
+        nodes, "exploded", list(inputs.values()),
+        [onnx.helper.make_tensor_value_info(name, elem, None) for name in outputs.values()],
+        list(initializers.values()),
+    )  # fmt: skip
+    measured = onnx.helper.make_model(exploded, opset_imports=model.opset_import, ir_version=model.ir_version)
+    measured.functions.extend(model.functions)
+    session = create_session(measured, device, what="the nodes measured in half precision")
+    names = list(outputs.values())
+    results = checked_run(lambda: session.run(names, feeds), feeds, "the nodes measured in half precision")
+    return {key: np.asarray(result) for key, result in zip(outputs, results)}
+
+
+def _rounded_initializer(tensor: onnx.TensorProto, name: str, elem: int) -> onnx.TensorProto:
+    tensor = rounded(tensor, elem)
+    tensor.name = name
+    return tensor
+
+
+def _elem_of(array: np.ndarray) -> int:
+    return onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
+
+
+def _type_tag(elem_type: int | None) -> str:
+    return {None: "as_is", FLOAT: "f32", TensorProto.FLOAT16: "f16"}[elem_type]

@@ -1,0 +1,92 @@
+"""A half-precision model's outputs judged against the exact result.
+
+Per output and input set, as validation judges a rewrite (exact_check.judge) with the half
+type's unit roundoff:
+
+    |half - exact| <= FACTOR * max|orig - exact| + FLOOR_ULPS * u_half * rms(exact)
+
+where orig is the float32 model's run. An input set without a float64 reference is judged by
+the noise floor measured on those with one (exact_check.noise_floor_bound); with none at all,
+the float32 run stands for the exact result (its own error then counts as none).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from ..exact_check import judge, noise_floor_bound
+from ..runtime import checked_run, create_session
+
+
+@dataclass
+class OutputJudgement:
+    """One output over every input set: the half model's largest error against the exact
+    result, the float32 model's, the bound, and how many elements were beyond it."""
+
+    error: float = 0.0
+    error_original: float = 0.0  # the original float32 model's own
+    bound: float = 0.0
+    beyond: int = 0
+    elements: int = 0
+
+    def add(self, error: float, own: float, bound: float, beyond: int, elements: int) -> None:
+        self.error, self.error_original = max(self.error, error), max(self.error_original, own)
+        self.bound = max(self.bound, bound)
+        self.beyond += beyond
+        self.elements += elements
+
+    def to_report(self) -> dict:
+        return dict(vars(self))
+
+
+@dataclass
+class HalfRuns:
+    """What the half model is judged on: the input sets, the float32 model's outputs on each
+    (by name), and the exact outputs where the float64 reference has them (None elsewhere)."""
+
+    feeds: list[dict[str, np.ndarray]]
+    float32: list[dict[str, np.ndarray]]
+    exact: list[dict[str, np.ndarray] | None]
+
+    @property
+    def against(self) -> str:
+        return "float64" if any(exact is not None for exact in self.exact) else "float32"
+
+
+def judge_outputs(model: onnx.ModelProto, runs: HalfRuns, dtype: str, device: str) -> dict[str, OutputJudgement]:
+    """Each output of `model` (the half one) judged on every input set (module doc)."""
+    session = create_session(model, device, what=f"the {dtype} model")
+    inputs = {value.name: value.type for value in session.get_inputs()}
+    names = list(runs.float32[0])
+    judged = {name: OutputJudgement() for name in names}
+    own_seen = dict.fromkeys(names, 0.0)
+    for feeds, expected, exact in zip(runs.feeds, runs.float32, runs.exact):
+        fed = {name: _in_type(value, inputs.get(name)) for name, value in feeds.items()}
+        got = checked_run(lambda fed=fed: session.run(names, fed), fed, f"the {dtype} model")
+        for name, half in zip(names, got):
+            orig = np.asarray(expected[name])
+            if orig.dtype.kind != "f":
+                mismatched = int(np.count_nonzero(np.asarray(half) != orig))
+                judged[name].add(float(mismatched > 0), 0.0, 0.0, mismatched, orig.size)
+                continue
+            half = np.asarray(half).astype(np.float64)
+            if exact is not None:
+                verdict = judge(orig, half, exact[name], None, dtype)
+                own_seen[name] = max(own_seen[name], verdict.error_original)
+                judged[name].add(verdict.error, verdict.error_original, verdict.bound, verdict.beyond, orig.size)
+            else:
+                bound = noise_floor_bound(orig, own_seen[name], dtype)
+                errors = np.abs(half - orig.astype(np.float64))
+                beyond = int(np.count_nonzero(~(errors <= bound)))
+                judged[name].add(float(np.nanmax(errors, initial=0.0)), 0.0, bound, beyond, orig.size)
+    return judged
+
+
+def _in_type(value: np.ndarray, declared: str | None) -> np.ndarray:
+    """An input set's array in the type the half model declares for it (float16 interface)."""
+    if declared == "tensor(float16)" and value.dtype == np.float32:
+        return value.astype(np.float16)
+    return value
