@@ -1,7 +1,7 @@
 """Half precision for deployment (issue 52): convexport --dtype fp16 against the converters users
 reach for, each judged against the exact (float64) result of the model as exported.
 
-    PYTHONPATH=/path/to/fp16/packages[:/path/to/hf/packages] .venv/bin/python bench/half_precision.py [--only NAME] [--write FILE]
+    PYTHONPATH=FP16_PACKAGES[:HF_PACKAGES] .venv/bin/python bench/half_precision.py [--only NAME] [--write FILE]
 
 Needs onnxconverter-common 1.16 and onnxslim 0.1 (`pip install --no-deps --target FOLDER`, not
 in convexport's environment); the BERT and GPT-2 rows also transformers 4.57 (bench/
@@ -23,6 +23,8 @@ nodes and Casts; ONNX Runtime CPU latency (median of 21 interleaved rounds). The
 - onnxslim --dtype fp16 (its slim(model, dtype="fp16"));
 - for BERT and GPT-2, ONNX Runtime's transformer optimizer then its float16 conversion
   (keep_io_types), the route its docs give.
+For BERT and GPT-2, also the kernels the transformer optimizer fuses in the float32 export and
+in convexport's float16 output (for the GPU, use_gpu=True: float16 is what it runs there).
 """
 
 from __future__ import annotations
@@ -130,10 +132,10 @@ def exported(name: str, folder: Path) -> Path:
         return path
     if name in TRANSFORMER_TYPES:  # as users export them: optimum, feature-extraction
         from optimum.exporters.onnx import onnx_export_from_model
-
         from transformer_pipeline import _perturbed
 
         out = folder / path.stem
+        torch.manual_seed(0)  # the random config's own initialisation, before _perturbed's
         _quietly(lambda: onnx_export_from_model(_perturbed(made()), output=out, task="feature-extraction",
                                                 do_validation=False))  # fmt: skip
         return out / "model.onnx"
@@ -262,11 +264,22 @@ def tools(name: str, original: Path, folder: Path, sets: list[dict]) -> dict:
     return made
 
 
+def fused(path: Path, name: str, gpu: bool) -> str:
+    """The kernels ONNX Runtime's transformer optimizer makes of a model (opt_level 0)."""
+    from onnxruntime.transformers.optimizer import optimize_model
+    from transformer_pipeline import FUSED
+
+    model = _quietly(lambda: optimize_model(str(path), model_type=TRANSFORMER_TYPES[name], use_gpu=gpu, opt_level=0))
+    counts = Counter(node.op_type for node in model.model.graph.node if node.op_type in FUSED)
+    return ", ".join(f"{count} {op}" for op, count in sorted(counts.items())) or "nothing"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", action="append")
     parser.add_argument("--write")
     args = parser.parse_args()
+    fusions = []
     rows = [
         "| model | tool | runs | max error / rms | rms error / rms | nodes | Casts | CPU ms (fp32 original) | CPU ms |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -285,7 +298,14 @@ def main() -> None:
             base = error_vs_exact(original, sets, exact)
             nodes = len(onnx.load(str(original)).graph.node)
             rows.append(f"| {name} | (float32 original) | yes | {base[0]:.2e} | {base[1]:.2e} | {nodes} | 0 | | |")
-            for label, made in tools(name, original, folder, sets).items():
+            made_by = tools(name, original, folder, sets)
+            if name in TRANSFORMER_TYPES and not isinstance(made_by["convexport --dtype fp16"], str):
+                fusions.append(
+                    f"- {name}: ONNX Runtime's transformer optimizer fuses {fused(original, name, gpu=False)} in the "
+                    f"float32 export, {fused(made_by['convexport --dtype fp16'], name, gpu=True)} in convexport's "
+                    "float16 output (use_gpu=True)"
+                )
+            for label, made in made_by.items():
                 if isinstance(made, str):
                     rows.append(f"| {name} | {label} | {made} | | | | | | |")
                     print(rows[-1], flush=True)
@@ -299,11 +319,11 @@ def main() -> None:
                     continue
                 ops = Counter(node.op_type for node in onnx.load(str(made)).graph.node)
                 rows.append(
-                    f"| {name} | {label} | yes | {error[0]:.2e} | {error[1]:.2e} | {sum(ops.values())} | {ops['Cast']} | "
-                    f"{ms[0]:.3f} | {ms[1]:.3f} |"
+                    f"| {name} | {label} | yes | {error[0]:.2e} | {error[1]:.2e} | {sum(ops.values())} | "
+                    f"{ops['Cast']} | {ms[0]:.3f} | {ms[1]:.3f} |"
                 )
                 print(rows[-1], flush=True)
-    table = "\n".join(rows)
+    table = "\n".join(rows + [""] + fusions)
     print(table)
     if args.write:
         Path(args.write).write_text(table + "\n")
