@@ -277,7 +277,10 @@ def validate_command(
             write_json(result.to_report(), report)
         verdict = "passed" if result.passed else "FAILED"
         if not _is_stdout(report):
-            stdout.print(f"validation {verdict} over {result.runs} run(s): {result.summary()}", markup=False)
+            judged = (
+                f" (the candidate computes in {result.precision}: judged at its roundoff)" if result.precision else ""
+            )
+            stdout.print(f"validation {verdict} over {result.runs} run(s){judged}: {result.summary()}", markup=False)
         if not result.passed:
             raise ValidationError(f"{candidate} does not match {reference}: {result.summary()}")
 

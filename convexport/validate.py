@@ -178,6 +178,7 @@ class ValidationResult:
     reference: str = "float32"  # what the outputs were judged against: float64 (the exact result) or float32
     reference_note: str | None = None  # input sets without a float64 reference, and why
     exact: ExactReference | None = field(default=None, repr=False)  # for another check on the same input sets
+    precision: str | None = None  # the candidate's compute type where coarser than its outputs' (float16)
     # the first input set and the candidate's outputs on it, for a second look at the candidate
     # that needs no session of it again (TF32's effect on the device)
     sample: tuple[dict, list[np.ndarray]] | None = field(default=None, repr=False)
@@ -201,6 +202,8 @@ class ValidationResult:
             report["export_check"] = self._named(self.exact.export_check)
         if self.problem:
             report["problem"] = self.problem
+        if self.precision:
+            report["precision"] = self.precision  # judged at its roundoff
         return report
 
     def _named(self, export_check: dict) -> dict:
@@ -244,6 +247,7 @@ def compare_models(
     exact: ExactReference | bool = True,
     exact_budget_s: float | None = None,
     torch_source=None,
+    precision: str | None = None,
 ) -> ValidationResult:
     """Run both models on `runs` seeded input sets (and `extra_feeds`), compare every output:
     against the reference's float64 result where it has one (exact_check.py; `exact`: True to
@@ -255,7 +259,9 @@ def compare_models(
     reference failing to run is a RunFailure (the inputs
     do not suit the model); the candidate failing where the reference runs fails the
     validation. `labels` name the two models in those messages. On CUDA both run with TF32 off
-    (tf32_effect reads TF32's own effect)."""
+    (tf32_effect reads TF32's own effect). `precision` names the type the candidate computes in
+    where it is coarser than its outputs' (float16 inside a float32 interface): its roundoff
+    sets the bound (a float16 interface is fed its inputs in float16)."""
     tolerances.check_outputs([out.name for out in reference.graph.output], labels[0])
     result = ValidationResult(True, runs + len(extra_feeds), tolerances, inputs=[str(spec) for spec in inputs])
     # One session at a time: the reference's outputs on every input set are computed and its
@@ -288,11 +294,12 @@ def compare_models(
             if exact and exact.available(index):
                 exact_values = dict(zip(names, exact.outputs[index]))[name]
                 candidate_float64 = float64_run[position] if float64_run is not None else None
-                error = compare_exactly(ref, cand, exact_values, candidate_float64, tolerances, name, strict)
+                error = compare_exactly(ref, cand, exact_values, candidate_float64, tolerances, name, strict, precision)
             elif exact and exact.available(0) and not strict and name in result.outputs:
-                error = compare_by_noise_floor(ref, cand, result.outputs[name].exact_error_original, tolerances, name)
+                own = result.outputs[name].exact_error_original
+                error = compare_by_noise_floor(ref, cand, own, tolerances, name, precision)
             else:
-                error = compare_arrays(ref, cand, *tolerances.for_output(name, dtype_name(ref)))
+                error = compare_arrays(ref, cand, *tolerances.for_output(name, precision or dtype_name(ref)))
             result.outputs[name] = result.outputs[name].merge(error) if name in result.outputs else error
     if candidate64 is not None:
         del candidate64
@@ -334,6 +341,9 @@ def _candidate_runs(candidate, names, all_feeds, label, device) -> tuple[list, s
     missing = [name for name in names if name not in {o.name for o in session.get_outputs()}]
     if missing:
         return [], f"candidate lacks output(s) {', '.join(missing)}"
+    half = {value.name for value in session.get_inputs() if value.type == "tensor(float16)"}
+    all_feeds = [{k: v.astype(np.float16) if k in half and v.dtype == np.float32 else v for k, v in feeds.items()}
+                 for feeds in all_feeds]  # fmt: skip
     try:
         return [checked_run(lambda feeds=feeds: session.run(names, feeds), feeds, label) for feeds in all_feeds], None
     except RunFailure as exc:
@@ -432,17 +442,19 @@ def compare_exactly(
     tolerances: Tolerances,
     name: str,
     strict: bool = False,
+    precision: str | None = None,
 ) -> OutputError:
-    """One output judged against the exact result (exact_check.judge); the statistics of the
-    candidate against the reference's own run as compare_arrays gives them; explicit
-    tolerances, where given (or the dtype's, when `strict`: the reference is suspect), as a
-    bound on that difference besides."""
+    """One output judged against the exact result (exact_check.judge) at the roundoff of
+    `precision` (default: the output's type); the statistics of the candidate against the
+    reference's own run as compare_arrays gives them; explicit tolerances, where given (or the
+    dtype's, when `strict`: the reference is suspect), as a bound on that difference besides."""
+    dtype = precision or dtype_name(ref)
     if ref.dtype.kind in "USO" or ref.size == 0:  # strings: equal or not; nothing to compare
-        return compare_arrays(ref, cand, *tolerances.for_output(name, dtype_name(ref)))
+        return compare_arrays(ref, cand, *tolerances.for_output(name, dtype))
     explicit = tolerances.explicit_for(name) or strict
-    rtol, atol = tolerances.for_output(name, dtype_name(ref)) if explicit else (None, None)
+    rtol, atol = tolerances.for_output(name, dtype) if explicit else (None, None)
     error = compare_arrays(ref, cand, rtol or 0.0, atol or 0.0)
-    verdict = judge(ref, cand, exact, cand64, dtype_name(ref))
+    verdict = judge(ref, cand, exact, cand64, dtype)
     error.rtol, error.atol = rtol, atol
     error.mismatches = verdict.beyond + (error.mismatches if explicit else 0)
     error.exact_error_original, error.exact_error = verdict.error_original, verdict.error
@@ -451,16 +463,18 @@ def compare_exactly(
 
 
 def compare_by_noise_floor(
-    ref: np.ndarray, cand: np.ndarray, own: float | None, tolerances: Tolerances, name: str
+    ref: np.ndarray, cand: np.ndarray, own: float | None, tolerances: Tolerances, name: str, precision=None
 ) -> OutputError:
     """One output on an input set without a float64 reference, judged by the noise floor
     measured on the sets with one (exact_check.noise_floor_bound; `own`, the original's largest
-    own error there); explicit tolerances, where given, as a bound besides."""
+    own error there) at the roundoff of `precision` (default: the output's type); explicit
+    tolerances, where given, as a bound besides."""
+    dtype = precision or dtype_name(ref)
     if own is None or ref.dtype.kind in "USO" or ref.size == 0:
-        return compare_arrays(ref, cand, *tolerances.for_output(name, dtype_name(ref)))
-    bound = noise_floor_bound(ref, own, dtype_name(ref))
+        return compare_arrays(ref, cand, *tolerances.for_output(name, dtype))
+    bound = noise_floor_bound(ref, own, dtype)
     explicit = tolerances.explicit_for(name)
-    rtol, atol = tolerances.for_output(name, dtype_name(ref)) if explicit else (None, None)
+    rtol, atol = tolerances.for_output(name, dtype) if explicit else (None, None)
     error = compare_arrays(ref, cand, 0.0, bound)  # |cand - orig| <= bound, element by element
     if explicit:
         error.mismatches += compare_arrays(ref, cand, rtol, atol).mismatches
@@ -520,4 +534,19 @@ def validate_files(
         raise ConvexportError("--runs 0 without --inputs compares nothing")
     if runs:  # made-up data: an image's dynamic dims, as the model takes them
         specs = sized_by_running(models[0], specs)
-    return compare_models(models[0], models[1], specs, runs, tolerances, extra_feeds=feeds)
+    precision = "float16" if computes_in_float16(models[1]) and not computes_in_float16(models[0]) else None
+    result = compare_models(models[0], models[1], specs, runs, tolerances, extra_feeds=feeds, precision=precision)
+    result.precision = precision
+    return result
+
+
+def computes_in_float16(model: onnx.ModelProto) -> bool:
+    """Whether the model holds float16 weights or casts to float16 (convexport's --dtype fp16
+    writes both), whatever its interface's type."""
+    graph = model.graph
+    if any(tensor.data_type == onnx.TensorProto.FLOAT16 for tensor in graph.initializer):
+        return True
+    return any(
+        node.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in node.attribute)
+        for node in graph.node
+    )
