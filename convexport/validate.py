@@ -341,7 +341,9 @@ def _candidate_runs(candidate, names, all_feeds, label, device) -> tuple[list, s
     missing = [name for name in names if name not in {o.name for o in session.get_outputs()}]
     if missing:
         return [], f"candidate lacks output(s) {', '.join(missing)}"
-    half = {value.name for value in session.get_inputs() if value.type == "tensor(float16)"}
+    half = {
+        value.name for value in candidate.graph.input if value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    }
     all_feeds = [{k: v.astype(np.float16) if k in half and v.dtype == np.float32 else v for k, v in feeds.items()}
                  for feeds in all_feeds]  # fmt: skip
     try:
