@@ -341,15 +341,18 @@ def _candidate_runs(candidate, names, all_feeds, label, device) -> tuple[list, s
     missing = [name for name in names if name not in {o.name for o in session.get_outputs()}]
     if missing:
         return [], f"candidate lacks output(s) {', '.join(missing)}"
-    half = {
-        value.name for value in candidate.graph.input if value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
-    }
-    all_feeds = [{k: v.astype(np.float16) if k in half and v.dtype == np.float32 else v for k, v in feeds.items()}
-                 for feeds in all_feeds]  # fmt: skip
+    all_feeds = [in_declared_types(candidate, feeds) for feeds in all_feeds]
     try:
         return [checked_run(lambda feeds=feeds: session.run(names, feeds), feeds, label) for feeds in all_feeds], None
     except RunFailure as exc:
         return [], str(exc)
+
+
+def in_declared_types(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """float32 input arrays as float16 where the model declares that input float16 (a model
+    written with --io-dtype fp16 is fed the same input sets as its float32 original)."""
+    half = {value.name for value in model.graph.input if value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16}
+    return {k: v.astype(np.float16) if k in half and v.dtype == np.float32 else v for k, v in feeds.items()}
 
 
 class _ReferenceSession:

@@ -160,6 +160,7 @@ class _Choice:
         self.types = element_types(model, inferred)
         self.flops = flops_by_node(inferred)
         self.candidates, self.refused = _candidates(model, self.types, half)
+        self.producer = _producers(model)
         self.local: dict[int, NodeError] = {}
         self.regions: list[tuple[str, set[int]]] = []
         self.out_of_range: set[int] = set()  # step 2's nodes whose exact output half cannot hold
@@ -196,10 +197,9 @@ class _Choice:
         """The producers of a node's data inputs float32, where rounding those inputs to half is
         what puts the node over its bound (a Softmax reading the logits a Conv makes)."""
         nodes = self.model.graph.node
-        producer = {name: i for i, node in enumerate(nodes) for name in node.output}
         reader = nodes[index]
         for position in self.candidates[index].inputs:
-            made_by = producer.get(reader.input[position])
+            made_by = self.producer.get(reader.input[position])
             if made_by in self.candidates and made_by not in kept:
                 reason = (
                     f"its output rounded to half puts {reader.name or reader.output[0]} ({reader.op_type}) over "
@@ -217,7 +217,7 @@ class _Choice:
     def grown_to_bound(self, kept: dict[int, KeptFloat32], judged) -> tuple[dict[int, KeptFloat32], Attempt]:
         """Step 4: the fewest ancestors of the outputs over the bound kept float32, by bisection."""
         missed = [name for name, judgement in judged.items() if judgement.beyond]
-        ranked = _nearest_first(self.model, missed, self.half_nodes(kept), self.local)
+        ranked = _nearest_first(self.model, self.producer, missed, self.half_nodes(kept), self.local)
 
         def keeping(count: int, failing) -> dict[int, KeptFloat32]:
             trial = dict(kept)
@@ -242,7 +242,7 @@ class _Choice:
         """Step 5: the float32 tail that brings the outputs nearest the exact result, where one
         within the FLOPs allowed does so by TAIL_GAIN or more; None where none does."""
         half = self.half_nodes(kept)
-        distance = _distances(self.model, list(judged))
+        distance = _distances(self.model, self.producer, list(judged))
         allowed = TAIL_FLOPS_SHARE * sum(self.flops)
         best, best_error, reach = None, _worst_ratio(judged), 1
         while True:
@@ -290,7 +290,7 @@ def element_types(model: onnx.ModelProto, inferred: onnx.ModelProto | None = Non
 def _candidates(model, types, half) -> tuple[dict[int, DataSlots], dict[int, KeptFloat32]]:
     """The nodes that may run in half (with their data operands), and those with float data
     that may not (with why)."""
-    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+    opset = ir.onnx_opset(model) or 1
     read_inside = _read_in_subgraphs(model.graph)
     candidates, kept = {}, {}
     for index, node in enumerate(model.graph.node):
@@ -322,17 +322,21 @@ def _read_in_subgraphs(graph: onnx.GraphProto) -> set[str]:
     return read
 
 
-def _nearest_first(model, outputs: list[str], half: set[int], local: dict[int, NodeError]) -> list[int]:
+def _nearest_first(model, producer, outputs: list[str], half: set[int], local: dict[int, NodeError]) -> list[int]:
     """The nodes of `half` that `outputs` depend on, nearest first (the fewest nodes between),
     then by their own error (worst first)."""
-    distance = _distances(model, outputs)
+    distance = _distances(model, producer, outputs)
     near = [index for index in distance if index in half]
     return sorted(near, key=lambda index: (distance[index], -local[index].ratio))
 
 
-def _distances(model, outputs: list[str]) -> dict[int, int]:
+def _producers(model: onnx.ModelProto) -> dict[str, int]:
+    """Each tensor a node makes -> that node's position."""
+    return {name: index for index, node in enumerate(model.graph.node) for name in node.output}
+
+
+def _distances(model, producer: dict[str, int], outputs: list[str]) -> dict[int, int]:
     """Each node that `outputs` depend on: how many nodes from one of them (its producer: 0)."""
-    producer = {name: index for index, node in enumerate(model.graph.node) for name in node.output}
     distance, frontier, step = {}, [producer[name] for name in outputs if name in producer], 0
     while frontier:
         following = []

@@ -19,6 +19,7 @@ import onnx
 
 from ..exact_check import judge, noise_floor_bound
 from ..runtime import checked_run, create_session
+from ..validate import in_declared_types
 
 
 @dataclass
@@ -59,12 +60,11 @@ class HalfRuns:
 def judge_outputs(model: onnx.ModelProto, runs: HalfRuns, dtype: str, device: str) -> dict[str, OutputJudgement]:
     """Each output of `model` (the half one) judged on every input set (module doc)."""
     session = create_session(model, device, what=f"the {dtype} model")
-    inputs = {value.name: value.type for value in session.get_inputs()}
     names = list(runs.float32[0])
     judged = {name: OutputJudgement() for name in names}
     own_seen = dict.fromkeys(names, 0.0)
     for feeds, expected, exact in zip(runs.feeds, runs.float32, runs.exact):
-        fed = {name: _in_type(value, inputs.get(name)) for name, value in feeds.items()}
+        fed = in_declared_types(model, feeds)
         got = checked_run(lambda fed=fed: session.run(names, fed), fed, f"the {dtype} model")
         for name, half in zip(names, got):
             orig = np.asarray(expected[name])
@@ -83,10 +83,3 @@ def judge_outputs(model: onnx.ModelProto, runs: HalfRuns, dtype: str, device: st
                 beyond = int(np.count_nonzero(~(errors <= bound)))
                 judged[name].add(float(np.nanmax(errors, initial=0.0)), 0.0, bound, beyond, orig.size)
     return judged
-
-
-def _in_type(value: np.ndarray, declared: str | None) -> np.ndarray:
-    """An input set's array in the type the half model declares for it (float16 interface)."""
-    if declared == "tensor(float16)" and value.dtype == np.float32:
-        return value.astype(np.float16)
-    return value
