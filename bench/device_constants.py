@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from convexport import ir  # noqa: E402
-from convexport.export import graph_input_specs  # noqa: E402
+from convexport.onnx_route import graph_input_specs  # noqa: E402
 from convexport.inputs import random_inputs  # noqa: E402
 from convexport.profile import time_models  # noqa: E402
 from convexport.rewrite import cost  # noqa: E402

@@ -44,7 +44,7 @@ import family_blocks  # noqa: E402
 from peers import timed_pair  # noqa: E402
 
 import convexport  # noqa: E402
-from convexport.export import graph_input_specs  # noqa: E402
+from convexport.onnx_route import graph_input_specs  # noqa: E402
 from convexport.profile import TIME_BUDGET_S  # noqa: E402
 from convexport.quiet import quiet_libraries  # noqa: E402
 

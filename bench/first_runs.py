@@ -31,7 +31,7 @@ import onnx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from convexport.export import graph_input_specs  # noqa: E402
+from convexport.onnx_route import graph_input_specs  # noqa: E402
 from convexport.inputs import random_inputs  # noqa: E402
 from convexport.profile import session_runner  # noqa: E402
 from convexport.runtime import create_session  # noqa: E402

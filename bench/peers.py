@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 
 import convexport  # noqa: E402
-from convexport.export import graph_input_specs  # noqa: E402
+from convexport.onnx_route import graph_input_specs  # noqa: E402
 from convexport.profile import profile_models  # noqa: E402
 from convexport.validate import compare_models  # noqa: E402
 

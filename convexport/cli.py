@@ -169,8 +169,8 @@ def optimize(
     """Export MODEL, fold its linear structure, validate, profile and write the result."""
     from . import pipeline
     from .options import OptimizeOptions
-    from .report import print_explanations, print_optimize_summary, write_json
-    from .report_html import write_html
+    from .report import write_json
+    from .report_sections import print_explanations, print_optimize_summary, write_html
 
     def run():
         reports = [("--report", report), ("--html", html)]
@@ -265,6 +265,7 @@ def validate_command(
     from . import validate as checks
     from .inputs import input_specs
     from .report import write_json
+    from .report_types import SCHEMA_VERSION
     from .runtime import custom_op_libraries
 
     def run():
@@ -274,7 +275,7 @@ def validate_command(
                 reference, candidate, inputs, runs, checks.Tolerances.parse(rtol, atol), input_specs(input)
             )
         if report is not None:
-            write_json(result.to_report(), report)
+            write_json({"schema_version": SCHEMA_VERSION, **result.to_report()}, report)
         verdict = "passed" if result.passed else "FAILED"
         if not _is_stdout(report):
             judged = (
@@ -301,12 +302,13 @@ def profile(
     no_per_op: NoPerOpOpt = False,
 ):
     """Time an ONNX model on ONNX Runtime."""
-    from .export import graph_input_specs
     from .input_domains import sized_by_running
     from .inputs import input_specs, with_overrides
-    from .loading import load_model
+    from .onnx_route import graph_input_specs
     from .profile import profile_models
     from .report import write_json
+    from .report_types import SCHEMA_VERSION
+    from .routes import load_model
     from .runtime import custom_op_libraries, resolve_device
 
     def run():
@@ -323,7 +325,7 @@ def profile(
                 {"model": onnx_model}, specs, resolve_device(device), runs, warmup, per_op=not no_per_op
             )
         if report is not None:
-            write_json(measured, report)
+            write_json({"schema_version": SCHEMA_VERSION, **measured}, report)
         if _is_stdout(report):
             return
         entry = measured["model"]
@@ -339,6 +341,28 @@ def profile(
             f"{entry['peak_memory_bytes'] / 2**20:.1f} MiB{ops}",
             markup=False,
         )
+
+    _guarded(run)
+
+
+@app.command("report-schema")
+def report_schema(
+    report: Annotated[
+        Path | None, typer.Argument(help="A report (JSON) to name: its kind and schema version.", show_default=False)
+    ] = None,
+    markdown: Annotated[bool, typer.Option("--markdown", help="The fields as Markdown tables instead.")] = False,
+):
+    """Print the JSON Schema of the reports --report writes; with REPORT, say which it is."""
+    from . import report_schema as schema
+
+    def run():
+        if report is None:
+            sys.stdout.write(schema.markdown_reference() if markdown else schema.schema_text())
+            return
+        header = schema.read_report_header(report)
+        written_by = f" (convexport {header.convexport_version})" if header.convexport_version else ""
+        version = "none: written before reports had one" if header.schema_version == "0" else header.schema_version
+        stdout.print(f"{report}: {header.kind} report, schema version {version}{written_by}", markup=False)
 
     _guarded(run)
 

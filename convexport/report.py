@@ -1,4 +1,5 @@
-"""Reports from the result dicts: JSON files and the terminal summary."""
+"""The report as a JSON file, and the words the terminal summary and the HTML page both say
+of it (report_terminal.py, report_html.py)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,19 @@ import math
 from collections import Counter
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 from .files import write_text_atomically
-from .low_rank import summary_line as low_rank_summary
-from .rewrite.runtime_fusions import summary_line as fusions_summary
-from .transformer_fusions import summary_line as transformer_summary
 
 
 def write_json(report: dict, destination: str | Path) -> None:
     """Atomically write the report as indented, standard JSON ("-": to stdout): a number that
     is not finite (an error ratio against zero, say) is written as null, never as the
     non-standard Infinity or NaN."""
-    text = json.dumps(_standard(report), indent=2, default=_jsonable, allow_nan=False)
-    write_text_atomically(text + "\n", destination)
+    write_text_atomically(as_json_text(report) + "\n", destination)
+
+
+def as_json_text(report: dict) -> str:
+    """The report as the JSON write_json writes."""
+    return json.dumps(_standard(report), indent=2, default=_jsonable, allow_nan=False)
 
 
 def _standard(value):
@@ -48,137 +47,6 @@ def _jsonable(value):
 def tracer_warning(warning: str) -> str:
     """How one of the report's export_warnings is shown (terminal, HTML, `convexport export`)."""
     return f"export: the TorchScript tracer warned: {warning}"
-
-
-def print_optimize_summary(report: dict, console: Console) -> None:
-    before, after = report["before"], report["after"]
-    weights = report.get("output_weights")
-    beside = f" (weights in {Path(weights).name} beside it)" if weights else ""
-    console.print(
-        f"[bold]{report['model']}[/bold] -> {report.get('output') or '(not written)'}{beside}", highlight=False
-    )
-    if report.get("inputs") or report.get("outputs"):
-        console.print(
-            f"inputs {', '.join(report.get('inputs', []))}; outputs {', '.join(report.get('outputs', []))}",
-            markup=False,
-            highlight=False,
-        )
-    table = Table(show_edge=False)
-    table.add_column("")
-    table.add_column("before", justify="right")
-    table.add_column("after", justify="right")
-    table.add_row("nodes", str(before["nodes"]), str(after["nodes"]))
-    for op in _interesting_ops(before["ops"], after["ops"]):
-        table.add_row(op, str(before["ops"].get(op, 0)), str(after["ops"].get(op, 0)))
-    table.add_row("FLOPs", si(before["flops"]), si(after["flops"]))
-    table.add_row("params", si(before["params"]), si(after["params"]))
-    profile = report.get("profile")
-    if profile:
-        table.add_row(
-            f"latency ms ({profile['device']}, median)",
-            f"{profile['before']['latency_ms']['median']:.3f}",
-            f"{profile['after']['latency_ms']['median']:.3f}",
-        )
-        if profile["before"].get("peak_memory_bytes") is not None:
-            flag = " [red](more)[/red]" if profile.get("memory_regression") else ""
-            table.add_row(
-                "peak memory MiB",
-                f"{profile['before']['peak_memory_bytes'] / 2**20:.1f}",
-                f"{profile['after']['peak_memory_bytes'] / 2**20:.1f}{flag}",
-            )
-    if "model_bytes" in before:
-        flag = " [red](larger)[/red]" if report.get("size_regression") else ""
-        table.add_row("model file", size(before["model_bytes"]), size(after["model_bytes"]) + flag)
-    console.print(table)
-    for warning in report.get("export_warnings", []):
-        console.print(tracer_warning(warning), markup=False)
-    rules: dict[str, int] = {}
-    for entry in report["rewrites"]:
-        rules[entry["rule"]] = rules.get(entry["rule"], 0) + 1
-    applied = ", ".join(f"{rule} x{count}" for rule, count in rules.items()) or "none"
-    folding = report.get("constant_folding")
-    if folding and folding["nodes_after"] != folding["nodes_before"]:
-        console.print(
-            f"constant folding: {folding['nodes_before']} -> {folding['nodes_after']} nodes, before the rules"
-        )
-    for line in model_lines(report):
-        console.print(line, markup=False)
-    if report.get("overridable_inputs"):
-        console.print(
-            f"{report['overridable_inputs']} weights are graph inputs a caller may override, so they are not "
-            "folded; --freeze-input-defaults makes them constants",
-            markup=False,
-        )
-    console.print(f"rewrites: {applied}")
-    for line in module_lines(report["rewrites"]):
-        console.print(f"  {line}", markup=False, highlight=False)
-    if report["skipped"]:
-        count = len(report["skipped"])
-        shown = "" if count <= 5 else "; the first 5:"
-        console.print(f"skipped: {count} (--report lists each with its reason){shown}")
-        for entry in report["skipped"][:5]:
-            where = f" in {entry['module']}" if entry.get("module") else ""
-            console.print(
-                f"  {entry['rule']} at {', '.join(entry['nodes'][:3])}{where}: {entry['reason']}",
-                markup=False,
-                highlight=False,
-            )
-    validation = report.get("validation")
-    if validation:
-        console.print(validation_line(validation))
-        for line in (export_check_line(validation), nonfinite_line(validation, report.get("made_up_inputs"))):
-            if line:
-                console.print(line, markup=False)
-        if validation.get("on_device"):
-            console.print(device_check_line(validation["on_device"]), markup=False)
-    if report.get("precision"):
-        for line in precision_lines(report["precision"]):
-            console.print(line, markup=False, highlight=False)
-    if report.get("profile_skipped"):
-        console.print(f"profile: skipped: {report['profile_skipped']}", markup=False)
-    if profile and profile.get("speedup"):
-        console.print(speed_line(profile))
-    cold = first_run_line(profile) if profile else None
-    if cold:
-        console.print(cold, markup=False)
-    if profile and profile.get("memory_regression"):
-        console.print(f"[red]peak memory up {profile['memory_ratio'] - 1:.0%}[/red] (regression)")
-    if report.get("size_regression"):
-        console.print(
-            f"[red]model file larger: {size(before['model_bytes'])} -> {size(after['model_bytes'])}[/red]"
-            " (the rewritten weights take more room than the original ones)"
-        )
-    merged = report.get("deduplicated_initializers")
-    if merged:
-        console.print(
-            f"weights: {plural(merged['merged'], 'copy', 'copies')} of an initializer written once "
-            f"({size(merged['bytes_saved'])} saved)",
-            markup=False,
-        )
-    if report.get("runtime_fusions"):
-        console.print(fusions_summary(report["runtime_fusions"]), markup=False, highlight=False)
-    transformer_line = transformer_summary(report["transformer_fusions"]) if report.get("transformer_fusions") else None
-    if transformer_line:
-        lost = report["transformer_fusions"].get("lost")
-        console.print(
-            f"[red]{transformer_line}[/red]" if lost else transformer_line, markup=bool(lost), highlight=False
-        )
-    if report.get("low_rank_branches_left"):
-        console.print(f"[yellow]{low_rank_summary(report['low_rank_branches_left'])}[/yellow]", highlight=False)
-    grown = growth_line(report)
-    if grown:
-        console.print(f"[yellow]{grown}[/yellow]")
-    environment = report.get("environment")
-    if environment and profile:  # what the timings above were measured with
-        console.print(
-            f"measured with ONNX Runtime {environment['onnxruntime']} ({environment['provider']}, "
-            f"{environment['cpu_threads']} threads, {environment.get('gpu') or environment['cpu']})",
-            markup=False,
-        )
-    timings = report.get("timings_s")
-    if timings:
-        steps = ", ".join(f"{step} {seconds:.1f}" for step, seconds in timings.items() if step != "total")
-        console.print(f"done in {timings['total']:.1f} s ({steps})", markup=False)
 
 
 def model_lines(report: dict) -> list[str]:
@@ -339,24 +207,6 @@ def device_check_line(on_device: dict) -> str:
     return line
 
 
-def print_explanations(report: dict, console: Console, most: int = 40) -> None:
-    """--explain: for each rule asked about, each node it looked at (and its module, where the
-    model records it) and what happened there."""
-    modules = report.get("explain_modules", {})
-    for rule, verdicts in report.get("explain", {}).items():
-        if "(module)" in verdicts:
-            console.print(f"explain {rule}: {verdicts['(module)']}", markup=False, highlight=False)
-            continue
-        console.print(f"explain {rule}: {len(verdicts)} node(s) looked at", markup=False, highlight=False)
-        if not verdicts:
-            console.print("  none: an op of its pattern is not in the graph", markup=False)
-        for node, verdict in list(verdicts.items())[:most]:
-            where = f" in {modules[node]}" if node in modules else ""
-            console.print(f"  {node}{where}: {verdict}", markup=False, highlight=False)
-        if len(verdicts) > most:
-            console.print(f"  ... and {len(verdicts) - most} more (--report lists them all)", markup=False)
-
-
 def speed_line(profile: dict) -> str:
     """The latency verdict in words: a speedup within the timings' noise is no change."""
     noise = f"noise ±{profile['noise']:.0%}"
@@ -390,12 +240,6 @@ def size(count: int) -> str:
         if count >= scale:
             return f"{count / scale:.1f} {unit}"
     return f"{count} B"
-
-
-def _interesting_ops(before: dict, after: dict) -> list[str]:
-    """Ops whose count changed, most frequent first (at most 8)."""
-    changed = [op for op in {**before, **after} if before.get(op, 0) != after.get(op, 0)]
-    return sorted(changed, key=lambda op: -max(before.get(op, 0), after.get(op, 0)))[:8]
 
 
 def si(value: float) -> str:

@@ -1,11 +1,12 @@
-"""A self-contained HTML page (no scripts, no network) of an optimize report, charts as inline SVG."""
+"""The optimize report as a self-contained HTML page (no scripts, no network), charts as
+inline SVG: one function per section (report_sections.py lists them in the page's order),
+each giving its HTML parts, none where the report has nothing of it."""
 
 from __future__ import annotations
 
 import html
 from pathlib import Path
 
-from .files import write_text_atomically
 from .report import (
     export_check_line,
     growth_line,
@@ -16,6 +17,7 @@ from .report import (
     size,
     tracer_warning,
 )
+from .report_types import OptimizeReport
 
 BEFORE, AFTER = "#9aa5b1", "#2f7de1"
 STYLE = """
@@ -30,10 +32,6 @@ svg text{font:12px system-ui,sans-serif;fill:#323f4b}code{font-size:12px}
 """
 
 
-def write_html(report: dict, destination: str | Path) -> None:
-    write_text_atomically(render(report), destination)
-
-
 def _path_breaks(path: str) -> str:
     """A file path that a narrow cell breaks after a slash, never inside a name."""
     return _e(path).replace("/", "/<wbr>")
@@ -44,51 +42,110 @@ def _weights_beside(report: dict) -> str:
     return f" (weights in <code>{_e(Path(weights).name)}</code> beside it)" if weights else ""
 
 
-def render(report: dict) -> str:
-    before, after = report["before"], report["after"]
-    profile, validation = report.get("profile"), report.get("validation")
-    parts = [
+def page(parts: list[str]) -> str:
+    """The page around its sections' HTML."""
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8><title>convexport report</title>"
+        f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>\n"
+    )
+
+
+def title(report: OptimizeReport) -> list[str]:
+    """The model, where it went, what made it; the verdicts as badges."""
+    return [
         f"<h1>convexport: {_e(report['model'])}</h1>",
         f"<p class=sub>written to <code>{_e(report.get('output') or '(not written)')}</code>{_weights_beside(report)}"
         " · convexport "
         f"{_e(report['convexport_version'])} · exporter {_e(report.get('exporter'))} · opset {_e(report.get('opset'))}</p>",
         _badges(report),
     ]
-    if report.get("inputs") or report.get("outputs"):
-        parts.append(
-            f"<p class=sub>inputs <code>{_e(', '.join(report.get('inputs', [])))}</code> · outputs "
-            f"<code>{_e(', '.join(report.get('outputs', [])))}</code></p>"
-        )
-    parts.extend(f"<p class=sub>{_e(line)}</p>" for line in model_lines(report))
-    environment, timings = report.get("environment"), report.get("timings_s")
-    if environment:
-        parts.append(
-            f"<p class=sub>measured with ONNX Runtime {_e(environment['onnxruntime'])} · {_e(environment['provider'])}"
-            f" · {_e(environment['cpu_threads'])} threads · {_e(environment.get('gpu') or environment['cpu'])}"
-            + (f" · done in {timings['total']:.1f} s" if timings else "")
-            + "</p>"
-        )
-    parts += [f"<p class=sub>{_e(tracer_warning(warning))}</p>" for warning in report.get("export_warnings", [])]
-    parts += ["<h2>Graph</h2>", _summary_table(report)]
-    parts += ["<h2>Operators</h2>", _legend(), _grouped_bars(_op_rows(before["ops"], after["ops"]), unit="")]
-    if profile:
-        parts += [f"<h2>Latency on {_e(profile['provider'])}</h2>", _legend(), _latency_chart(profile)]
-        parts += _op_time_section(profile)
-    parts += ["<h2>Rewrites</h2>", _rewrites(report["rewrites"]), "<h2>Skipped</h2>", _skipped(report["skipped"])]
-    if report.get("runtime_fusions"):
-        parts += ["<h2>ONNX Runtime fusions</h2>", _fusions(report["runtime_fusions"])]
-    if report.get("transformer_fusions", {}).get("model_types"):
-        parts += ["<h2>ONNX Runtime's transformer optimizer</h2>", _transformer_fusions(report["transformer_fusions"])]
-    if report.get("low_rank_branches_left"):
-        parts += ["<h2>Low-rank branches left</h2>", _low_rank(report["low_rank_branches_left"])]
-    if validation:
-        parts += ["<h2>Validation</h2>", _validation(validation, report.get("made_up_inputs"))]
-    if report.get("precision"):
-        parts += [f"<h2>In {_e(report['precision']['dtype'])}</h2>", _precision(report["precision"])]
-    return (
-        "<!doctype html><html lang=en><head><meta charset=utf-8><title>convexport report</title>"
-        f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>\n"
+
+
+def interface(report: OptimizeReport) -> list[str]:
+    if not (report.get("inputs") or report.get("outputs")):
+        return []
+    return [
+        f"<p class=sub>inputs <code>{_e(', '.join(report.get('inputs', [])))}</code> · outputs "
+        f"<code>{_e(', '.join(report.get('outputs', [])))}</code></p>"
+    ]
+
+
+def notes(report: OptimizeReport) -> list[str]:
+    return [f"<p class=sub>{_e(line)}</p>" for line in model_lines(report)]
+
+
+def environment(report: OptimizeReport) -> list[str]:
+    """What it was measured with, and how long it all took."""
+    measured_with, timings = report.get("environment"), report.get("timings_s")
+    if not measured_with:
+        return []
+    return [
+        f"<p class=sub>measured with ONNX Runtime {_e(measured_with['onnxruntime'])} · {_e(measured_with['provider'])}"
+        f" · {_e(measured_with['cpu_threads'])} threads · {_e(measured_with.get('gpu') or measured_with['cpu'])}"
+        + (f" · done in {timings['total']:.1f} s" if timings else "")
+        + "</p>"
+    ]
+
+
+def export_warnings(report: OptimizeReport) -> list[str]:
+    return [f"<p class=sub>{_e(tracer_warning(warning))}</p>" for warning in report.get("export_warnings", [])]
+
+
+def graph(report: OptimizeReport) -> list[str]:
+    return ["<h2>Graph</h2>", _summary_table(report)]
+
+
+def operators(report: OptimizeReport) -> list[str]:
+    rows = _op_rows(report["before"]["ops"], report["after"]["ops"])
+    return ["<h2>Operators</h2>", _legend(), _grouped_bars(rows, unit="")]
+
+
+def latency(report: OptimizeReport) -> list[str]:
+    """Latency before and after, then the time per op type where it can be trusted."""
+    profile = report.get("profile")
+    if not profile:
+        return []
+    return [f"<h2>Latency on {_e(profile['provider'])}</h2>", _legend(), _latency_chart(profile)] + _op_time_section(
+        profile
     )
+
+
+def rewrites(report: OptimizeReport) -> list[str]:
+    return ["<h2>Rewrites</h2>", _rewrites(report["rewrites"])]
+
+
+def skipped(report: OptimizeReport) -> list[str]:
+    return ["<h2>Skipped</h2>", _skipped(report["skipped"])]
+
+
+def runtime_fusions(report: OptimizeReport) -> list[str]:
+    if not report.get("runtime_fusions"):
+        return []
+    return ["<h2>ONNX Runtime fusions</h2>", _fusions(report["runtime_fusions"])]
+
+
+def transformer_fusions(report: OptimizeReport) -> list[str]:
+    if not report.get("transformer_fusions", {}).get("model_types"):
+        return []
+    return ["<h2>ONNX Runtime's transformer optimizer</h2>", _transformer_fusions(report["transformer_fusions"])]
+
+
+def low_rank_branches(report: OptimizeReport) -> list[str]:
+    if not report.get("low_rank_branches_left"):
+        return []
+    return ["<h2>Low-rank branches left</h2>", _low_rank(report["low_rank_branches_left"])]
+
+
+def validation(report: OptimizeReport) -> list[str]:
+    if not report.get("validation"):
+        return []
+    return ["<h2>Validation</h2>", _validation(report["validation"], report.get("made_up_inputs"))]
+
+
+def precision(report: OptimizeReport) -> list[str]:
+    if not report.get("precision"):
+        return []
+    return [f"<h2>In {_e(report['precision']['dtype'])}</h2>", _precision(report["precision"])]
 
 
 def _op_time_section(profile: dict) -> list[str]:
@@ -181,7 +238,8 @@ def _legend() -> str:
 
 
 def _op_rows(before: dict, after: dict) -> list[tuple[str, float, float]]:
-    names = sorted({*before, *after}, key=lambda op: -max(before.get(op, 0), after.get(op, 0)))
+    # ties in the order the graph has them (a set's order would change from one run to the next)
+    names = sorted({**before, **after}, key=lambda op: -max(before.get(op, 0), after.get(op, 0)))
     return [(op, float(before.get(op, 0)), float(after.get(op, 0))) for op in names[:16]]
 
 

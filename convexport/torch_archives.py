@@ -13,10 +13,10 @@ import os
 import pickle
 import pickletools
 import re
+import stat
 import sys
 import zipfile
 from pathlib import Path
-from typing import Any
 
 from .errors import ConvexportError, first_line
 from .quiet import quiet_libraries
@@ -62,20 +62,33 @@ def read_exported_program(path: Path, trust_pickle: bool):
 _PT2_HINT = "save one with torch.export.save(torch.export.export(model, inputs), 'model.pt2')"
 
 
-def read_torch_file(path: Path, trust_pickle: bool, key: str | None) -> tuple[str, Any]:
-    """("torchscript", the ScriptModule) or ("module", the nn.Module) from a `.pt`/`.pth`:
-    a TorchScript archive, or a torch.save file (zip or legacy) of a module or of a checkpoint
-    dict holding one (`key` names which entry, when given or when several hold modules)."""
-    if zipfile.is_zipfile(path) and _is_torchscript_archive(path):
-        if key is not None:
-            raise ConvexportError(f"{path}:{key}: a TorchScript archive holds one model and no entries to name")
-        return "torchscript", _read_torchscript(path)
+def is_torchscript_file(path: Path) -> bool:
+    """Whether `path` is a regular file holding a TorchScript archive (never opening anything
+    else: a FIFO or a device would block or be misread)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
+        return zipfile.is_zipfile(path) and _is_torchscript_archive(path)
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def read_torchscript(path: Path, key: str | None = None):
+    """The ScriptModule of a TorchScript archive."""
+    if key is not None:
+        raise ConvexportError(f"{path}:{key}: a TorchScript archive holds one model and no entries to name")
+    return _read_torchscript(path)
+
+
+def read_pickled_module(path: Path, trust_pickle: bool, key: str | None):
+    """The nn.Module of a torch.save file (zip or legacy) of a module or of a checkpoint dict
+    holding one (`key` names which entry, when given or when several hold modules)."""
     if not zipfile.is_zipfile(path) and not _is_legacy_torch_save(path):
         raise ConvexportError(
             f"{path}: neither a TorchScript archive nor a torch.save file; save the model with "
             "torch.jit.save(torch.jit.script(model) or torch.jit.trace(model, x), 'model.pt')"
         )
-    return "module", _module_in(path, _unpickled(path, trust_pickle), key)
+    return _module_in(path, _unpickled(path, trust_pickle), key)
 
 
 def _read_torchscript(path: Path):

@@ -28,8 +28,6 @@ from .errors import first_line
 from .float64 import widen_array
 from .quiet import quiet_libraries
 
-TORCH_KINDS = ("module", "torchscript", "exported_program")
-
 
 class TorchUnavailable(Exception):
     """Why the torch source's own float64 run cannot be the reference (the message)."""
@@ -69,7 +67,7 @@ class TorchFloat64:
 def torch_float64(loaded, argument_names: list[str], reference: onnx.ModelProto, max_weight_bytes: int):
     """The float64 copy of `loaded`'s torch model (loading.LoadedModel), or TorchUnavailable
     with the reason; None for a source that is no torch model."""
-    if loaded.kind not in TORCH_KINDS:
+    if loaded.route.torch_module is None:
         return None
     initializers = {init.name for init in reference.graph.initializer}
     graph_inputs = [value.name for value in reference.graph.input if value.name not in initializers]
@@ -78,7 +76,7 @@ def torch_float64(loaded, argument_names: list[str], reference: onnx.ModelProto,
             f"the ONNX graph's inputs ({', '.join(graph_inputs)}) are not the arguments it was exported with "
             f"({', '.join(argument_names)})"
         )
-    module = loaded.program.module() if loaded.kind == "exported_program" else loaded.program
+    module = loaded.route.torch_module(loaded)
     try:
         weights = sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
         if weights > max_weight_bytes:

@@ -524,8 +524,8 @@ def validate_files(
 ) -> ValidationResult:
     """`convexport validate`: seeded random inputs (dims from the model, or --input), plus the
     arrays of DATA.npz if given."""
-    from .export import graph_input_specs
-    from .loading import load_model
+    from .onnx_route import graph_input_specs
+    from .routes import load_model
 
     if runs < 0:
         raise ConvexportError("--runs must be >= 0")

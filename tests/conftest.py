@@ -1,3 +1,4 @@
+import json
 import sys
 from pathlib import Path
 
@@ -47,3 +48,95 @@ def interface_is_the_contract(monkeypatch):
         return result
 
     monkeypatch.setattr(pipeline, "_optimize", checked)
+
+
+@pytest.fixture(scope="session")
+def report_validator():
+    """Validators of the shipped report schema (convexport report-schema): None's accepts any
+    of the reports, each kind's (optimize, validate, profile) that kind only, whose messages
+    say what is wrong with it rather than with another kind."""
+    import jsonschema
+
+    from convexport.report_schema import json_schema
+    from convexport.report_types import REPORTS
+
+    schema = json_schema()
+    kinds = {kind: {**schema, "anyOf": [{"$ref": f"#/$defs/{typed.__name__}"}]} for kind, typed in REPORTS.items()}
+    return {kind: jsonschema.Draft202012Validator(each) for kind, each in {None: schema, **kinds}.items()}
+
+
+def schema_problem(validators, report) -> str | None:
+    """Where `report` (as its JSON reads back) breaks the schema, or None."""
+    import jsonschema
+
+    from convexport.errors import ConvexportError
+    from convexport.report import as_json_text
+    from convexport.report_schema import report_header
+
+    written = json.loads(as_json_text(report))
+    try:
+        validator = validators[report_header(written).kind]
+    except ConvexportError:
+        validator = validators[None]
+    errors = list(validator.iter_errors(written))
+    if not errors:
+        return None
+    worst = jsonschema.exceptions.best_match(errors)
+    return f"{worst.json_path}: {worst.message[:300]}"
+
+
+@pytest.fixture(autouse=True)
+def reports_match_the_schema(monkeypatch, report_validator, request):
+    """Every report the suite makes, written (optimize, validate and profile --report) or
+    returned (OptimizeResult.report, a ValidationError's), is one the shipped JSON Schema
+    accepts (issue 53): a field written but not declared in report_types.py, or of another
+    type, fails the test that wrote it. Reports written by a `convexport` process the test
+    started are read from the test's tmp_path when it ends."""
+    from convexport import pipeline, report
+    from convexport.errors import ValidationError
+
+    def check(made: dict) -> None:
+        problem = schema_problem(report_validator, made)
+        assert problem is None, f"the report breaks the schema at {problem}"
+
+    optimize_once = pipeline._optimize
+
+    def checked(model, options):
+        try:
+            result = optimize_once(model, options)
+        except ValidationError as failed:
+            if failed.report is not None:
+                check(failed.report)
+            raise
+        check(result.report)
+        return result
+
+    monkeypatch.setattr(pipeline, "_optimize", checked)
+    write_json = report.write_json
+
+    def written(made: dict, destination) -> None:
+        check(made)
+        write_json(made, destination)
+
+    monkeypatch.setattr(report, "write_json", written)
+    folder = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if folder is not None:
+        for path in sorted(path for path in folder.rglob("*.json") if path.is_file()):  # never a test's FIFO
+            written_report = _report_in(path)
+            if written_report is not None:
+                problem = schema_problem(report_validator, written_report)
+                assert problem is None, f"{path.name} breaks the report schema at {problem}"
+
+
+def _report_in(path: Path):
+    """The report a JSON file holds, or None for any other file (or one that is not JSON)."""
+    from convexport.errors import ConvexportError
+    from convexport.report_schema import report_header
+
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+        report_header(found)
+    except (OSError, ValueError, ConvexportError):
+        return None
+    return found

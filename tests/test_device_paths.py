@@ -14,8 +14,7 @@ from rich.console import Console
 import convexport
 from convexport import ir, profile, validate
 from convexport.rewrite import cost
-from convexport.report import print_optimize_summary
-from convexport.report_html import render
+from convexport.report_sections import print_optimize_summary, render
 from convexport.runtime import create_session
 from graphs import rewrite
 from test_hostile import conv_bn
@@ -48,7 +47,7 @@ def on_fake_cuda(monkeypatch):
         return Skewed(real, skew["cuda"]) if device == "cuda" and optimized and skew["cuda"] else real
 
     runner = profile.session_runner
-    monkeypatch.setattr("convexport.pipeline.resolve_device", lambda device: "cuda")
+    monkeypatch.setattr("convexport.stages.request.resolve_device", lambda device: "cuda")
     monkeypatch.setattr(validate, "create_session", session)
     monkeypatch.setattr(profile, "create_session", session)
     monkeypatch.setattr(profile, "session_runner", lambda session, feeds, device: runner(session, feeds, "cpu"))

@@ -13,13 +13,14 @@ from onnx import helper
 from convexport.export import export_model
 from convexport.inputs import parse_input_spec
 from convexport.loading import LoadedModel
+from convexport.routes import load_model
 from helpers import make_model, tensor
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_models"
 
 
 def loaded(model: onnx.ModelProto) -> LoadedModel:
-    return LoadedModel("model.onnx", "onnx", Path("model.opt.onnx"), onnx_model=model)
+    return load_model(model)
 
 
 def inferred(model: onnx.ModelProto) -> onnx.ModelProto:

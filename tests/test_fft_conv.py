@@ -163,8 +163,8 @@ def test_a_cuda_fft_conv_is_validated_on_the_cpu_by_the_reference_evaluator(tmp_
     """optimize(device="cuda") (standing in: the CPU runs what CUDA would) writes the Rfft form,
     and its CPU check, where ONNX Runtime's CPU provider has no Rfft kernel, passes in the
     reference evaluator."""
-    monkeypatch.setattr("convexport.pipeline.resolve_device", lambda device: "cuda")
-    monkeypatch.setattr("convexport.pipeline._validated_on_device", lambda *args: args[-1] and _passed())
+    monkeypatch.setattr("convexport.stages.request.resolve_device", lambda device: "cuda")
+    monkeypatch.setattr("convexport.stages.check._validated_on_device", lambda *args: args[-1] and _passed())
     import convexport
 
     builder = GraphBuilder([1, 1, 160, 200])

@@ -293,14 +293,14 @@ def test_an_if_branch_of_one_identity_of_an_outer_tensor_stays_valid(tmp_path):
 
 
 def test_a_rewritten_model_the_checker_rejects_is_found_but_not_one_that_came_so():
-    from convexport.pipeline import _checker_problem
+    from convexport.stages.check import checker_problem
 
     good = conv_bn()
     bad = onnx.ModelProto()
     bad.CopyFrom(good)
     bad.graph.node[0].input[1] = "missing"  # reads a tensor nothing makes
-    assert "missing" in _checker_problem(good, bad)
-    assert _checker_problem(bad, bad) is None  # invalid as given: not the rewrite's doing
+    assert "missing" in checker_problem(good, bad)
+    assert checker_problem(bad, bad) is None  # invalid as given: not the rewrite's doing
 
 
 # --- 5. false success ---------------------------------------------------------------------------
@@ -466,8 +466,8 @@ def test_stderr_stays_one_line_when_numpy_would_warn(tmp_path):
     assert any("inf or NaN" in entry["reason"] for entry in report["skipped"])
 
 
-def test_reports_are_standard_json_whatever_the_numbers(tmp_path):
-    from convexport.report import write_json
+def test_reports_are_standard_json_whatever_the_numbers():
+    from convexport.report import as_json_text  # what write_json writes (a report's schema aside)
 
-    write_json({"a": float("inf"), "b": [float("nan"), 1.5], "c": np.float32(2.0)}, tmp_path / "r.json")
-    assert json.loads((tmp_path / "r.json").read_text()) == {"a": None, "b": [None, 1.5], "c": 2.0}
+    text = as_json_text({"a": float("inf"), "b": [float("nan"), 1.5], "c": np.float32(2.0)})
+    assert json.loads(text) == {"a": None, "b": [None, 1.5], "c": 2.0}

@@ -271,10 +271,10 @@ def test_a_killed_runs_weights_folder_is_removed_by_the_next_run(tmp_path):
     onnx.save(conv_bn(0), tmp_path / "m.onnx")
     child = run_child(f"""
         import os, signal
-        import convexport, convexport.pipeline as pipeline
+        import convexport, convexport.stages.check as check
         def killed(*args, **kwargs):  # while validating, its weights written beside the output
             os.kill(os.getpid(), signal.SIGKILL)
-        pipeline.compare_models = killed
+        check.compare_models = killed
         convexport.optimize({str(tmp_path / "m.onnx")!r}, output={str(tmp_path / "out.onnx")!r}, profile=False)
     """)
     assert child.wait(timeout=120) == -signal.SIGKILL

@@ -12,8 +12,7 @@ from rich.console import Console
 
 import convexport
 from convexport.ir.large import _data_bytes as held_bytes
-from convexport.report import print_optimize_summary
-from convexport.report_html import render
+from convexport.report_sections import print_optimize_summary, render
 from helpers import op_counts, run
 from small_net import example_inputs, make_module
 

@@ -105,7 +105,7 @@ def test_the_api_raises_only_convexport_errors(tmp_path, monkeypatch):
         convexport.optimize(f"{factory}:build")
     with pytest.raises(convexport.ConvexportError):
         convexport.optimize(conv_bn(), output=tmp_path / ("o" * 300 + ".onnx"))
-    monkeypatch.setattr("convexport.pipeline.export_model", lambda *args: {}["a bug"])
+    monkeypatch.setattr("convexport.stages.export.export_model", lambda *args: {}["a bug"])
     with pytest.raises(InternalError, match="KeyError") as raised:
         convexport.optimize(conv_bn(), write=False)
     assert isinstance(raised.value.__cause__, KeyError)
@@ -127,14 +127,14 @@ def test_an_unchanged_graph_is_no_speedup_and_noise_is_no_slowdown():
     model = make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [1, 64])], [tensor("y", [1, 64])])
     profile = convexport.optimize(model, write=False).report["profile"]
     assert profile["verdict"] == "unchanged graph" and profile["noise"] >= 0
-    from convexport.pipeline import _judged_profile
+    from convexport.stages.measure import judged_profile
 
     def timed(median, spread):
         return {"latency_ms": {"median": median, "p25": median - spread, "p75": median + spread,
                                "p10": median - 2 * spread, "p90": median + 2 * spread}}
 
     def verdict(before, after, runs=10):
-        return _judged_profile({"before": before, "after": after, "runs": runs}, False)["verdict"]
+        return judged_profile({"before": before, "after": after, "runs": runs}, False)["verdict"]
 
     assert verdict(timed(10, 1), timed(10.5, 1)) == "no measurable change"
     assert verdict(timed(10, 1), timed(10.5, 1), runs=1000) == "slower"  # the same medians, known better
@@ -156,7 +156,7 @@ def test_the_report_says_what_a_reader_needs(tmp_path):
 
 def test_a_larger_model_file_is_flagged(tmp_path):
     """seed 003's FFT form: its transformed kernel is larger than the kernel it replaces."""
-    from convexport.report import print_optimize_summary
+    from convexport.report_sections import print_optimize_summary
     from rich.console import Console
 
     report = {"model": "m", "output": None, "before": {"nodes": 1, "ops": {}, "flops": 1, "params": 1, "model_bytes": 1000},
@@ -168,7 +168,7 @@ def test_a_larger_model_file_is_flagged(tmp_path):
     text = console.export_text()
     assert "model file larger: 1.0 KB -> 9.0 KB" in text and "skipped: 6" in text and "first 5" in text
     assert "inputs x:1x3x8x8:float32; outputs y:1x4x8x8:float32" in text
-    from convexport.report_html import render
+    from convexport.report_sections import render
 
     page = render({**report, "convexport_version": "0", "validation": None, "profile": None})
     assert "x:1x3x8x8:float32" in page and "class=bad>model file" in page

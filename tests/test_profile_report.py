@@ -13,11 +13,10 @@ from typer.testing import CliRunner
 
 import convexport
 from convexport.cli import app
-from convexport.export import graph_input_specs
+from convexport.onnx_route import graph_input_specs
 from convexport import profile
 from convexport.profile import profile_models
-from convexport.report import print_optimize_summary
-from convexport.report_html import render
+from convexport.report_sections import print_optimize_summary, render
 
 
 @pytest.fixture(scope="module")

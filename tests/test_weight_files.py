@@ -17,8 +17,10 @@ from onnx import helper
 from test_large_models import RNG, contents, lora_bn_block
 
 import convexport
-from convexport import ir, pipeline
+from convexport import ir
 from convexport.ir import disk, weight_files
+from convexport.routes import load_model
+from convexport.stages import check
 from convexport.validate import ValidationResult
 
 WIDTH = 32
@@ -50,7 +52,7 @@ def saved(folder: Path) -> Path:
 def test_a_large_models_weights_stay_in_their_files_and_only_folded_ones_are_read(tmp_path, large, monkeypatch):
     path = saved(tmp_path / "in")
     before = contents(path.parent)
-    loaded = convexport.loading.load_model(str(path)).onnx_model
+    loaded = load_model(str(path)).onnx_model
     big = [init for init in loaded.graph.initializer if np.prod(init.dims) * 4 >= 100]
     assert big and all(ir.is_file_backed(init) and not init.raw_data for init in big)
 
@@ -80,14 +82,14 @@ def test_a_large_models_weights_stay_in_their_files_and_only_folded_ones_are_rea
 def test_the_optimized_weights_are_on_disk_beside_the_output_while_validated(tmp_path, large, monkeypatch):
     path = saved(tmp_path / "in")
     seen = []
-    real = pipeline.compare_models
+    real = check.compare_models
 
     def spying(reference, candidate, *args, **kwargs):
         large_tensors = [init for init in candidate.graph.initializer if np.prod(init.dims) * 4 >= 100]
         seen.append([(ir.is_file_backed(init), weight_files.file_range(init)[0]) for init in large_tensors])
         return real(reference, candidate, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "compare_models", spying)
+    monkeypatch.setattr(check, "compare_models", spying)
     result = convexport.optimize(str(path), output=tmp_path / "out.onnx", profile=False)
     assert result.report["validation"]["passed"]
     ((*tensors,),) = seen
@@ -100,14 +102,14 @@ def test_the_optimized_weights_are_on_disk_beside_the_output_while_validated(tmp
 def test_a_failed_validation_leaves_nothing_beside_the_output(tmp_path, large, monkeypatch):
     path = saved(tmp_path / "in")
     (tmp_path / "out").mkdir()
-    real = pipeline.compare_models
+    real = check.compare_models
 
     def failing(*args, **kwargs) -> ValidationResult:
         result = real(*args, **kwargs)
         result.passed = False
         return result
 
-    monkeypatch.setattr(pipeline, "compare_models", failing)
+    monkeypatch.setattr(check, "compare_models", failing)
     with pytest.raises(convexport.ValidationError):
         convexport.optimize(str(path), output=tmp_path / "out" / "o.onnx", profile=False)
     assert os.listdir(tmp_path / "out") == []
@@ -119,7 +121,7 @@ def test_onnx_runtime_gets_a_file_of_the_model_whose_weights_are_elsewhere(tmp_p
     file in a folder of its own, the input's data file linked there (or copied, where the
     system refuses the link), the held weights written there."""
     path = saved(tmp_path / "in")
-    model = convexport.loading.load_model(str(path)).onnx_model
+    model = load_model(str(path)).onnx_model
     model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((8, 8), np.float32), "held"))
     if not linked:
         monkeypatch.setattr(os, "link", lambda *args: (_ for _ in ()).throw(OSError(18, "Invalid cross-device link")))
@@ -166,7 +168,7 @@ def test_onnx_runtimes_folder_goes_on_the_outputs_disk_during_a_run(tmp_path, la
     """A session's temporary folder is made beside the output (where the data files' disk is
     the output's: /tmp may be memory, and would take copies of them)."""
     path = saved(tmp_path / "in")
-    model = convexport.loading.load_model(str(path)).onnx_model
+    model = load_model(str(path)).onnx_model
     (tmp_path / "out").mkdir()
     with ir.scratch_beside(tmp_path / "out"), ir.files_for_runtime(model) as file:
         assert Path(file).parent.parent == tmp_path / "out" and Path(file).parent.name.startswith(".convexport-")

@@ -19,8 +19,7 @@ from ..algebra.batching import grouped_from_branches, pack_linear_heads, stack_c
 from ..ir import attribute_or, constant_value, is_absent
 from ..rewrite.primitives import Rewrite, accepts, consumes
 from .branch_groups import BranchGroup, Layout, Step, drop_units, find_branch_group, largest_compatible, view_of
-from .builder import NodeBuilder
-from .conv_chain import output_dtype
+from .builder import NodeBuilder, output_dtype
 
 
 class _Builder(NodeBuilder):

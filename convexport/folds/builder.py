@@ -15,6 +15,11 @@ import numpy as np
 from .. import ir
 
 
+def output_dtype(node: ir.Node) -> np.dtype:
+    """The element type of a node's first output: the dtype a fold replacing it builds in."""
+    return ir.tensor_dtype(node.outputs[0])
+
+
 class NodeBuilder:
     """New nodes for one rewrite, in the order they are made; `dtype` is the default of their
     outputs and constants (the model's float type, usually)."""

@@ -6,8 +6,7 @@ import numpy as np
 
 from ..algebra import Refusal
 from ..ir import constant_value, is_absent
-from ..rewrite.pattern import AFFINE
-from ..rewrite.primitives import Rewrite, consumes, reach
+from ..rewrite.primitives import AFFINE, Rewrite, consumes, reach
 
 
 @reach(0)

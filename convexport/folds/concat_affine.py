@@ -14,10 +14,8 @@ import numpy as np
 
 from .. import ir
 from ..algebra import Refusal, scale_shift_onnx_weight
-from ..rewrite.pattern import AFFINE
-from ..rewrite.primitives import Rewrite, consumes, reach
-from .builder import NodeBuilder
-from .conv_chain import output_dtype
+from ..rewrite.primitives import AFFINE, Rewrite, consumes, reach
+from .builder import NodeBuilder, output_dtype
 from .convnodes import conv_attributes, conv_weights
 from .linear_nodes import channel_affine
 

@@ -6,8 +6,7 @@ import numpy as np
 
 from ..algebra import Refusal
 from ..rewrite.primitives import Rewrite, consumes, reach
-from .builder import NodeBuilder
-from .conv_chain import output_dtype
+from .builder import NodeBuilder, output_dtype
 
 
 @reach(1)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from ..algebra import Refusal, combine_parallel, concat_parallel, conv_to_onnx, identity_conv
 from ..rewrite.primitives import Rewrite, accepts, consumes, reach
-from .builder import NodeBuilder
-from .conv_chain import output_dtype
+from .builder import NodeBuilder, output_dtype
 from .convnodes import node_flops, output_elements, spatial_shape
 from .linear_nodes import linear_spec
 

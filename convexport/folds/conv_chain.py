@@ -16,16 +16,10 @@ from ..algebra import (
 )
 from ..algebra.onnx_conv import conv_geometry
 from ..algebra.outline import composite_outline
-from ..ir import tensor_dtype
-from ..rewrite.pattern import LINEAR
-from ..rewrite.primitives import Rewrite, accepts, consumes, reach
-from .builder import NodeBuilder
+from ..rewrite.primitives import LINEAR, Rewrite, accepts, consumes, reach
+from .builder import NodeBuilder, output_dtype
 from .convnodes import conv_attributes, conv_weights, node_flops, spatial_shape
 from .linear_nodes import channel_affine, composed_note, data_input, linear_spec
-
-
-def output_dtype(node: ir.Node) -> np.dtype:
-    return tensor_dtype(node.outputs[0])
 
 
 @reach(0)

@@ -6,8 +6,7 @@ from __future__ import annotations
 from .. import flops, ir
 from ..algebra import Refusal, pointwise_after_transposed, scale_shift_transposed
 from ..ir import attribute_or, tensor_dtype
-from ..rewrite.pattern import LINEAR
-from ..rewrite.primitives import Rewrite, consumes, reach
+from ..rewrite.primitives import LINEAR, Rewrite, consumes, reach
 from .builder import NodeBuilder
 from .convnodes import all_finite, conv_attributes, conv_weights
 from .linear_nodes import channel_affine, composed_note

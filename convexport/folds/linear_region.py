@@ -29,8 +29,7 @@ from .. import ir
 from ..algebra import Refusal
 from ..algebra.dense import Dense, FeatureAffine, LinearMap, add_maps, compose_maps
 from ..ir import attribute_or, constant_value
-from ..rewrite.pattern import AFFINE
-from ..rewrite.primitives import Rewrite, consumes, reach
+from ..rewrite.primitives import AFFINE, Rewrite, consumes, reach
 from .dense_chain import DENSE_OPS, dense_layout, emitted_dense, keeps_last_axis, node_map
 from .linear_nodes import data_input
 

@@ -19,8 +19,7 @@ from ..algebra.batching import stack_conv_heads
 from ..ir import constant_value, is_absent
 from ..rewrite.primitives import Rewrite, consumes
 from .branch_groups import largest_compatible
-from .builder import NodeBuilder
-from .conv_chain import output_dtype
+from .builder import NodeBuilder, output_dtype
 from .convnodes import conv_attributes, node_flops
 
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from .primitives import OP_CLASSES
+
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _LINE = re.compile(
     rf"^\s*(?P<outputs>\*?{_NAME}(?:\[\])?(?:\s*,\s*{_NAME}(?:\[\])?)*)\s*=\s*(?P<op>{_NAME})\s*(?P<rest>.*)$"
@@ -35,19 +37,6 @@ _LINE = re.compile(
 _INPUT = re.compile(rf"^(?P<star>\*)?(?P<name>{_NAME})(?P<elem>\[\])?(?P<const>:const)?(?P<optional>\?)?$")
 
 COMMUTATIVE = frozenset({"Add", "Mul", "Sum", "Max", "Min"})
-
-# Op classes: a pattern line `OUT = Class(x)` matches a node of any of these ops whose one
-# run-time input is x, every other input a constant (or absent), so that one line names every
-# linear node a primitive can fold:
-#   Affine(x)   BatchNormalization, Mul / Div / Add / Sub by a constant (Div only as x / k)
-#   Linear(x)   an Affine, or a Conv, AveragePool or Pad of x
-#   Dense(x)    a Gemm or MatMul of x by a constant weight
-# Whether the constants fit (a per-channel or per-feature scale, zero padding) is the
-# primitive's to check, and to say.
-AFFINE = frozenset({"BatchNormalization", "Mul", "Div", "Add", "Sub"})
-LINEAR = AFFINE | {"Conv", "AveragePool", "Pad"}
-DENSE = frozenset({"Gemm", "MatMul"})
-OP_CLASSES = {"Affine": AFFINE, "Linear": LINEAR, "Dense": DENSE}
 
 
 class PatternSyntaxError(ValueError):

@@ -14,6 +14,20 @@ from dataclasses import dataclass, field
 
 from .. import ir
 
+# Op classes, the pattern language's (here, in the primitives' interface, because primitives
+# name them too): a pattern line `OUT = Class(x)` matches a node of any of these ops whose one
+# run-time input is x, every other input a constant (or absent), so that one line names every
+# linear node a primitive can fold:
+#   Affine(x)   BatchNormalization, Mul / Div / Add / Sub by a constant (Div only as x / k)
+#   Linear(x)   an Affine, or a Conv, AveragePool or Pad of x
+#   Dense(x)    a Gemm or MatMul of x by a constant weight
+# Whether the constants fit (a per-channel or per-feature scale, zero padding) is the
+# primitive's to check, and to say.
+AFFINE = frozenset({"BatchNormalization", "Mul", "Div", "Add", "Sub"})
+LINEAR = AFFINE | {"Conv", "AveragePool", "Pad"}
+DENSE = frozenset({"Gemm", "MatMul"})
+OP_CLASSES = {"Affine": AFFINE, "Linear": LINEAR, "Dense": DENSE}
+
 
 @dataclass
 class Rewrite:

@@ -24,10 +24,10 @@ from hypothesis import HealthCheck, find, settings
 from hypothesis.errors import NoSuchExample
 
 from ..errors import ConvexportError, first_line
-from ..export import graph_input_specs
 from ..files import write_atomically
 from ..float64 import Float64Evaluator, Float64Unavailable, as_float64
 from ..inputs import random_inputs
+from ..onnx_route import graph_input_specs
 from ..rewrite.engine import rewrite_model
 from ..rewrite.primitives import Primitive
 from ..rewrite.rulefile import Rule

@@ -1,0 +1,27 @@
+"""Stage 5 (--dtype fp16): the validated model in half precision (convexport/half/), written to
+report["precision"]; a ValidationError where no conversion meets the half-precision bound."""
+
+from __future__ import annotations
+
+from ..errors import ValidationError
+from ..export import ExportResult
+from ..half import in_half_precision
+from ..report_types import OptimizeReport
+from .inputs import RunInputs
+from .request import Request
+from .rewrite import Rewritten
+
+
+def in_half(
+    exported: ExportResult, rewritten: Rewritten, inputs: RunInputs, exact, request: Request, report: OptimizeReport
+):
+    """The model in request.dtype; `exact` is validation's float64 reference (None: not validated)."""
+    request.steps.start(f"converting to {request.dtype}")
+    half = in_half_precision(
+        exported.reference, rewritten.outcome.model, inputs.specs, inputs.made_up_runs, inputs.real_data, exact,
+        request.dtype, request.io_dtype, rewritten.kept, request.device,
+    )  # fmt: skip
+    report["precision"] = half.to_report()
+    if not half.passed:
+        raise ValidationError(f"{rewritten.source}: {half.failure()}; nothing was written", report)
+    return half.model

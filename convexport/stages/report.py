@@ -1,0 +1,76 @@
+"""The report's sections no single stage writes: what was run on what (model, output,
+exporter, interface, environment) and the graph before and after."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+
+from .. import __version__, ir
+from ..environment import measured_environment
+from ..export import ExportResult
+from ..loading import LoadedModel
+from ..onnx_route import overridable_input_count
+from ..report_types import SCHEMA_VERSION, OptimizeReport
+from ..stats import graph_stats
+from .rewrite import Rewritten
+
+# A file this much larger than the original's is flagged as a regression.
+REGRESSION_RATIO = 1.05
+
+
+def base_report(
+    loaded: LoadedModel, destination: Path | None, exported: ExportResult, rewritten: Rewritten
+) -> OptimizeReport:
+    """The report as the rewrite leaves it: validation and profile still to come (null)."""
+    model = rewritten.outcome.model
+    before = {**graph_stats(exported.reference), "model_bytes": ir.serialized_bytes(exported.reference)}
+    after = before if model is exported.reference else {**graph_stats(model), "model_bytes": ir.serialized_bytes(model)}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "convexport_version": __version__,
+        "model": loaded.source,
+        "output": str(destination) if destination else None,
+        "exporter": exported.exporter,
+        "export_warnings": exported.warnings,
+        "opset": ir.onnx_opset(exported.model),
+        "conversions": exported.conversions,
+        "input_changes": exported.input_changes,
+        "notes": loaded.notes,
+        "overridable_inputs": overridable_input_count(exported.model),
+        "inputs": [str(spec) for spec in exported.inputs],
+        "before": before,
+        "after": after,
+        "size_regression": after["model_bytes"] > REGRESSION_RATIO * before["model_bytes"],
+        "strategy": rewritten.strategy,
+        "growth": {key: after[key] / before[key] if before[key] else None for key in ("flops", "params")},
+        "outputs": [_output_spec(value) for value in exported.reference.graph.output],
+        "environment": measured_environment(rewritten.device),
+        "rewrites": rewritten.outcome.applied,
+        "skipped": rewritten.outcome.skipped,
+        "validation": None,
+        "profile": None,
+        **rewritten.sections,
+    }
+
+
+def restate_after(report: OptimizeReport, after: onnx.ModelProto) -> None:
+    """The report's `after` (and what it gives) for the model written, when it is not the one
+    the rewrite gave."""
+    stats = {**graph_stats(after), "model_bytes": ir.serialized_bytes(after)}
+    report["after"] = stats
+    report["size_regression"] = stats["model_bytes"] > REGRESSION_RATIO * report["before"]["model_bytes"]
+    report["growth"] = {
+        key: stats[key] / report["before"][key] if report["before"][key] else None for key in ("flops", "params")
+    }
+
+
+def _output_spec(value: onnx.ValueInfoProto) -> str:
+    """An output as NAME:DIMS:DTYPE, as the report's inputs are written."""
+    tensor_type = value.type.tensor_type
+    dims = "x".join(
+        str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor_type.shape.dim
+    )
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).name if tensor_type.elem_type else "?"
+    return f"{value.name}:{dims}:{dtype}"

@@ -1,0 +1,88 @@
+"""What optimize was asked, read and checked before any work: every option's value that can be
+wrong without the model is refused here, in the option's words."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConvexportError
+from ..half import DTYPES as HALF_DTYPES
+from ..input_data import check_data_file
+from ..inputs import InputSpec, input_specs
+from ..options import OptimizeOptions
+from ..progress import Steps, notebook_progress
+from ..rewrite.engine import STRATEGIES, STRATEGY_ALIASES
+from ..runtime import resolve_device
+from ..validate import Tolerances
+
+
+@dataclass
+class Request:
+    """optimize's options as the stages take them."""
+
+    options: OptimizeOptions
+    specs: list[InputSpec]  # --input's
+    examples: tuple | None  # example tensors given instead of --input specs
+    rule_files: list  # --rules
+    disabled_rules: list[str]
+    explain: list[str]  # --explain's RULE[@MODULE] texts
+    tolerances: Tolerances
+    strategy: str  # all | cost | measure
+    dtype: str  # the model's compute type: float32 or float16
+    io_dtype: str  # its interface's
+    device: str  # where the model will run: what cost and measure decide for, and the profile's
+    steps: Steps
+
+
+def read_request(options: OptimizeOptions) -> Request:
+    if not options.made_up_inputs and options.input_data is None:
+        raise ConvexportError("made_up_inputs=False needs input_data: the .npz of arrays to validate on instead")
+    if options.input_data is not None:
+        check_data_file(Path(options.input_data))
+    examples = example_tensors(options.inputs)
+    inputs = [] if examples is not None else as_list(options.inputs)
+    steps = Steps(options.progress if options.progress is not None else notebook_progress())
+    tolerances = Tolerances.parse(options.rtol, options.atol)
+    strategy = STRATEGY_ALIASES.get(options.strategy, options.strategy)
+    if strategy not in STRATEGIES:
+        raise ConvexportError(f"--strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    dtype, io_dtype = _precisions(options.dtype, options.io_dtype)
+    device = resolve_device(options.device)
+    specs = input_specs(inputs)
+    return Request(
+        options, specs, examples, as_list(options.rules), as_list(options.disable_rules), as_list(options.explain),
+        tolerances,
+        strategy, dtype, io_dtype, device, steps,
+    )  # fmt: skip
+
+
+def example_tensors(inputs) -> tuple | None:
+    """`inputs` as example tensors, the way torch.onnx.export takes them (one tensor or array,
+    or a tuple or list of them), or None when they are --input specs (texts, InputSpecs)."""
+    given = inputs if isinstance(inputs, (tuple, list)) else [inputs]
+    if not given or not all(hasattr(value, "shape") and hasattr(value, "dtype") for value in given):
+        return None
+    import torch
+
+    return tuple(value if isinstance(value, torch.Tensor) else torch.from_numpy(np.asarray(value)) for value in given)
+
+
+def as_list(given) -> list:
+    """One value (a str or Path) or a sequence of them, as a list: never a string's characters."""
+    if given is None:
+        return []
+    return [given] if isinstance(given, (str, Path, InputSpec)) else list(given)
+
+
+def _precisions(dtype: str, io_dtype: str | None) -> tuple[str, str]:
+    """--dtype and --io-dtype as the types' names: the model's, and its interface's."""
+    for flag, given in (("--dtype", dtype), ("--io-dtype", io_dtype or "fp32")):
+        if given not in HALF_DTYPES:
+            raise ConvexportError(f"{flag} {given}: expected fp32 or fp16")
+    model, interface = HALF_DTYPES[dtype], HALF_DTYPES[io_dtype or "fp32"]
+    if interface not in ("float32", model):
+        raise ConvexportError(f"--io-dtype {io_dtype} with --dtype {dtype}: the interface is fp32 or the model's own")
+    return model, interface

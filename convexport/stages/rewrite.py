@@ -1,0 +1,123 @@
+"""Stage 3: constant folding and the rules, ONNX Runtime's fusions kept whole, copies of a
+weight written once; and, for a bisection, the same rewrite stopped after its first N rewrites."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from .. import ir, transformer_fusions
+from ..errors import ConvexportError
+from ..explain import ExplainRequest, explanations
+from ..export import ExportResult
+from ..folds import builtin_primitives
+from ..low_rank import low_rank_branches_left
+from ..progress import BytesShown
+from ..rewrite.engine import rewrite_model
+from ..rewrite.rulefile import builtin_rule_files, load_rules, rule_files
+from ..rewrite.runtime_fusions import fusion_entries
+from .request import Request
+
+
+@dataclass
+class RulesAsked:
+    """The rules to run and the --explain requests, read before any work."""
+
+    rules: list
+    explain: list[ExplainRequest]
+
+
+def rules_asked(request: Request) -> RulesAsked:
+    explain = [ExplainRequest.parse(given) for given in request.explain]
+    rules = _rules(
+        request.rule_files, request.options.builtin_rules, request.disabled_rules, [asked.rule for asked in explain]
+    )
+    return RulesAsked(rules, explain)
+
+
+def _rules(paths: Sequence[str | Path], builtin: bool, disabled: Sequence[str] = (), explained: Sequence[str] = ()):
+    """The rules to run: the built-in ones (unless not `builtin`) and the files in `paths`,
+    without those `disabled`; a name in `disabled` or `explained` that no rule has is an error."""
+    primitives = builtin_primitives()
+    files = (builtin_rule_files() if builtin else []) + rule_files(list(paths))
+    rules = load_rules(files, set(primitives))
+    names = [rule.name for rule in rules]
+    for option, given in (("--disable-rule", disabled), ("--explain", explained)):
+        for name in given:
+            if name not in names:
+                close = difflib.get_close_matches(name, names, n=3)
+                hint = f"; did you mean {', '.join(close)}?" if close else "; `convexport rules list` names them"
+                raise ConvexportError(f"{option} {name}: no rule of that name{hint}")
+    return [rule for rule in rules if rule.name not in set(disabled)]
+
+
+@dataclass
+class Rewritten:
+    """The rewrite's outcome (its model, the rewrites applied and refused) and what replaying
+    it needs: the folded model the rules ran on, the kernels kept whole, the cost or measure
+    decisions. `sections` are the report's parts this stage knows, in the report's order."""
+
+    outcome: object  # rewrite.engine.RewriteOutcome
+    folded: onnx.ModelProto
+    kept: list
+    decided: dict
+    rules: list
+    source: str
+    strategy: str
+    device: str
+    sections: dict = field(default_factory=dict)
+
+    def first(self, limit: int) -> onnx.ModelProto:
+        """The model after the first `limit` rewrites only, for a bisection (the decisions of
+        cost and measure replayed, never made again)."""
+        return rewrite_model(
+            self.folded, self.rules, builtin_primitives(), self.strategy, self.source, limit, self.device,
+            self.decided, kept_kernels=self.kept,
+        ).model  # fmt: skip
+
+
+def rewritten(exported: ExportResult, source: str, asked: RulesAsked, request: Request) -> Rewritten:
+    primitives = builtin_primitives()
+    explained = frozenset(question.rule for question in asked.explain)
+
+    def rewrite(folded: onnx.ModelProto, kept: list, decided: dict):
+        return rewrite_model(
+            folded, asked.rules, primitives, request.strategy, source, device=request.device, decided=decided,
+            explain=explained, kept_kernels=kept,
+        )  # fmt: skip
+
+    say = request.steps.start
+    with ir.counting_bytes(BytesShown(say, "rewriting", "of weights read", ir.weight_bytes(exported.model))):
+        stage = transformer_fusions.rewrite_keeping_fusions(
+            exported.model, exported.reference, source, request.strategy, rewrite
+        )
+    outcome = stage.outcome
+    deduplicated = ir.deduplicate_initializers(outcome.model)  # copies of a weight, written once
+    outcome.model = deduplicated.model
+    sections: dict = {}
+    if deduplicated.merged:
+        sections["deduplicated_initializers"] = {
+            "merged": deduplicated.merged,
+            "bytes_saved": deduplicated.bytes_saved,
+        }
+    sections["low_rank_branches_left"] = low_rank_branches_left(outcome.model, outcome.provenance)
+    sections["runtime_fusions"] = fusion_entries(outcome.applied, outcome.skipped)
+    if stage.before.counts:
+        sections["transformer_fusions"] = transformer_fusions.report_entry(stage)
+    if asked.explain:
+        sections["explain"], sections["explain_modules"] = explanations(
+            asked.explain, outcome.explained, outcome.provenance
+        )
+    sections["constant_folding"] = {
+        "nodes_before": len(exported.model.graph.node),
+        "nodes_after": len(stage.folded.graph.node),
+        "between_rules": outcome.folded,
+    }
+    return Rewritten(
+        outcome, stage.folded, stage.kept, stage.decided, asked.rules, source, request.strategy, request.device,
+        sections,
+    )  # fmt: skip

@@ -1,0 +1,132 @@
+"""The reports' JSON Schema (issue 53): made from report_types.py, shipped, documented, and
+able to tell a report that breaks it. That every report the suite writes meets it is checked
+by conftest.reports_match_the_schema, on every test."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import typing
+from pathlib import Path
+
+import jsonschema
+import pytest
+from conftest import ROOT, schema_problem
+from helpers import assert_user_error, invoke
+
+from convexport import report_types
+from convexport.errors import ConvexportError
+from convexport.report_schema import json_schema, report_header, schema_text, with_fields
+
+REPORTS = Path(__file__).parent / "fixtures" / "reports"  # written by this version (schema 1.0)
+DOCS = ROOT / "docs"
+
+
+def test_the_schema_is_a_valid_draft_2020_12_schema():
+    jsonschema.Draft202012Validator.check_schema(json_schema())
+
+
+def test_the_shipped_schema_is_the_generated_one():
+    shipped = (DOCS / "report.schema.json").read_text(encoding="utf-8")
+    assert shipped == schema_text(), "docs/report.schema.json is stale: make report-docs"
+
+
+def test_the_command_prints_the_schema_and_names_a_report():
+    printed = invoke("report-schema")
+    assert printed.exit_code == 0 and json.loads(printed.stdout) == json_schema()
+    named = invoke("report-schema", REPORTS / "optimize-1.0.json")
+    assert named.exit_code == 0
+    assert "optimize report, schema version 1.0 (convexport " in named.stdout
+
+
+def test_the_fields_in_the_docs_are_the_generated_ones():
+    text = (DOCS / "commands.md").read_text(encoding="utf-8")
+    assert with_fields(text) == text, "docs/commands.md's fields are stale: make report-docs"
+    assert "|" not in "".join(_descriptions(json_schema())), "a description with | breaks its Markdown table"
+
+
+def _descriptions(schema) -> list[str]:
+    if isinstance(schema, dict):
+        return [schema.get("description", ""), *(d for value in schema.values() for d in _descriptions(value))]
+    if isinstance(schema, list):
+        return [d for value in schema for d in _descriptions(value)]
+    return []
+
+
+@pytest.mark.parametrize("kind", ["optimize", "validate", "profile"])
+def test_a_report_of_this_version_reads_back_and_says_which_it_is(kind, report_validator):
+    report = json.loads((REPORTS / f"{kind}-1.0.json").read_text(encoding="utf-8"))
+    assert schema_problem(report_validator, report) is None
+    header = report_header(report)
+    assert (header.kind, header.schema_version) == (kind, "1.0")
+
+
+def test_a_report_from_before_the_schema_is_version_0():
+    report = json.loads((REPORTS / "optimize-1.0.json").read_text(encoding="utf-8"))
+    del report["schema_version"]
+    assert report_header(report).schema_version == "0"
+    assert (report_header(report).kind, report_header(report).convexport_version) == ("optimize", "0.1.0")
+
+
+def test_what_is_not_a_report_is_said_in_one_line(tmp_path):
+    with pytest.raises(ConvexportError, match="not a convexport report"):
+        report_header([1, 2])
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"speed": "fast"}')
+    assert_user_error(invoke("report-schema", notes), "notes.json", "not a convexport report")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    assert_user_error(invoke("report-schema", broken), "broken.json", "not JSON")
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)  # reading it would wait for a writer forever
+    assert_user_error(invoke("report-schema", fifo), "pipe.json", "not a regular file")
+    assert_user_error(invoke("report-schema", tmp_path), str(tmp_path), "is a folder")
+
+
+def _mutated(change) -> dict:
+    report = json.loads((REPORTS / "optimize-1.0.json").read_text(encoding="utf-8"))
+    change(report)
+    return report
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        (lambda r: r["before"].update(nodes="12"), "$.before.nodes"),
+        (lambda r: r["before"].update(surprise=1), "$.before"),
+        (lambda r: r["environment"].update(gpu=3), "$.environment.gpu"),
+        (lambda r: r["validation"]["outputs"]["conv2d_1"].pop("max_abs"), "$.validation.outputs.conv2d_1"),
+        (lambda r: r["profile"].update(verdict="quicker"), "$.profile.verdict"),
+        (lambda r: r.pop("rewrites"), "$"),
+    ],
+)
+def test_the_schema_catches_a_field_missing_mistyped_or_undeclared(change, where, report_validator):
+    problem = schema_problem(report_validator, _mutated(change))
+    assert problem is not None and problem.startswith(where), problem
+
+
+def test_a_rewrite_and_its_decision_may_carry_their_primitives_own_fields(report_validator):
+    report = _mutated(lambda r: r["rewrites"][0]["decision"].update(macs_per_row=12))
+    assert schema_problem(report_validator, report) is None
+    report = _mutated(lambda r: r["rewrites"][0].update(my_primitives_note="a user primitive's Rewrite.extra"))
+    assert schema_problem(report_validator, report) is None
+
+
+def test_every_declared_type_is_part_of_a_report():
+    declared = {name: value for name, value in vars(report_types).items() if typing.is_typeddict(value)}
+    defined = set(json_schema()["$defs"])
+    assert defined <= set(declared)
+
+    def fields(name: str) -> frozenset[str]:
+        return declared[name].__required_keys__ | declared[name].__optional_keys__
+
+    for unnamed in set(declared) - defined:  # a base of a section the reports name: its fields are that one's
+        assert any(fields(unnamed) < fields(name) for name in defined), f"{unnamed} is in no report"
+
+
+def test_the_report_says_its_schema_version():
+    assert re.fullmatch(r"\d+\.\d+", report_types.SCHEMA_VERSION)
+    for kind in ("optimize", "validate", "profile"):
+        report = json.loads((REPORTS / f"{kind}-1.0.json").read_text(encoding="utf-8"))
+        assert next(iter(report)) == "schema_version"
