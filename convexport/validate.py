@@ -167,6 +167,16 @@ class OutputError:
         )
 
 
+@dataclass(frozen=True)
+class ReferenceRuns:
+    """The reference model's outputs (by position, as `names`) on each input set, on `device`."""
+
+    names: list[str]
+    feeds: list[dict]
+    outputs: list[list[np.ndarray]]
+    device: str
+
+
 @dataclass
 class ValidationResult:
     passed: bool
@@ -182,6 +192,9 @@ class ValidationResult:
     # the first input set and the candidate's outputs on it, for a second look at the candidate
     # that needs no session of it again (TF32's effect on the device)
     sample: tuple[dict, list[np.ndarray]] | None = field(default=None, repr=False)
+    # the reference's outputs on every input set, for a later judge of the same inputs (--dtype
+    # fp16's) that need not run the reference again
+    reference_runs: ReferenceRuns | None = field(default=None, repr=False)
 
     def to_report(self) -> dict:
         report = {
@@ -268,6 +281,7 @@ def compare_models(
     # session released before the candidate's opens (a session holds the model's weights: two
     # at once doubled validation's peak memory on large models).
     names, all_feeds, expected_runs = reference_runs(reference, inputs, runs, seed, extra_feeds, labels[0], device)
+    result.reference_runs = ReferenceRuns(names, all_feeds, expected_runs, device)
     heap.release_after(reference)  # its session, before the float64 evaluator's or the candidate's
     if exact is True:
         exact = exact_reference(

@@ -318,3 +318,24 @@ def test_validate_judges_a_float16_file_at_float16s_roundoff_and_still_finds_a_w
     weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * np.float16(1.05), weight.name))
     onnx.save(tampered, tmp_path / "tampered.onnx")
     assert invoke("validate", original, tmp_path / "tampered.onnx").exit_code == 3
+
+
+def test_the_original_runs_once_for_validation_and_half_precision_alike(tmp_path, monkeypatch):
+    """The half-precision judge takes validation's runs of the original on the same input sets
+    rather than a session and runs of its own (a 256 MiB model's session costs seconds); without
+    validation it makes them itself."""
+    from convexport import validate
+
+    real, calls = validate.reference_runs, []
+
+    def counted(*args, **kwargs):
+        calls.append(args[-1])  # the device
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(validate, "reference_runs", counted)
+    result, half = optimized_in_half(conv_net(), tmp_path)
+    assert calls == ["cpu"] and result.report["precision"]["validation"]["passed"]
+    judged_again(conv_net(), half, result.report)
+    calls.clear()
+    unvalidated = convexport.optimize(conv_net(), output=tmp_path / "u.onnx", dtype="fp16", profile=False, validate=False)
+    assert calls == ["cpu"] and unvalidated.report["precision"]["validation"]["passed"]

@@ -36,13 +36,19 @@ def in_half_precision(
     io_dtype: str,
     fused: list[tuple[str, frozenset[str]]],
     device: str,
+    original_runs=None,
 ) -> HalfPrecision:
     """`optimized` in `dtype` (package doc), judged on the input sets validation used (`runs`
     made up from `inputs`, then `extra_feeds`) against `exact` (validation's float64 reference of
-    `original`; computed here where validation did not run)."""
+    `original`; computed here where validation did not run). `original_runs` are validation's
+    runs of `original` on those sets (validate.ReferenceRuns): used where they were made on
+    `device`, rather than running the original again."""
     from ..validate import reference_runs
 
-    names, feeds, float32 = reference_runs(original, inputs, runs, 0, extra_feeds, "the model as given", device)
+    if original_runs is not None and original_runs.device == device:
+        names, feeds, float32 = original_runs.names, original_runs.feeds, original_runs.outputs
+    else:
+        names, feeds, float32 = reference_runs(original, inputs, runs, 0, extra_feeds, "the model as given", device)
     if exact is None:
         exact = exact_reference(original, feeds)
     exact_outputs = [dict(zip(names, exact.outputs[i])) if exact.available(i) else None for i in range(len(feeds))]

@@ -7,19 +7,28 @@ from ..errors import ValidationError
 from ..export import ExportResult
 from ..half import in_half_precision
 from ..report_types import OptimizeReport
+from ..validate import ValidationResult
 from .inputs import RunInputs
 from .request import Request
 from .rewrite import Rewritten
 
 
 def in_half(
-    exported: ExportResult, rewritten: Rewritten, inputs: RunInputs, exact, request: Request, report: OptimizeReport
+    exported: ExportResult,
+    rewritten: Rewritten,
+    inputs: RunInputs,
+    validated: ValidationResult | None,
+    request: Request,
+    report: OptimizeReport,
 ):
-    """The model in request.dtype; `exact` is validation's float64 reference (None: not validated)."""
+    """The model in request.dtype, judged on validation's float64 reference and its runs of the
+    original (`validated`; None where it did not run: both are made here)."""
     request.steps.start(f"converting to {request.dtype}")
+    exact = validated.exact if validated is not None else None
+    original_runs = validated.reference_runs if validated is not None else None
     half = in_half_precision(
         exported.reference, rewritten.outcome.model, inputs.specs, inputs.made_up_runs, inputs.real_data, exact,
-        request.dtype, request.io_dtype, rewritten.kept, request.device,
+        request.dtype, request.io_dtype, rewritten.kept, request.device, original_runs,
     )  # fmt: skip
     report["precision"] = half.to_report()
     if not half.passed:
