@@ -12,10 +12,8 @@ from ..profile import profile_models
 from ..report_types import OptimizeReport
 from ..runtime import MissingKernel
 from .inputs import RunInputs
+from .report import REGRESSION_RATIO
 from .request import Request
-
-# Peak memory this much above the original's is flagged as a regression.
-REGRESSION_RATIO = 1.05
 
 
 def profiled(

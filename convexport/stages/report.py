@@ -16,7 +16,8 @@ from ..report_types import SCHEMA_VERSION, OptimizeReport
 from ..stats import graph_stats
 from .rewrite import Rewritten
 
-# A file this much larger than the original's is flagged as a regression.
+# A file (or, in the profile, a peak memory) this much larger than the original's is flagged
+# as a regression.
 REGRESSION_RATIO = 1.05
 
 
@@ -25,8 +26,9 @@ def base_report(
 ) -> OptimizeReport:
     """The report as the rewrite leaves it: validation and profile still to come (null)."""
     model = rewritten.outcome.model
-    before = {**graph_stats(exported.reference), "model_bytes": ir.serialized_bytes(exported.reference)}
-    after = before if model is exported.reference else {**graph_stats(model), "model_bytes": ir.serialized_bytes(model)}
+    before = _stats(exported.reference)
+    after = before if model is exported.reference else _stats(model)
+    larger, growth = _against(before, after)
     return {
         "schema_version": SCHEMA_VERSION,
         "convexport_version": __version__,
@@ -42,9 +44,9 @@ def base_report(
         "inputs": [str(spec) for spec in exported.inputs],
         "before": before,
         "after": after,
-        "size_regression": after["model_bytes"] > REGRESSION_RATIO * before["model_bytes"],
+        "size_regression": larger,
         "strategy": rewritten.strategy,
-        "growth": {key: after[key] / before[key] if before[key] else None for key in ("flops", "params")},
+        "growth": growth,
         "outputs": [_output_spec(value) for value in exported.reference.graph.output],
         "environment": measured_environment(rewritten.device),
         "rewrites": rewritten.outcome.applied,
@@ -58,12 +60,18 @@ def base_report(
 def restate_after(report: OptimizeReport, after: onnx.ModelProto) -> None:
     """The report's `after` (and what it gives) for the model written, when it is not the one
     the rewrite gave."""
-    stats = {**graph_stats(after), "model_bytes": ir.serialized_bytes(after)}
-    report["after"] = stats
-    report["size_regression"] = stats["model_bytes"] > REGRESSION_RATIO * report["before"]["model_bytes"]
-    report["growth"] = {
-        key: stats[key] / report["before"][key] if report["before"][key] else None for key in ("flops", "params")
-    }
+    report["after"] = _stats(after)
+    report["size_regression"], report["growth"] = _against(report["before"], report["after"])
+
+
+def _stats(model: onnx.ModelProto) -> dict:
+    return {**graph_stats(model), "model_bytes": ir.serialized_bytes(model)}
+
+
+def _against(before: dict, after: dict) -> tuple[bool, dict]:
+    """Whether the file grew past REGRESSION_RATIO, and FLOPs and parameters after over before."""
+    larger = after["model_bytes"] > REGRESSION_RATIO * before["model_bytes"]
+    return larger, {key: after[key] / before[key] if before[key] else None for key in ("flops", "params")}
 
 
 def _output_spec(value: onnx.ValueInfoProto) -> str:
