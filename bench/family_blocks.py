@@ -256,11 +256,11 @@ class RepVGGBlock(Reparameterizable):
         return nn.Sequential(conv_with(self.dense.conv, *summed(pairs)), nn.ReLU())
 
 
-def repvgg():
-    torch.manual_seed(1)
+def repvgg(seed: int = 1):
+    torch.manual_seed(seed)
     widths = [(3, 16, 2), (16, 16, 1), (16, 32, 2), (32, 32, 1), (32, 64, 2), (64, 64, 1)]
     blocks = [RepVGGBlock(cin, cout, stride) for cin, cout, stride in widths]
-    return built(nn.Sequential(*blocks, Classifier(64)), seed=1)
+    return built(nn.Sequential(*blocks, Classifier(64)), seed=seed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,13 +310,13 @@ def mobileone_stage(cin: int, cout: int, stride: int, branches: int, act: type[n
             MobileOneBlock(cin, cout, 1, 1, 1, branches, act=act())]
 
 
-def mobileone():
-    torch.manual_seed(2)
+def mobileone(seed: int = 2):
+    torch.manual_seed(seed)
     branches = 4  # MobileOne-S0's k
     layers = [MobileOneBlock(3, 16, 3, 2, 1, branches, act=nn.ReLU())]
     for cin, cout, stride in [(16, 32, 2), (32, 32, 1), (32, 64, 2), (64, 64, 1)]:
         layers += mobileone_stage(cin, cout, stride, branches)
-    return built(nn.Sequential(*layers, Classifier(64)), seed=2)
+    return built(nn.Sequential(*layers, Classifier(64)), seed=seed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,13 +388,13 @@ class LargeKernelConv(Reparameterizable):
                              nn.GELU())
 
 
-def fastvit():
-    torch.manual_seed(3)
+def fastvit(seed: int = 3):
+    torch.manual_seed(seed)
     stem = [MobileOneBlock(3, 32, 3, 2, 1, 1, act=nn.GELU()), MobileOneBlock(32, 32, 3, 2, 32, 1, act=nn.GELU()),
             MobileOneBlock(32, 32, 1, 1, 1, 1, act=nn.GELU())]
     embed = [LargeKernelConv(32, 64, 2), MobileOneBlock(64, 64, 1, 1, 1, 1, act=nn.GELU())]
     layers = [*stem, RepMixerBlock(32), RepMixerBlock(32), *embed, RepMixerBlock(64), RepMixerBlock(64)]
-    return built(nn.Sequential(*layers, Classifier(64)), seed=3)
+    return built(nn.Sequential(*layers, Classifier(64)), seed=seed)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 reach for, each judged against the exact (float64) result of the model as exported.
 
     PYTHONPATH=FP16_PACKAGES[:HF_PACKAGES] .venv/bin/python bench/half_precision.py [--only NAME] [--write FILE]
+    PYTHONPATH=FP16_PACKAGES .venv/bin/python bench/half_precision.py --seeds 10 [--only FAMILY]
 
 Needs onnxconverter-common 1.16 and onnxslim 0.1 (`pip install --no-deps --target FOLDER`, not
 in convexport's environment); the BERT and GPT-2 rows also transformers 4.57 (bench/
@@ -274,11 +275,61 @@ def fused(path: Path, name: str, gpu: bool) -> str:
     return ", ".join(f"{count} {op}" for op, count in sorted(counts.items())) or "nothing"
 
 
+SEEDED_FAMILIES = ("repvgg", "mobileone", "fastvit")
+
+
+def seed_spread(families: list[str], seeds: int) -> list[str]:
+    """The folded families over `seeds` initialisations each: convexport --dtype fp16's error
+    against float64 over onnxconverter-common's float16 conversion of the unfolded export (the
+    nearest peer on these families), the largest and the rms error. One network's ratio is a
+    draw: its 10 logits on 3 input sets are few numbers, and a rounding error's effect on them
+    comes out larger or smaller by chance."""
+    rows = ["| family | seeds | max error ratio: geometric mean (min - max) | rms error ratio: the same |",
+            "|---|---|---|---|"]  # fmt: skip
+    for family in families:
+        ratios = []
+        for seed in range(seeds):
+            ours, peer = _seeded_errors(family, seed)
+            ratios.append([a / b for a, b in zip(ours, peer)])
+            print(f"{family} seed {seed}: convexport {ours[0]:.2e} / {ours[1]:.2e}, "
+                  f"onnxconverter-common {peer[0]:.2e} / {peer[1]:.2e}", flush=True)  # fmt: skip
+        cells = [f"{np.exp(np.log(c).mean()):.2f} ({c.min():.2f} - {c.max():.2f})" for c in np.array(ratios).T]
+        rows.append(f"| {family} | {seeds} | {cells[0]} | {cells[1]} |")
+    return rows
+
+
+def _seeded_errors(family: str, seed: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(convexport's, onnxconverter-common's) error_vs_exact on the family built from `seed`."""
+    import family_blocks
+    from onnxconverter_common import float16
+
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        module, inputs = getattr(family_blocks, family)(seed)
+        original, ours, peer = folder / "m.onnx", folder / "cx16.onnx", folder / "occ.onnx"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(module.eval(), inputs, str(original), input_names=["x"], dynamo=False, opset_version=17)
+        sets = input_sets(original)
+        evaluator = Float64Evaluator(onnx.load(str(original)))
+        exact = [evaluator.run(feeds) for feeds in sets]
+        _quietly(lambda: convexport.optimize(str(original), output=str(ours), dtype="fp16", profile=False))
+        onnx.save(float16.convert_float_to_float16(onnx.load(str(original)), keep_io_types=True), str(peer))
+        return error_vs_exact(ours, sets, exact), error_vs_exact(peer, sets, exact)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", action="append")
     parser.add_argument("--write")
+    parser.add_argument("--seeds", type=int, help="instead: the folded families over this many initialisations each")
     args = parser.parse_args()
+    if args.seeds:
+        rows = seed_spread([f for f in SEEDED_FAMILIES if not args.only or f in args.only], args.seeds)
+        print("\n".join(rows))
+        if args.write:
+            Path(args.write).write_text("\n".join(rows) + "\n")
+        return
     fusions = []
     rows = [
         "| model | tool | runs | max error / rms | rms error / rms | nodes | Casts | CPU ms (fp32 original) | CPU ms |",

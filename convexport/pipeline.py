@@ -145,7 +145,8 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
     if options.validate:
         checked = check.checked(graph, rewritten, runs, request, exported.torch_source, report)
     if request.dtype != "float32":
-        outcome.model = half.in_half(graph, rewritten, runs, checked.result if checked else None, request, report)
+        validated = checked.result if checked else None
+        outcome.model = half.in_half(graph, rewritten, runs, validated, request, report, cleanup)
         stage_report.restate_after(report, outcome.model)
     exported.torch_source = None  # the torch model's float64 copy (twice its weights), before the profile's sessions
     tf32_sample = checked.tf32_sample if checked else None

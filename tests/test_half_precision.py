@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -112,11 +113,9 @@ def test_weights_are_rounded_once_from_the_fold(tmp_path):
     np.testing.assert_array_equal(weight[:, :, 0, 0], fold.astype(np.float32).astype(np.float16))
 
 
-def test_a_difference_of_large_terms_grows_a_float32_region_back_from_the_output(tmp_path):
+def _difference_of_large_terms():
     """relu(conv_a(x) * 300 + 5000) - relu(conv_b(x) * 300 + 5000) with two convs of nearly
-    the same weights: each term in float16 is 5000 to within 4, their difference about 0.3;
-    each node but the Sub is within its own bound, the output is not, and the float32 region
-    that fixes it is the Sub and what feeds it."""
+    the same weights: each term in float16 is 5000 to within 4, their difference about 0.3."""
     rng = np.random.default_rng(2)
     wa = rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32)
     wb = wa + rng.normal(0, 1e-3, wa.shape).astype(np.float32)
@@ -129,7 +128,13 @@ def test_a_difference_of_large_terms_grows_a_float32_region_back_from_the_output
         helper.make_node("Relu", ["at"], ["ra"]), helper.make_node("Relu", ["bt"], ["rb"]),
         helper.make_node("Sub", ["ra", "rb"], ["y"]),
     ]  # fmt: skip
-    model = make_model(nodes, [tensor("x", [1, 3, 8, 8])], [tensor("y", [1, 4, 8, 8])], weights)
+    return make_model(nodes, [tensor("x", [1, 3, 8, 8])], [tensor("y", [1, 4, 8, 8])], weights)
+
+
+def test_a_difference_of_large_terms_grows_a_float32_region_back_from_the_output(tmp_path):
+    """_difference_of_large_terms: each node but the Sub is within its own bound, the output is
+    not, and the float32 region that fixes it is the Sub and what feeds it."""
+    model = _difference_of_large_terms()
     result, half = optimized_in_half(model, tmp_path)
     precision = result.report["precision"]
     kept = {entry["op"] for entry in precision["kept_float32"]}
@@ -339,3 +344,130 @@ def test_the_original_runs_once_for_validation_and_half_precision_alike(tmp_path
     calls.clear()
     unvalidated = convexport.optimize(conv_net(), output=tmp_path / "u.onnx", dtype="fp16", profile=False, validate=False)
     assert calls == ["cpu"] and unvalidated.report["precision"]["validation"]["passed"]
+
+
+def test_the_half_stage_holds_no_more_than_validation_did(tmp_path):
+    """Issue 52's memory bound: the conversion may add half the weights' bytes (the float16
+    model), not copies of them. Measured as the largest traced allocation (numpy's arrays, not
+    ONNX Runtime's) in each step, on 64 MiB of weights, enough for the heap to be released after
+    a stage (heap.LARGE_BYTES): the conversion stays within what validation took. Before, every
+    weight was held in float64 through the stage, beside the float64 evaluator's own copy (373
+    MiB against validation's 244)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    size, nodes, weights, previous = 2048, [], {}, "x"
+    for index in range(4):
+        weights[f"w{index}"] = (rng.standard_normal((size, size)) / np.sqrt(size)).astype(np.float32)
+        made = f"h{index}" if index < 3 else "y"
+        nodes.append(helper.make_node("MatMul", [previous, f"w{index}"], [made]))
+        if index < 3:
+            nodes.append(helper.make_node("Relu", [made], [f"{made}r"]))
+            previous = f"{made}r"
+    model = make_model(nodes, [tensor("x", [8, size])], [tensor("y", [8, size])], weights)
+    peaks, current = {}, [None]
+
+    def progress(text: str) -> None:
+        step = text.split()[0]
+        if step != current[0]:
+            if current[0] is not None:
+                peaks[current[0]] = max(peaks.get(current[0], 0), tracemalloc.get_traced_memory()[1])
+            tracemalloc.reset_peak()
+            current[0] = step
+
+    tracemalloc.start()
+    try:
+        result = convexport.optimize(model, dtype="fp16", profile=False, write=False, progress=progress)
+        peaks[current[0]] = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.report["precision"]["validation"]["passed"]
+    assert peaks["converting"] <= peaks["validating"], {step: f"{peak / 2**20:.0f} MiB" for step, peak in peaks.items()}
+
+
+def test_a_large_models_attempts_are_on_the_outputs_disk_and_only_the_chosen_one_stays(tmp_path, monkeypatch):
+    """A large model's attempts (half/on_disk.py) are written beside the output as they are made
+    rather than held: here every model counts as large (ir.large's SERIALISED_MAX_BYTES at 256
+    bytes, a tensor of 16 bytes goes to the file) and the model needs several attempts (the
+    float32 region grown back by bisection). Each attempt's folder is removed when the attempt is
+    dropped, the chosen one's once the model is written; the output names its own weights file
+    and is the same model as one made in memory."""
+    from convexport import ir
+    from convexport.half import choose, on_disk
+    from convexport.ir import large
+
+    in_memory = tmp_path / "in_memory"
+    in_memory.mkdir()
+    expected, _ = optimized_in_half(_difference_of_large_terms(), in_memory)
+    monkeypatch.setattr(large, "SERIALISED_MAX_BYTES", 256)
+    monkeypatch.setattr(large, "EXTERNAL_TENSOR_MIN_BYTES", 16)
+    folders_alive = []
+
+    def watched(converted):
+        spilled = on_disk.on_disk(converted)
+        assert spilled.files is not None and ir.is_file_backed(spilled.model.graph.initializer[0])
+        folders_alive.append(sum(1 for path in tmp_path.iterdir() if path.is_dir() and path.name != "in_memory"))
+        return spilled
+
+    monkeypatch.setattr(choose, "on_disk", watched)
+    result, half = optimized_in_half(_difference_of_large_terms(), tmp_path)
+    assert result.report["precision"]["attempts"] >= 3 and len(folders_alive) == result.report["precision"]["attempts"]
+    # the validation's weights folder, and at most two attempts: the best so far and the one being judged
+    assert max(folders_alive) <= 3, folders_alive
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
+        ["in_memory", "m.onnx", "m.fp16.onnx", Path(result.output_weights).name]
+    )
+    assert result.report["precision"] == expected.report["precision"]
+    session = ort.InferenceSession(str(tmp_path / "m.fp16.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    reference = ort.InferenceSession(str(in_memory / "m.fp16.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, feeds)[0], reference.run(None, feeds)[0])
+
+
+class _Branches(torch.nn.Module):
+    """A 3x3 conv-BN and a 1x1 conv summed, Relu, pooled, a linear head: what every route folds."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.point = torch.nn.Conv2d(3, 8, 1)
+        self.norm = torch.nn.BatchNorm2d(8)
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.norm(self.dense(x)) + self.point(x)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("route", ["torchscript", "exported_program", "module_object"])
+def test_every_torch_route_gives_a_float16_model_near_the_torch_models_float64_result(tmp_path, route):
+    """--dtype fp16 after each torch route (a TorchScript file, a torch.export program, the
+    module itself): the folds made, the weights float16, the outputs within the bound the
+    report gives of the torch model's own float64 result on fresh inputs."""
+    torch.manual_seed(0)
+    module = _Branches().eval()
+    module.norm.running_mean.uniform_(-0.5, 0.5)
+    module.norm.running_var.uniform_(0.5, 2.0)
+    example = torch.randn(1, 3, 16, 16)
+    source = {"module_object": module}
+    if route == "torchscript":
+        source[route] = str(tmp_path / "m.pt")
+        torch.jit.save(torch.jit.trace(module, example), source[route])
+    elif route == "exported_program":
+        source[route] = str(tmp_path / "m.pt2")
+        torch.export.save(torch.export.export(module, (example,)), source[route])
+    out = tmp_path / "m.fp16.onnx"
+    result = convexport.optimize(source[route], inputs=["x:1x3x16x16"], output=out, dtype="fp16", profile=False)
+    precision = result.report["precision"]
+    assert precision["validation"]["passed"] and precision["casts"] == 2
+    half = onnx.load(str(out))
+    assert Counter(node.op_type for node in half.graph.node)["Conv"] == 1
+    assert {t.data_type for t in half.graph.initializer if t.dims and t.dims[0] == 8} == {FLOAT16}
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    double = module.double()
+    for seed in range(3):
+        x = np.random.default_rng(seed).standard_normal((1, 3, 16, 16))
+        got = session.run(None, {session.get_inputs()[0].name: x.astype(np.float32)})[0]
+        with torch.no_grad():
+            exact = double(torch.from_numpy(x)).numpy()
+        (judged,) = precision["validation"]["outputs"].values()
+        assert np.abs(got - exact).max() <= 2 * judged["bound"], (seed, np.abs(got - exact).max(), judged["bound"])

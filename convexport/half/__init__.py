@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from .. import heap
 from ..exact_check import ExactReference, exact_reference
 from ..float64 import Float64Evaluator, Float64Unavailable
 from ..inputs import InputSpec
-from ..ir import tensor_array
 from ..runtime import checked_run, create_session
 from .choose import HalfPrecision, KeptFloat32, element_types, to_half_precision
 from .outputs import HalfRuns
@@ -53,19 +53,32 @@ def in_half_precision(
         exact = exact_reference(original, feeds)
     exact_outputs = [dict(zip(names, exact.outputs[i])) if exact.available(i) else None for i in range(len(feeds))]
     judged_on = HalfRuns(feeds, [dict(zip(names, run)) for run in float32], exact_outputs)
+    heap.release_after(optimized)  # validation's float64 evaluators, in cycles: before this stage's own
     values = _exact_values(optimized, feeds[0], exact.available(0))
     return to_half_precision(optimized, dtype, io_dtype, judged_on, values, fused, device)
 
 
 def _exact_values(model: onnx.ModelProto, feeds: dict, float64: bool) -> dict[str, np.ndarray]:
-    """Every tensor's value on `feeds`: the float64 run's, or where the float64 reference was
-    left out (a model too large for its budget) the float32 run's, as float64."""
+    """Every value the graph computes on `feeds`, and the feeds: the float64 run's, or where
+    the float64 reference was left out (a model too large for its budget) the float32 run's, as
+    float64. The weights are not among them: the nodes are measured on the model's own (a
+    float64 copy of every weight held through the stage was twice the weights' bytes: 2 GiB
+    more at the peak on a 1 GiB model)."""
     if float64:
         try:
-            return Float64Evaluator(model).run(feeds, intermediate=True)
+            values = _float64_values(model, feeds)
         except Float64Unavailable:
-            pass
+            values = None
+        heap.release_after(model)  # the evaluator's float64 weights, in a cycle with its ops
+        if values is not None:
+            return values
     return _float32_values(model, feeds)
+
+
+def _float64_values(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
+    values = Float64Evaluator(model).run(feeds, intermediate=True)
+    weights = {tensor.name for tensor in model.graph.initializer}
+    return {name: value for name, value in values.items() if name not in weights}
 
 
 def _float32_values(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
@@ -81,6 +94,4 @@ def _float32_values(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray
     names = [value.name for value in session.get_outputs()]
     values = dict(zip(names, checked_run(lambda: session.run(names, feeds), feeds, "the model")))
     values.update(feeds)
-    for tensor in model.graph.initializer:
-        values[tensor.name] = tensor_array(tensor)
     return {name: v.astype(np.float64) if v.dtype.kind == "f" else v for name, v in values.items()}

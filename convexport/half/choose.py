@@ -29,17 +29,19 @@ by a list of ops.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import contextlib
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
 from onnx import TensorProto
 
-from .. import ir
+from .. import heap, ir
 from ..ir import proto_subgraphs
 from ..stats import flops_by_node
 from .convert import Converted, PrecisionPlan, with_precision
 from .measure import NodeError, node_errors
+from .on_disk import handed_over, on_disk
 from .outputs import HalfRuns, OutputJudgement, judge_outputs
 from .slots import HALF_TYPES, DataSlots, NoHalfForm, data_slots
 
@@ -83,7 +85,8 @@ class HalfPrecision:
     against: str  # "float64", or "float32" where no float64 reference was computed
     attempts: int = 1  # conversions judged, the bisection's included
     measured: int = 0  # nodes whose own error was measured
-    notes: list[str] = field(default_factory=list)
+    # the folder of a large model's weights (on_disk.py): the caller's to close once it is written
+    files: contextlib.ExitStack | None = None
 
     @property
     def passed(self) -> bool:
@@ -133,10 +136,12 @@ def to_half_precision(
     kept = choice.kept_by_own_error(values, fused)
     converted, judged = choice.attempt(kept)
     if _over(judged) and choice.out_of_range:
+        del converted  # an attempt that misses the bound goes before the next (a large one's files: on_disk.py)
         nodes = choice.model.graph.node
         kept = choice.with_regions({**kept, **{i: _kept_for_range(nodes[i]) for i in choice.out_of_range}})
         converted, judged = choice.attempt(kept)
     if _over(judged):
+        del converted
         kept, (converted, judged) = choice.grown_to_bound(kept, judged)
     tail = choice.closer_tail(kept, judged)
     if tail is not None:
@@ -144,7 +149,7 @@ def to_half_precision(
     listed = [kept[i] for i in sorted(kept)]
     return HalfPrecision(
         converted.model, dtype, io_dtype, converted.half_nodes, converted.casts, listed, judged, runs.against,
-        choice.attempts, len(choice.local),
+        choice.attempts, len(choice.local), files=handed_over(converted),
     )  # fmt: skip
 
 
@@ -169,6 +174,9 @@ class _Choice:
     def attempt(self, keep: dict[int, KeptFloat32]) -> Attempt:
         plan = PrecisionPlan(self.half, self.io_type, {i: s for i, s in self.candidates.items() if i not in keep})
         converted = with_precision(self.model, plan, self.types)
+        converted = on_disk(converted)  # the one in memory goes here, a large model's weights with it
+        if converted.files is not None:
+            heap.release()
         self.attempts += 1
         dtype = onnx.helper.tensor_dtype_to_np_dtype(self.half).name
         return converted, judge_outputs(converted.model, self.runs, dtype, self.device)

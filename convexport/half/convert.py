@@ -12,6 +12,8 @@ interface.
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +41,8 @@ class Converted:
     model: onnx.ModelProto
     casts: int  # Cast nodes added
     half_nodes: int  # nodes computing in half
+    files: contextlib.ExitStack | None = None  # the folder of a large model's weights (on_disk.py)
+    removal: weakref.finalize | None = None  # removes it when the attempt is dropped
 
 
 def with_precision(model: onnx.ModelProto, plan: PrecisionPlan, types: dict[str, int]) -> Converted:

@@ -23,7 +23,15 @@ from onnx_graphsurgeon import Graph, Node, Tensor, Variable
 from .constant import Constant
 from .convert import IR_VERSION, export_graph, import_graph, nodes_as_model, overridable_initializers
 from .dedupe import Deduplicated, deduplicate_initializers
-from .disk import SPILL_KIND, SPILL_PREFIX, files_for_runtime, scratch_beside, spill, spilled_weights
+from .disk import (
+    SPILL_KIND,
+    SPILL_PREFIX,
+    files_for_runtime,
+    scratch_beside,
+    scratch_folder,
+    spill,
+    spilled_weights,
+)
 from .folding import constant_node_values, fold_constants, fold_to_fixed_point
 from .large import (
     external_data_files,
@@ -80,6 +88,7 @@ __all__ = [
     "SPILL_PREFIX",
     "files_for_runtime",
     "scratch_beside",
+    "scratch_folder",
     "counting_bytes",
     "is_file_backed",
     "moved_weights",

@@ -103,6 +103,12 @@ def scratch_beside(folder: Path) -> Iterator[None]:
         _scratch.reset(token)
 
 
+def scratch_folder() -> Path | None:
+    """The folder scratch_beside named (the output's, while optimize writes one), else None."""
+    places = _scratch.get()
+    return places[0] if places else None
+
+
 def _place_for_links(files: set[str]) -> Path:
     """Where the temporary folder goes: one on the file system of the data files, where a hard
     link to them can be made (the output's folder or the system's temporary one); else the

@@ -3,6 +3,8 @@ report["precision"]; a ValidationError where no conversion meets the half-precis
 
 from __future__ import annotations
 
+import contextlib
+
 from ..errors import ValidationError
 from ..export import ExportResult
 from ..half import in_half_precision
@@ -20,9 +22,11 @@ def in_half(
     validated: ValidationResult | None,
     request: Request,
     report: OptimizeReport,
+    cleanup: contextlib.ExitStack,
 ):
     """The model in request.dtype, judged on validation's float64 reference and its runs of the
-    original (`validated`; None where it did not run: both are made here)."""
+    original (`validated`; None where it did not run: both are made here). A large model's
+    weights are in a folder `cleanup` removes (half/on_disk.py)."""
     request.steps.start(f"converting to {request.dtype}")
     exact = validated.exact if validated is not None else None
     original_runs = validated.reference_runs if validated is not None else None
@@ -30,6 +34,8 @@ def in_half(
         exported.reference, rewritten.outcome.model, inputs.specs, inputs.made_up_runs, inputs.real_data, exact,
         request.dtype, request.io_dtype, rewritten.kept, request.device, original_runs,
     )  # fmt: skip
+    if half.files is not None:
+        cleanup.enter_context(half.files)
     report["precision"] = half.to_report()
     if not half.passed:
         raise ValidationError(f"{rewritten.source}: {half.failure()}; nothing was written", report)
