@@ -471,3 +471,25 @@ def test_every_torch_route_gives_a_float16_model_near_the_torch_models_float64_r
             exact = double(torch.from_numpy(x)).numpy()
         (judged,) = precision["validation"]["outputs"].values()
         assert np.abs(got - exact).max() <= 2 * judged["bound"], (seed, np.abs(got - exact).max(), judged["bound"])
+
+
+def test_a_large_model_that_misses_the_bound_leaves_no_weights_behind(tmp_path, monkeypatch):
+    """The sin(1000 x) model of the test above with a float16 interface, every model counted as
+    large: its attempts were on disk beside the output (half/on_disk.py), and when no attempt
+    meets the bound nothing is written and none of their folders is left."""
+    from convexport.half import choose, on_disk
+    from convexport.ir import large
+
+    monkeypatch.setattr(large, "SERIALISED_MAX_BYTES", 1)
+    monkeypatch.setattr(large, "EXTERNAL_TENSOR_MIN_BYTES", 1)
+    spilled = []
+    monkeypatch.setattr(choose, "on_disk", lambda converted: spilled.append(on_disk.on_disk(converted)) or spilled[-1])
+    nodes = [helper.make_node("Mul", ["x", "k"], ["p"]), helper.make_node("Sin", ["p"], ["y"])]
+    model = make_model(nodes, [tensor("x", [4, 16])], [tensor("y", [4, 16])], {"k": np.full(16, 1000, np.float32)})
+    onnx.save(model, tmp_path / "m.onnx")
+    with pytest.raises(convexport.ValidationError, match="the float16 model misses the bound"):
+        convexport.optimize(str(tmp_path / "m.onnx"), output=str(tmp_path / "out.onnx"), dtype="fp16", io_dtype="fp16",
+                            profile=False)  # fmt: skip
+    assert spilled and all(attempt.files is not None for attempt in spilled)
+    del spilled[:]
+    assert [path.name for path in tmp_path.iterdir()] == ["m.onnx"]
