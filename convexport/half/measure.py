@@ -9,9 +9,9 @@ float32, and for the nodes over their bound once more in float32 on their inputs
 half (whether rounding its inputs is what puts a node off, rather than its own arithmetic).
 Each output is judged as validation judges a model (exact_check.judge): the half run may be off
 the exact result by FACTOR times the float32 run's own error plus FLOOR_ULPS units of the half
-type's roundoff of the output's scale. What a kernel does in half (ONNX
-Runtime's CPU provider computes a float16 Conv in float32 between Casts, CUDA's in float16
-with float32 accumulation, an ARM CPU's MLAS in float16) is what is measured.
+type's roundoff of the output's scale. What a kernel does in half (ONNX Runtime's CPU provider
+computes a float16 Conv in float32 between Casts, CUDA's in float16 with float32 accumulation,
+an ARM CPU's MLAS in float16) is what is measured.
 """
 
 from __future__ import annotations

@@ -2,12 +2,13 @@
 
 Each attempt (choose.py) is a whole model in half precision: half the weights' bytes. Held in
 memory beside the session that judges it, it was too much: ONNX Runtime's CPU provider, which
-has no float16 kernel for most ops, keeps a float32 copy of every weight it casts, so a 10 GiB
-model's judgement held its 5 GiB of float16 weights twice and the float32 copy besides, and
-the kernel ended the run at 24 GiB. Written out (ir.spill, in a folder of the output's disk
-that scratch_beside names) the attempt holds no weights, and ONNX Runtime maps them from the
-file. An attempt's folder goes when the attempt is dropped; the chosen one's is handed to the
-caller, to go once the model is written (its weights file is renamed into place then).
+has no float16 kernel for most ops, keeps a float32 copy of each weight it casts (the judging
+session of a 1 GiB model took 1.06 GiB), and a 10 GiB model's run, its attempts held in
+memory, was ended by the kernel at 24 GiB (bench/RESULTS.md). Written out (ir.spill, in a folder of
+the output's disk that scratch_beside names) the attempt holds no weights, and ONNX Runtime
+maps them from the file. An attempt's folder goes when the attempt is dropped; the chosen
+one's is handed to the caller, to go once the model is written (its weights file is renamed
+into place then).
 """
 
 from __future__ import annotations
