@@ -62,19 +62,20 @@ SAMPLES = ["seed000_subtracted_conv", "seed001_bottleneck3d", "seed002_group_att
 
 
 def _family(name):
-    def build():
+    """The family's builder: its own seed, or the one given (--seeds)."""
+
+    def build(*seed: int):
         import family_blocks
 
-        return getattr(family_blocks, name)()
+        return getattr(family_blocks, name)(*seed)
 
     return build
 
 
-def _detector():
+def _detector(*seed: int):
     import detectors
 
-    torch.manual_seed(0)
-    return detectors.tiny_yolo(), (torch.rand(1, 3, 320, 320),)
+    return detectors.tiny_yolo(*seed), (torch.rand(1, 3, 320, 320),)
 
 
 class LoRA(torch.nn.Module):
@@ -140,11 +141,14 @@ def exported(name: str, folder: Path) -> Path:
         _quietly(lambda: onnx_export_from_model(_perturbed(made()), output=out, task="feature-extraction",
                                                 do_validation=False))  # fmt: skip
         return out / "model.onnx"
-    module, inputs = made()
+    _torch_export(*made(), path)
+    return path
+
+
+def _torch_export(module: torch.nn.Module, inputs: tuple, path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(module.eval(), inputs, str(path), input_names=["x"], dynamo=False, opset_version=17)
-    return path
 
 
 def input_sets(path: Path) -> list[dict]:
@@ -275,33 +279,15 @@ def fused(path: Path, name: str, gpu: bool) -> str:
     return ", ".join(f"{count} {op}" for op, count in sorted(counts.items())) or "nothing"
 
 
-def _seeded_detector(seed: int):
-    import detectors
-
-    return detectors.tiny_yolo(seed), (torch.rand(1, 3, 320, 320),)
-
-
-def _seeded_family(name: str):
-    def build(seed: int):
-        import family_blocks
-
-        return getattr(family_blocks, name)(seed)
-
-    return build
-
-
-SEEDED_FAMILIES = {
-    **{name: _seeded_family(name) for name in ("repvgg", "mobileone", "fastvit")},
-    "yolo-like detector": _seeded_detector,
-}
+SEEDED_FAMILIES = ("repvgg", "mobileone", "fastvit", "yolo-like detector")  # MODELS' builders that take a seed
 
 
 def seed_spread(families: list[str], seeds: int) -> list[str]:
     """The folded families and the detector over `seeds` initialisations each: convexport
     --dtype fp16's error against float64 over onnxconverter-common's float16 conversion of the
-    unfolded export (the nearest peer that runs on all four), the largest and the rms error. One network's ratio is a
-    draw: its 10 logits on 3 input sets are few numbers, and a rounding error's effect on them
-    comes out larger or smaller by chance."""
+    unfolded export (the nearest peer that runs on all four), the largest and the rms error.
+    One network's ratio is a draw: its 10 logits on 3 input sets are few numbers, and a
+    rounding error's effect on them comes out larger or smaller by chance."""
     rows = ["| family | seeds | max error ratio: geometric mean x/ its standard error (min - max), seeds nearer "
             "| rms error ratio: the same |", "|---|---|---|---|"]  # fmt: skip
     for family in families:
@@ -330,12 +316,9 @@ def _seeded_errors(family: str, seed: int) -> tuple[tuple[float, float], tuple[f
 
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
-        module, inputs = SEEDED_FAMILIES[family](seed)
         original = folder / f"{family.replace(' ', '_')}.onnx"  # the detector's name asks for images in [0, 1]
         ours, peer = folder / "cx16.onnx", folder / "occ.onnx"
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(module.eval(), inputs, str(original), input_names=["x"], dynamo=False, opset_version=17)
+        _torch_export(*MODELS[family](seed), original)
         sets = input_sets(original)
         evaluator = Float64Evaluator(onnx.load(str(original)))
         exact = [evaluator.run(feeds) for feeds in sets]
