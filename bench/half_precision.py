@@ -173,6 +173,18 @@ def input_sets(path: Path) -> list[dict]:
     return sets
 
 
+def described(path: Path) -> list[str] | None:
+    """The detector's input as its user describes it to convexport (docs/commands.md: images in
+    [0, 1], `--input x:1x3x320x320:0..1`), so that its made-up input sets are drawn as
+    input_sets draws the ones every tool is measured on; None (made up as convexport does) for
+    the others."""
+    if "detector" not in path.stem:
+        return None
+    value = onnx.load(str(path), load_external_data=False).graph.input[0]
+    dims = "x".join(str(d.dim_value) for d in value.type.tensor_type.shape.dim)
+    return [f"{value.name}:{dims}:0..1"]
+
+
 def error_vs_exact(path: Path, sets: list[dict], exact: list[list[np.ndarray]]) -> tuple[float, float]:
     """The worst max|y - exact| / rms(exact), and the worst rms(y - exact) / rms(exact), over
     outputs and input sets."""
@@ -234,7 +246,8 @@ def tools(name: str, original: Path, folder: Path, sets: list[dict]) -> dict:
             made[label] = f"fails: {type(exc).__name__}: {str(exc).splitlines()[0][:70]}"
 
     attempt("convexport --dtype fp16", lambda: convexport.optimize(str(original), output=str(cx16), dtype="fp16",
-                                                                   profile=False) and None, cx16)  # fmt: skip
+                                                                   profile=False, inputs=described(original))
+            and None, cx16)  # fmt: skip
     convexport.optimize(str(original), output=str(fp32), profile=False)
     model = onnx.load(str(original))
     attempt("onnxconverter-common fp16", lambda: float16.convert_float_to_float16(model, keep_io_types=True),
@@ -322,7 +335,8 @@ def _seeded_errors(family: str, seed: int) -> tuple[tuple[float, float], tuple[f
         sets = input_sets(original)
         evaluator = Float64Evaluator(onnx.load(str(original)))
         exact = [evaluator.run(feeds) for feeds in sets]
-        _quietly(lambda: convexport.optimize(str(original), output=str(ours), dtype="fp16", profile=False))
+        _quietly(lambda: convexport.optimize(str(original), output=str(ours), dtype="fp16", profile=False,
+                                             inputs=described(original)))  # fmt: skip
         onnx.save(float16.convert_float_to_float16(onnx.load(str(original)), keep_io_types=True), str(peer))
         return error_vs_exact(ours, sets, exact), error_vs_exact(peer, sets, exact)
 

@@ -201,13 +201,22 @@ def test_a_value_beyond_float16s_range_stands_for_an_infinity():
     assert values.tolist() == [-32752.0, 32752.0, 1.0, float("inf")]
 
 
-def test_an_encoders_fusions_survive_float16(tmp_path):
+@pytest.mark.parametrize("tail", ["measured", "any"])
+def test_an_encoders_fusions_survive_float16(tmp_path, monkeypatch, tail):
     """ONNX Runtime's transformer optimizer fuses the float16 model (for the GPU, where float16
-    runs) as it fuses the float32 one: Attention, SkipLayerNormalization, BiasGelu."""
+    runs) as it fuses the float32 one: Attention, SkipLayerNormalization, BiasGelu. Also where
+    any float32 tail is taken, however little it gains and whatever its FLOPs: the residual
+    stream's cheap path to the output (Adds, LayerNormalizations) is no tail, its Casts would
+    stop the fusions (optimum's BERT with LoRA lost both Attentions so)."""
     from onnxruntime.transformers.optimizer import optimize_model
 
+    from convexport.half import choose
     from test_transformer_pipeline import FUSED, export_encoder
 
+    if tail == "any":
+        monkeypatch.setattr(choose, "TAIL_GAIN", float("inf"))
+        monkeypatch.setattr(choose, "TAIL_FLOPS_SHARE", 0.5)
+        monkeypatch.setattr(choose, "TAIL_CASTS_PER_OUTPUT", 1000)
     path = export_encoder(tmp_path)
     convexport.optimize(path, output=str(tmp_path / "o32.onnx"), profile=False)
     result = convexport.optimize(path, output=str(tmp_path / "o16.onnx"), profile=False, dtype="fp16")
@@ -493,3 +502,78 @@ def test_a_large_model_that_misses_the_bound_leaves_no_weights_behind(tmp_path, 
     assert spilled and all(attempt.files is not None for attempt in spilled)
     del spilled[:]
     assert [path.name for path in tmp_path.iterdir()] == ["m.onnx"]
+
+
+def _detector_errors(path: Path, original: onnx.ModelProto, seeds=range(3)) -> tuple[float, float]:
+    """The largest and the rms error of the model at `path` against the original's float64
+    result, on fresh images in [0, 1] (its outputs: boxes in pixels beside scores)."""
+    evaluator = Float64Evaluator(original)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    largest, squares, count = 0.0, 0.0, 0
+    for seed in seeds:
+        image = np.random.default_rng(200 + seed).random((1, 3, 64, 64), dtype=np.float32)
+        (got,), (exact,) = session.run(None, {"x": image}), evaluator.run({"x": image})
+        error = np.asarray(got, np.float64) - exact
+        largest, squares, count = max(largest, float(np.abs(error).max())), squares + float((error**2).sum()), count + error.size
+    return largest, (squares / count) ** 0.5
+
+
+def test_a_detectors_box_distances_stay_float32_where_that_brings_its_boxes_nearer(tmp_path, monkeypatch):
+    """The YOLO-like detector's DFL distances (0-15 bins, scaled by the stride to pixels)
+    rounded to float16 are half its boxes' error on image-like inputs: the cheapest float32
+    tail at the outputs keeps them float32 (one Cast more), and gives back the class scores'
+    part, which cost two Casts and brought nothing. Checked against the same conversion with
+    no tail on fresh images."""
+    import detectors
+    from convexport.half import choose
+
+    path = tmp_path / "detector.onnx"
+    torch.onnx.export(detectors.tiny_yolo(), (torch.rand(1, 3, 64, 64),), str(path), input_names=["x"], dynamo=False,
+                      opset_version=17)  # fmt: skip
+    original = onnx.load(str(path))
+
+    def written(name: str) -> tuple[dict, Path]:
+        out = tmp_path / name
+        result = convexport.optimize(str(path), inputs=["x:1x3x64x64:0..1"], output=out, dtype="fp16", profile=False)
+        return result.report["precision"], out
+
+    with_tail, tailed = written("tail.onnx")
+    monkeypatch.setattr(choose, "TAIL_FLOPS_SHARE", 0.0)
+    without, plain = written("plain.onnx")
+    assert with_tail["validation"]["passed"] and without["kept_float32"] == []
+    kept = with_tail["kept_float32"]
+    assert kept and all("float32 tail" in entry["reason"] for entry in kept), kept
+    assert {entry["op"] for entry in kept} <= {"Reshape", "Conv", "Softmax", "Transpose", "Concat"}, kept
+    assert with_tail["casts"] == without["casts"] + 1 == 2
+    ours, theirs = _detector_errors(tailed, original), _detector_errors(plain, original)
+    assert ours[0] < 0.8 * theirs[0] and ours[1] < 0.7 * theirs[1], (ours, theirs)
+
+
+def _four_branches():
+    """Four 1x1 convs, each of its own input, concatenated: a float32 Concat (no FLOPs) would
+    keep their outputs from being rounded to float16 at the output, at a Cast on each branch."""
+    rng = np.random.default_rng(3)
+    # 64 channels: the Concat's element count is within TAIL_FLOPS_SHARE of the convs' FLOPs
+    weights = {f"w{i}": rng.normal(0, 0.15, (64, 64, 1, 1)).astype(np.float32) for i in range(4)}
+    nodes = [helper.make_node("Conv", [f"x{i}", f"w{i}"], [f"c{i}"]) for i in range(4)]
+    nodes.append(helper.make_node("Concat", [f"c{i}" for i in range(4)], ["y"], axis=1))
+    inputs = [tensor(f"x{i}", [1, 64, 8, 8]) for i in range(4)]
+    return make_model(nodes, inputs, [tensor("y", [1, 256, 8, 8])], weights)
+
+
+@pytest.mark.parametrize("casts_per_output", [None, 1000])
+def test_a_float32_tail_that_costs_a_cast_per_branch_is_left_out(tmp_path, monkeypatch, casts_per_output):
+    """The Concat in float32 brings the output nearer (taken where Casts are not counted), but
+    costs four Casts where the output's one was: three over TAIL_CASTS_PER_OUTPUT, so the model
+    stays float16 up to its output Cast."""
+    from convexport.half import choose
+
+    if casts_per_output is not None:
+        monkeypatch.setattr(choose, "TAIL_CASTS_PER_OUTPUT", casts_per_output)
+    result, half = optimized_in_half(_four_branches(), tmp_path)
+    precision = result.report["precision"]
+    casts = Counter(node.op_type for node in half.graph.node)["Cast"]
+    if casts_per_output is None:
+        assert precision["kept_float32"] == [] and casts == precision["casts"] == 5
+    else:
+        assert [entry["op"] for entry in precision["kept_float32"]] == ["Concat"] and casts == 8

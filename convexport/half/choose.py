@@ -20,16 +20,22 @@ by a list of ops.
    nearest first (by their own error among equals), as few as make the outputs meet the bound,
    found by bisection (with every ancestor float32 the outputs are the float32 model's).
 5. Where float32 is cheap and measurably closer, it is taken: the nodes nearest the outputs
-   (a detector's box decoding, whose pixel coordinates float16 rounds to a quarter pixel) are
-   tried float32 in growing sets, those within 1, 2, 4, ... nodes of an output, while their
-   FLOPs stay within TAIL_FLOPS_SHARE of the model's; the set whose outputs come nearest the
-   exact result (each output's error over its bound, the worst) is kept where that is at most
-   TAIL_GAIN of the error without it.
+   in FLOPs (each node's own and those on its cheapest path to an output: a detector's box
+   decoding, whose distances float16 rounds to a 2048th of themselves before they are scaled to
+   pixels) are tried float32 in growing sets, those within TAIL_FLOPS_SHARE of the model's
+   FLOPs over 4^k of an output, while the set's FLOPs stay within TAIL_FLOPS_SHARE. A set that
+   brings the outputs nearer (each output's error over its bound, the worst) by TAIL_GAIN or
+   more is first pruned: each part of it that only its own Casts feed (a classifier's scores
+   beside the boxes) goes back to half where that saves Casts and leaves the outputs within
+   TAIL_SLACK of as near. It is kept where it then adds at most TAIL_CASTS_PER_OUTPUT Casts
+   per output; no set reaches a runtime fusion's nodes or what they read (step 3: a Cast there
+   stops the fusion).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,9 +53,16 @@ from .slots import HALF_TYPES, DataSlots, NoHalfForm, data_slots
 
 FLOAT = TensorProto.FLOAT
 # step 5 (module doc): the float32 tail may cost this share of the model's FLOPs, and is taken
-# where it brings the outputs' error to this fraction of what it is without it or less
+# where it brings the outputs' error to this fraction of what it is without it or less; its
+# sets are those within the share over 4^k of an output, k < TAIL_RUNGS (each rung one
+# conversion judged); a part of it goes back to half where the outputs stay within TAIL_SLACK
+# of the error with it, at most TAIL_PRUNES parts tried in all
 TAIL_FLOPS_SHARE = 0.01
 TAIL_GAIN = 0.8
+TAIL_RUNGS = 6
+TAIL_SLACK = 1.05
+TAIL_PRUNES = 4
+TAIL_CASTS_PER_OUTPUT = 1  # the Casts a tail may add
 
 
 @dataclass
@@ -143,7 +156,7 @@ def to_half_precision(
     if _over(judged):
         del converted
         kept, (converted, judged) = choice.grown_to_bound(kept, judged)
-    tail = choice.closer_tail(kept, judged)
+    tail = choice.closer_tail(kept, judged, converted.casts)
     if tail is not None:
         kept, (converted, judged) = tail
     listed = [kept[i] for i in sorted(kept)]
@@ -246,33 +259,70 @@ class _Choice:
             passing = self.attempt(keeping(high, failing))
         return keeping(high, failing), passing
 
-    def closer_tail(self, kept: dict[int, KeptFloat32], judged) -> tuple[dict[int, KeptFloat32], Attempt] | None:
+    def closer_tail(
+        self, kept: dict[int, KeptFloat32], judged, casts: int
+    ) -> tuple[dict[int, KeptFloat32], Attempt] | None:
         """Step 5: the float32 tail that brings the outputs nearest the exact result, where one
-        within the FLOPs allowed does so by TAIL_GAIN or more; None where none does."""
-        half = self.half_nodes(kept)
-        distance = _distances(self.model, self.producer, list(judged))
-        allowed = TAIL_FLOPS_SHARE * sum(self.flops)
-        best, best_error, reach = None, _worst_ratio(judged), 1
-        while True:
-            tail = [index for index in half if distance.get(index, reach + 1) <= reach]
-            if not tail or sum(self.flops[i] for i in tail) > allowed:
-                break
-            trial = self.with_regions({**kept, **{i: self._tail_entry(i, reach) for i in tail}})
+        within the FLOPs and Casts allowed (`casts`, those without it, and TAIL_CASTS_PER_OUTPUT
+        more per output) does so by TAIL_GAIN or more, less its parts that do not pay for their Casts; None
+        where none does. No tail reaches a runtime fusion's nodes nor what they read: a Cast
+        there stops the fusion (a float32 residual stream between BERT's attentions does)."""
+        fused = set().union(*(members for _, members in self.regions))
+        feeding = {self.producer.get(name) for index in fused for name in self.model.graph.node[index].input}
+        half = self.half_nodes(kept) - fused - feeding
+        total = sum(self.flops)
+        cost = _flops_to_outputs(self.model, list(judged), self.flops)
+        allowed, casts_allowed = TAIL_FLOPS_SHARE * total, casts + TAIL_CASTS_PER_OUTPUT * len(judged)
+        best, best_error, tried, prunes = None, _worst_ratio(judged), set(), TAIL_PRUNES
+        for rung in reversed(range(TAIL_RUNGS)):
+            tail = frozenset(index for index in half if cost.get(index, math.inf) <= allowed / 4**rung)
+            if not tail or tail in tried:
+                continue
+            tried.add(tail)
+            trial = self._with_tail(kept, tail, total)
             if sum(self.flops[i] for i in trial if i not in kept) > allowed:
-                break  # a fused kernel's nodes came with it
+                break  # the set, or a fused kernel's nodes that came with it, cost too much
             result = self.attempt(trial)
-            error = _worst_ratio(result[1])
-            if not _over(result[1]) and error <= TAIL_GAIN * best_error:
-                best, best_error = (trial, result), error
-            if len(tail) == len(half):
-                break
-            reach *= 2
+            if _over(result[1]) or _worst_ratio(result[1]) > TAIL_GAIN * best_error:
+                continue
+            trial, result, prunes = self._without_idle_parts(kept, trial, result, total, prunes)
+            if result[0].casts <= casts_allowed:
+                best, best_error = (trial, result), _worst_ratio(result[1])
         return best
 
-    def _tail_entry(self, index: int, reach: int) -> KeptFloat32:
-        node = self.model.graph.node[index]
-        reason = f"within {reach} nodes of an output, where float32 costs little and brings the outputs nearer"
-        return KeptFloat32.of(node, reason)
+    def _without_idle_parts(self, kept, trial, result: Attempt, total: float, tries: int):
+        """`trial`'s tail less the parts (_tail_parts) that cost Casts and bring the outputs no
+        nearer: each given back to half where the Casts fall and the outputs stay within
+        TAIL_SLACK of `result`'s error, those with most nodes tried first, `tries` at most; the
+        tries left are returned with the tail and its attempt."""
+        error = _worst_ratio(result[1])
+        tail = {index for index in trial if index not in kept}
+        half = set(self.candidates) - set(trial)
+        for part in sorted(_tail_parts(self.model, self.candidates, self.producer, tail, half), key=len, reverse=True):
+            smaller = tail - part
+            if not part <= tail or not smaller or tries == 0:
+                continue
+            now = _border_casts(self.model, self.candidates, self.producer, tail, half)
+            if _border_casts(self.model, self.candidates, self.producer, smaller, half | part) >= now:
+                continue
+            candidate = self._with_tail(kept, frozenset(smaller), total)
+            if any(index in candidate for index in part):
+                continue  # a fused kernel's node: the part comes back with it
+            tries -= 1
+            outcome = self.attempt(candidate)
+            fewer = outcome[0].casts < result[0].casts
+            if fewer and not _over(outcome[1]) and _worst_ratio(outcome[1]) <= TAIL_SLACK * error:
+                tail, half, trial, result = smaller, half | part, candidate, outcome
+        return trial, result, tries
+
+    def _with_tail(self, kept, tail: frozenset[int], total: float) -> dict[int, KeptFloat32]:
+        share = sum(self.flops[index] for index in tail) / total if total else 0.0
+        nodes = self.model.graph.node
+        reason = (
+            f"in the outputs' float32 tail ({100 * share:.2g}% of the model's FLOPs), where float32 costs little and "
+            "brings the outputs nearer"
+        )
+        return self.with_regions({**kept, **{index: KeptFloat32.of(nodes[index], reason) for index in tail}})
 
 
 def _over(judged: dict[str, OutputJudgement]) -> bool:
@@ -354,6 +404,60 @@ def _distances(model, producer: dict[str, int], outputs: list[str]) -> dict[int,
                 following += [producer[name] for name in model.graph.node[index].input if name in producer]
         frontier, step = following, step + 1
     return distance
+
+
+def _flops_to_outputs(model: onnx.ModelProto, outputs: list[str], flops: list[float]) -> dict[int, float]:
+    """Each node that `outputs` depend on: the FLOPs of the cheapest path from it to one of
+    them, its own included (the nodes are in topological order, so its readers come after it)."""
+    readers: dict[str, list[int]] = {}
+    for index, node in enumerate(model.graph.node):
+        for name in node.input:
+            readers.setdefault(name, []).append(index)
+    wanted, cost = set(outputs), {}
+    for index in reversed(range(len(model.graph.node))):
+        node = model.graph.node[index]
+        onward = [cost[reader] for name in node.output for reader in readers.get(name, ()) if reader in cost]
+        if wanted.intersection(node.output):
+            onward.append(0.0)
+        if onward:
+            cost[index] = flops[index] + min(onward)
+    return cost
+
+
+def _tail_parts(model, candidates: dict[int, DataSlots], producer, tail: set[int], half: set[int]) -> set[frozenset]:
+    """The parts of a float32 tail that may go back to half alone: for each set of tensors made
+    in half that the tail reads (its entries), the tail's nodes that depend on no other entry."""
+    nodes = model.graph.node
+    entries: dict[int, frozenset[str]] = {}
+    for index in sorted(tail):
+        reached = set()
+        for position in candidates[index].inputs:
+            name = nodes[index].input[position]
+            made_by = producer.get(name)
+            if made_by in tail:
+                reached |= entries[made_by]
+            elif made_by in half:
+                reached.add(name)
+        entries[index] = frozenset(reached)
+    every = frozenset().union(*entries.values())
+    return {
+        frozenset(index for index, own in entries.items() if own and own <= fed)
+        for fed in set(entries.values())
+        if fed and fed != every
+    }
+
+
+def _border_casts(model, candidates: dict[int, DataSlots], producer, tail: set[int], half: set[int]) -> int:
+    """The Casts where a float32 tail meets the half nodes: the float tensors that cross."""
+    nodes = model.graph.node
+    crossing = set()
+    for index in tail | half:
+        for position in candidates[index].inputs:
+            name = nodes[index].input[position]
+            made_by = producer.get(name)
+            if (index in tail and made_by in half) or (index in half and made_by in tail):
+                crossing.add(name)
+    return len(crossing)
 
 
 def _worst_ratio(judged: dict[str, OutputJudgement]) -> float:
