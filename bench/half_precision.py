@@ -165,7 +165,7 @@ def input_sets(path: Path) -> list[dict]:
         feeds = {}
         for value in model.graph.input:
             dims = [d.dim_value or 1 for d in value.type.tensor_type.shape.dim]
-            if "detector" in path.stem:
+            if _takes_images(path):
                 feeds[value.name] = rng.random(dims, dtype=np.float32)
             else:
                 feeds[value.name] = rng.standard_normal(dims).astype(np.float32)
@@ -173,12 +173,18 @@ def input_sets(path: Path) -> list[dict]:
     return sets
 
 
+def _takes_images(path: Path) -> bool:
+    """The detector's file (named so by `exported` and `_seeded_errors`): its inputs are images
+    in [0, 1], as its BatchNorms were calibrated on."""
+    return "detector" in path.stem
+
+
 def described(path: Path) -> list[str] | None:
     """The detector's input as its user describes it to convexport (docs/commands.md: images in
     [0, 1], `--input x:1x3x320x320:0..1`), so that its made-up input sets are drawn as
     input_sets draws the ones every tool is measured on; None (made up as convexport does) for
     the others."""
-    if "detector" not in path.stem:
+    if not _takes_images(path):
         return None
     value = onnx.load(str(path), load_external_data=False).graph.input[0]
     dims = "x".join(str(d.dim_value) for d in value.type.tensor_type.shape.dim)

@@ -298,12 +298,13 @@ class _Choice:
         error = _worst_ratio(result[1])
         tail = {index for index in trial if index not in kept}
         half = set(self.candidates) - set(trial)
+        now = _border_casts(self.model, self.candidates, self.producer, tail, half)
         for part in sorted(_tail_parts(self.model, self.candidates, self.producer, tail, half), key=len, reverse=True):
             smaller = tail - part
             if not part <= tail or not smaller or tries == 0:
                 continue
-            now = _border_casts(self.model, self.candidates, self.producer, tail, half)
-            if _border_casts(self.model, self.candidates, self.producer, smaller, half | part) >= now:
+            fewer_crossings = _border_casts(self.model, self.candidates, self.producer, smaller, half | part)
+            if fewer_crossings >= now:
                 continue
             candidate = self._with_tail(kept, frozenset(smaller), total)
             if any(index in candidate for index in part):
@@ -312,7 +313,7 @@ class _Choice:
             outcome = self.attempt(candidate)
             fewer = outcome[0].casts < result[0].casts
             if fewer and not _over(outcome[1]) and _worst_ratio(outcome[1]) <= TAIL_SLACK * error:
-                tail, half, trial, result = smaller, half | part, candidate, outcome
+                tail, half, trial, result, now = smaller, half | part, candidate, outcome, fewer_crossings
         return trial, result, tries
 
     def _with_tail(self, kept, tail: frozenset[int], total: float) -> dict[int, KeptFloat32]:
