@@ -376,8 +376,11 @@ def main() -> None:
             evaluator = Float64Evaluator(onnx.load(str(original)))
             exact = [evaluator.run(feeds) for feeds in sets]
             base = error_vs_exact(original, sets, exact)
-            nodes = len(onnx.load(str(original)).graph.node)
-            rows.append(f"| {name} | (float32 original) | yes | {base[0]:.2e} | {base[1]:.2e} | {nodes} | 0 | | |")
+            ops = Counter(node.op_type for node in onnx.load(str(original)).graph.node)
+            rows.append(
+                f"| {name} | (float32 original) | yes | {base[0]:.2e} | {base[1]:.2e} | {sum(ops.values())} | "
+                f"{ops['Cast']} | | |"
+            )
             made_by = tools(name, original, folder, sets)
             if name in TRANSFORMER_TYPES and not isinstance(made_by["convexport --dtype fp16"], str):
                 fusions.append(

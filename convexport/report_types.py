@@ -297,7 +297,7 @@ class Precision(TypedDict):
     io_dtype: Annotated[str, "its inputs' and outputs' type"]
     nodes_half: Annotated[int, "nodes computing in half precision"]
     nodes_float32: Annotated[int, "nodes with float data computing in float32"]
-    casts: Annotated[int, "Casts added"]
+    casts: Annotated[int, "Casts added, less the model's own merged into them (a tail it casts to float64)"]
     kept_float32: Annotated[list[KeptFloat32], "each node kept float32, and why"]
     nodes_measured: Annotated[int, "nodes whose own error was measured"]
     attempts: Annotated[int, "conversions judged"]

@@ -31,6 +31,7 @@ from ..algebra.dense import Dense, FeatureAffine, LinearMap, add_maps, compose_m
 from ..ir import attribute_or, constant_value
 from ..rewrite.primitives import AFFINE, Rewrite, consumes, reach
 from .dense_chain import DENSE_OPS, dense_layout, emitted_dense, keeps_last_axis, node_map
+from .half_rounding import refuse_if_rounding_undoes, rounded_map
 from .linear_nodes import data_input
 
 MAX_DEPTH = 24  # nodes in a region: DoRA's has 9, GPT-2's LoRA on Conv1D 6; a bound on the walk per sum
@@ -53,6 +54,9 @@ def fold_linear_region(match, context) -> Rewrite:
     layout = dense_layout(x, readers, nodes, len(nodes), context.opset)
     dense = _region_map(x, nodes, context.opset)
     _check_cost(nodes, dense)
+    if context.half is not None:
+        from_rounded = _region_map(x, nodes, context.opset, rounded_to=context.half)
+        refuse_if_rounding_undoes(dense.weight, from_rounded.weight, context.half)
     sums = sum(map(_is_sum, nodes))
     note = f"a linear region of {len(nodes)} nodes ({sums} sums) folded into one"
     return emitted_dense(context, x, dense, layout, root, note)
@@ -152,8 +156,9 @@ def _features(x, nodes: list[ir.Node], opset: int) -> int:
     raise Refusal(f"{x.name}: its last dim {x.shape[-1]} is not known")
 
 
-def _region_map(x, nodes: list[ir.Node], opset: int) -> Dense:
-    """x M + c of the root, each node's map composed in graph order from x's identity."""
+def _region_map(x, nodes: list[ir.Node], opset: int, rounded_to: str | None = None) -> Dense:
+    """x M + c of the root, each node's map composed in graph order from x's identity; with
+    `rounded_to`, each node's constants rounded into that half type first (half_rounding.py)."""
     features = _features(x, nodes, opset)
     maps: dict[int, LinearMap] = {id(x): FeatureAffine(np.ones(features), np.zeros(features))}
     for node in nodes:
@@ -163,6 +168,8 @@ def _region_map(x, nodes: list[ir.Node], opset: int) -> Dense:
                 found = add_maps(maps[id(node.inputs[0])], maps[id(node.inputs[1])], sign)
             else:
                 step = node_map(node, opset, reads_x=data_input(node) is x)
+                if rounded_to is not None:
+                    step = rounded_map(step, rounded_to)
                 found = compose_maps(maps[id(data_input(node))], step)
         except Refusal as refusal:
             raise Refusal(f"{node.name}: {refusal.reason}", reported=refusal.reported) from None

@@ -7,7 +7,7 @@ reading it reads it in half: the float32 weight rounded once into the half type.
 that needs the other type reads a Cast of it, one Cast per tensor and type, placed before
 its first reader; a graph output whose home differs from the interface's type is cast back
 under its own name. So Casts sit only at the edges between the two precisions and at the
-interface.
+interface; a Cast into float32 that the model casts on into float64 is one Cast (cast_chains.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from ..ir import tensor_array
+from .cast_chains import merge_widening_casts
 from .slots import TYPE_ATTRIBUTES, DataSlots
 
 FLOAT = TensorProto.FLOAT
@@ -39,7 +40,7 @@ class PrecisionPlan:
 @dataclass
 class Converted:
     model: onnx.ModelProto
-    casts: int  # Cast nodes added
+    casts: int  # Cast nodes added, less the model's own that merged into them (cast_chains.py)
     half_nodes: int  # nodes computing in half
     files: contextlib.ExitStack | None = None  # the folder of a large model's weights (on_disk.py)
     removal: weakref.finalize | None = None  # removes it when the attempt is dropped
@@ -83,7 +84,10 @@ def with_precision(model: onnx.ModelProto, plan: PrecisionPlan, types: dict[str,
     graph.node.extend(ordered)
     _retype_interface(graph, plan.io_type)
     _retype_value_info(graph, home, renamed)
-    return Converted(converted, len(casts) + len(renamed), len(plan.nodes))
+    now = {**types, **home, **{cast.output[0]: want for (_, want), cast in casts.items()}}
+    now.update({inner: home[name] for name, inner in renamed.items()})
+    merged = merge_widening_casts(graph, now)
+    return Converted(converted, len(casts) + len(renamed) - merged, len(plan.nodes))
 
 
 def _readers_follow_their_inputs(graph, nodes, plan: PrecisionPlan) -> PrecisionPlan:

@@ -52,6 +52,7 @@ class RewriteContext:
     device: str = "cpu"  # the target of --strategy cost and measure
     decided: dict = field(default_factory=dict)  # (rule, nodes) -> Decision, see rewrite_model
     fusions: RuntimeFusions | None = None  # what ONNX Runtime would fuse, kept whole (runtime_fusions.py)
+    half: str | None = None  # the half type the model will be rounded into (--dtype), for folds that weigh it
 
 
 @dataclass
@@ -118,6 +119,7 @@ def rewrite_model(
     decided: dict | None = None,
     explain: frozenset[str] = frozenset(),
     kept_kernels=(),
+    half: str | None = None,
 ) -> RewriteOutcome:
     """Rewrite to a fixed point; with `limit`, stop after that many rewrites (the same first
     ones as an unlimited run, since the order is deterministic: used to find a bad one).
@@ -127,10 +129,12 @@ def rewrite_model(
     (the root op's nodes), what happened there last: the pattern line or condition that
     failed, the primitive's or the decision's refusal, or the rewrite. `kept_kernels`: (kind,
     node names) of the kernels ONNX Runtime's transformer optimizer makes, kept whole as the
-    fusions of runtime_fusions.py are."""
+    fusions of runtime_fusions.py are. `half`: the type the rewritten model will be rounded into
+    (float16, bfloat16; None for float32), for the folds whose exactness rounding can undo
+    (folds/half_rounding.py)."""
     with _collector_paused():
         outcome = _rewrite(
-            model, rules, primitives, strategy, source, limit, device, decided, frozenset(explain), kept_kernels
+            model, rules, primitives, strategy, source, limit, device, decided, frozenset(explain), kept_kernels, half
         )
     # the graph is garbage now, in cycles that hold every weight a rewrite read (a 1 GiB
     # LoRA/BN MLP: 1 GiB held through validation until the collector happened to run)
@@ -155,14 +159,14 @@ def _collector_paused():
             gc.enable()
 
 
-def _rewrite(model, rules, primitives, strategy, source, limit, device, decided, explain, kept) -> RewriteOutcome:
+def _rewrite(model, rules, primitives, strategy, source, limit, device, decided, explain, kept, half) -> RewriteOutcome:
     if strategy not in STRATEGIES:  # the caller resolves aliases: an unknown one would mean "cost"
         raise ValueError(f"strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
     opset = ir.onnx_opset(model) or ir.DEFAULT_OPSET
     decided = {} if decided is None else decided
     graph = ir.import_graph(model)
     fusions = RuntimeFusions(graph, kept)
-    base = RewriteContext(graph, opset, ir.NameGenerator(graph), {}, strategy, device, decided, fusions)
+    base = RewriteContext(graph, opset, ir.NameGenerator(graph), {}, strategy, device, decided, fusions, half)
     state = _Run(primitives, ChangeLog(), [], {}, limit, explain=explain, provenance=graph.provenance)
     passes, changed_at_all = 0, False
     for passes in range(1, MAX_PASSES + 1):  # noqa: B007 (the count of passes made is reported)

@@ -69,6 +69,7 @@ class Rewritten:
     source: str
     strategy: str
     device: str
+    half: str | None = None  # the half type of --dtype, which some folds weigh (rewrite_model)
     sections: dict = field(default_factory=dict)
 
     def first(self, limit: int) -> onnx.ModelProto:
@@ -76,7 +77,7 @@ class Rewritten:
         cost and measure replayed, never made again)."""
         return rewrite_model(
             self.folded, self.rules, builtin_primitives(), self.strategy, self.source, limit, self.device,
-            self.decided, kept_kernels=self.kept,
+            self.decided, kept_kernels=self.kept, half=self.half,
         ).model  # fmt: skip
 
 
@@ -84,10 +85,12 @@ def rewritten(exported: ExportResult, source: str, asked: RulesAsked, request: R
     primitives = builtin_primitives()
     explained = frozenset(question.rule for question in asked.explain)
 
+    half = None if request.dtype == "float32" else request.dtype
+
     def rewrite(folded: onnx.ModelProto, kept: list, decided: dict):
         return rewrite_model(
             folded, asked.rules, primitives, request.strategy, source, device=request.device, decided=decided,
-            explain=explained, kept_kernels=kept,
+            explain=explained, kept_kernels=kept, half=half,
         )  # fmt: skip
 
     say = request.steps.start
@@ -119,5 +122,5 @@ def rewritten(exported: ExportResult, source: str, asked: RulesAsked, request: R
     }
     return Rewritten(
         outcome, stage.folded, stage.kept, stage.decided, asked.rules, source, request.strategy, request.device,
-        sections,
+        half, sections,
     )  # fmt: skip
