@@ -6,6 +6,8 @@ branches of independent weights fold in float16 too."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -17,7 +19,7 @@ from convexport.algebra import Refusal, combine_parallel, identity_conv
 from convexport.algebra.spec import ConvSpec
 from convexport.float64 import Float64Evaluator
 from convexport.folds import half_rounding
-from convexport.folds.half_rounding import keep_if_rounding_allows
+from convexport.folds.half_rounding import keep_if_rounding_allows, refuse_if_rounding_undoes
 from helpers import make_model, op_counts, tensor
 
 
@@ -52,18 +54,37 @@ def test_an_exact_identity_folded_into_small_taps_is_refused(half, spatial):
     keep_if_rounding_allows(specs, [1.0, -1.0], merged, None, None)  # float32: nothing to weigh
 
 
-@pytest.mark.parametrize("seed", range(8))
-@pytest.mark.parametrize("half", ["float16", "bfloat16"])
-def test_branches_of_independent_weights_fold_in_half_precision(seed, half):
-    """RepVGG's 3x3 + 1x1 + BatchNorm scale: the folded kernel rounds as the branches do."""
-    rng = np.random.default_rng(seed)
+def repvgg_branches(rng) -> list[ConvSpec]:
+    """RepVGG's 3x3 + 1x1 + BatchNorm scale of x, each of its own random weights."""
     three = rng.normal(0, 0.1, (16, 16, 3, 3))
     one = np.zeros_like(three)
     one[:, :, 1, 1] = rng.normal(0, 0.2, (16, 16))
     scale = np.zeros_like(three)
     scale[np.arange(16), np.arange(16), 1, 1] = rng.uniform(0.5, 1.5, 16)
-    specs = [conv_spec(three), conv_spec(one), conv_spec(scale)]
-    keep_if_rounding_allows(specs, [1.0] * 3, combine_parallel(specs, [1.0] * 3, None), None, half)
+    return [conv_spec(three), conv_spec(one), conv_spec(scale)]
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_branches_of_independent_weights_fold_in_half_precision(seed, half):
+    """The folded kernel rounds as the branches do: within FOLD_SLACK when compared (the
+    comparison itself, which keep_if_rounding_allows makes only where a branch is exact)."""
+    specs = repvgg_branches(np.random.default_rng(seed))
+    merged = combine_parallel(specs, [1.0] * 3, None)
+    kind = half_rounding.HALF_TYPES[half]
+    rounded = [replace(spec, weight=spec.weight.astype(kind).astype(np.float64)) for spec in specs]
+    refuse_if_rounding_undoes(merged.weight, combine_parallel(rounded, [1.0] * 3, None).weight, half)
+    keep_if_rounding_allows(specs, [1.0] * 3, merged, None, half)
+
+
+def test_branches_already_in_float16_are_not_folded_into_a_float16_model():
+    """Weights that were float16 before (a float16 checkpoint loaded in float32) are exact in
+    float16 unfolded; their sum is not."""
+    specs = repvgg_branches(np.random.default_rng(0))
+    specs = [replace(spec, weight=spec.weight.astype(np.float16).astype(np.float64)) for spec in specs]
+    merged = combine_parallel(specs, [1.0] * 3, None)
+    with pytest.raises(Refusal, match="where its branches rounded one by one are exact"):
+        keep_if_rounding_allows(specs, [1.0] * 3, merged, None, "float16")
 
 
 def subtracted_conv(seed: int = 0) -> onnx.ModelProto:

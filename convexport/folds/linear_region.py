@@ -52,10 +52,10 @@ def fold_linear_region(match, context) -> Rewrite:
     _check_rows(x, root, nodes)
     readers = [node for node in nodes if any(value is x for value in node.inputs)]
     layout = dense_layout(x, readers, nodes, len(nodes), context.opset)
-    dense = _region_map(x, nodes, context.opset)
+    dense, sums_x = _region_map(x, nodes, context.opset)
     _check_cost(nodes, dense)
-    if context.half is not None:
-        from_rounded = _region_map(x, nodes, context.opset, rounded_to=context.half)
+    if context.half is not None and sums_x:
+        from_rounded, _ = _region_map(x, nodes, context.opset, rounded_to=context.half)
         refuse_if_rounding_undoes(dense.weight, from_rounded.weight, context.half)
     sums = sum(map(_is_sum, nodes))
     note = f"a linear region of {len(nodes)} nodes ({sums} sums) folded into one"
@@ -156,16 +156,20 @@ def _features(x, nodes: list[ir.Node], opset: int) -> int:
     raise Refusal(f"{x.name}: its last dim {x.shape[-1]} is not known")
 
 
-def _region_map(x, nodes: list[ir.Node], opset: int, rounded_to: str | None = None) -> Dense:
-    """x M + c of the root, each node's map composed in graph order from x's identity; with
-    `rounded_to`, each node's constants rounded into that half type first (half_rounding.py)."""
+def _region_map(x, nodes: list[ir.Node], opset: int, rounded_to: str | None = None) -> tuple[Dense, bool]:
+    """x M + c of the root, each node's map composed in graph order from x's identity, and
+    whether a sum adds x through per-feature maps alone (x + x W: an exact branch for
+    half_rounding.py); with `rounded_to`, each node's constants rounded into that half type first."""
     features = _features(x, nodes, opset)
     maps: dict[int, LinearMap] = {id(x): FeatureAffine(np.ones(features), np.zeros(features))}
+    sums_x = False
     for node in nodes:
         try:
             if _is_sum(node):
                 sign = -1.0 if node.op == "Sub" else 1.0
-                found = add_maps(maps[id(node.inputs[0])], maps[id(node.inputs[1])], sign)
+                operands = [maps[id(value)] for value in node.inputs[:2]]
+                sums_x |= any(isinstance(operand, FeatureAffine) for operand in operands)
+                found = add_maps(*operands, sign)
             else:
                 step = node_map(node, opset, reads_x=data_input(node) is x)
                 if rounded_to is not None:
@@ -177,7 +181,7 @@ def _region_map(x, nodes: list[ir.Node], opset: int, rounded_to: str | None = No
     result = maps[id(nodes[-1].outputs[0])]
     if not isinstance(result, Dense):
         raise Refusal("the region is a per-feature map alone", reported=False)
-    return result
+    return result, sums_x
 
 
 def _check_cost(nodes: list[ir.Node], dense: Dense) -> None:
