@@ -25,8 +25,8 @@ kernel's rounding is the branches' summed); the slack keeps those folds, which o
 that computes in float16 also save the rounding of each branch's output. So the comparison is
 made only where a branch is exact in the half type (x itself, or weights that were float16
 before: a float16 checkpoint's) or, in a region, x reaches a sum through per-feature maps
-alone: elsewhere it would cost a second fold for nothing (a region's is a [C, D] product: 13 s
-more on a 1 GiB LoRA MLP).
+alone: elsewhere it would cost a second fold for nothing (for a region, a second [C, D]
+product per fold: a LoRA MLP's rewrite would take half as long again).
 """
 
 from __future__ import annotations
