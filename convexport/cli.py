@@ -158,8 +158,8 @@ def optimize(
         str,
         typer.Option(
             "--dtype",
-            help="fp32 | fp16: the type the written model computes in (fp16 node by node, where the error "
-            "measured against float64 allows; the rest float32).",
+            help="fp32 | fp16 | bf16: the type the written model computes in (fp16 and bf16 node by node, where "
+            "the error measured against float64 allows and the device has a kernel; the rest float32).",
         ),
     ] = "fp32",
     io_dtype: Annotated[

@@ -40,7 +40,7 @@ class OptimizeOptions:
     disable_rules: Sequence[str] | str = ()  # --disable-rule: rule names not to run
     explain: Sequence[str] | str = ()  # --explain: RULE or RULE@MODULE
     custom_ops_libraries: Sequence[str | Path] | str | Path = ()  # --custom-ops-library
-    # --dtype: fp32 | fp16, the type the written model computes in (fp16: where the measured
+    # --dtype: fp32 | fp16 | bf16, the type the written model computes in (half: where the measured
     # error allows, convexport/half/); --io-dtype: its inputs' and outputs' (None: float32)
     dtype: str = "fp32"
     io_dtype: str | None = None

@@ -148,7 +148,7 @@ def precision_lines(precision: dict, where_listed: str = "the report's kept_floa
     total = precision["nodes_half"] + precision["nodes_float32"]
     interface = "" if precision["io_dtype"] == "float32" else f", {precision['io_dtype']} inputs and outputs"
     if precision["nodes_half"] == 0:
-        where = f"  no node runs in {precision['dtype']} within the bound: the model written computes in float32"
+        where = f"  no node runs in {precision['dtype']}: the model written computes in float32"
     else:
         where = f"  {precision['nodes_half']} of {total} nodes in {precision['dtype']}"
     return [

@@ -291,9 +291,9 @@ class HalfValidation(TypedDict):
 
 
 class Precision(TypedDict):
-    """--dtype fp16: what computes in half precision and what stayed float32."""
+    """--dtype fp16 or bf16: what computes in half precision and what stayed float32."""
 
-    dtype: Annotated[str, "the model's compute type (float16)"]
+    dtype: Annotated[str, "the model's compute type (float16 or bfloat16)"]
     io_dtype: Annotated[str, "its inputs' and outputs' type"]
     nodes_half: Annotated[int, "nodes computing in half precision"]
     nodes_float32: Annotated[int, "nodes with float data computing in float32"]

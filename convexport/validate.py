@@ -553,19 +553,27 @@ def validate_files(
         raise ConvexportError("--runs 0 without --inputs compares nothing")
     if runs:  # made-up data: an image's dynamic dims, as the model takes them
         specs = sized_by_running(models[0], specs)
-    precision = "float16" if computes_in_float16(models[1]) and not computes_in_float16(models[0]) else None
+    candidate, reference = half_type(models[1]), half_type(models[0])
+    precision = candidate if candidate is not None and candidate != reference else None
     result = compare_models(models[0], models[1], specs, runs, tolerances, extra_feeds=feeds, precision=precision)
     result.precision = precision
     return result
 
 
-def computes_in_float16(model: onnx.ModelProto) -> bool:
-    """Whether the model holds float16 weights or casts to float16 (convexport's --dtype fp16
-    writes both), whatever its interface's type."""
+def half_type(model: onnx.ModelProto) -> str | None:
+    """The half type the model computes in where it holds weights of it or casts to it
+    (convexport's --dtype fp16 and bf16 write both), whatever its interface's type: bfloat16
+    where it has both (the coarser roundoff), None where neither."""
     graph = model.graph
-    if any(tensor.data_type == onnx.TensorProto.FLOAT16 for tensor in graph.initializer):
-        return True
-    return any(
-        node.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in node.attribute)
+    found = {tensor.data_type for tensor in graph.initializer}
+    found |= {
+        attribute.i
         for node in graph.node
-    )
+        if node.op_type == "Cast"
+        for attribute in node.attribute
+        if attribute.name == "to"
+    }
+    for elem_type, name in ((onnx.TensorProto.BFLOAT16, "bfloat16"), (onnx.TensorProto.FLOAT16, "float16")):
+        if elem_type in found:
+            return name
+    return None

@@ -244,7 +244,7 @@ def test_the_terminal_and_the_report_say_what_runs_in_which_type(tmp_path):
 
 
 @pytest.mark.parametrize("flags, fragment", [
-    (["--dtype", "fp8"], "--dtype fp8: expected fp32 or fp16"),
+    (["--dtype", "fp8"], "--dtype fp8: expected fp32, fp16 or bf16"),
     (["--io-dtype", "fp16"], "--io-dtype fp16 with --dtype fp32"),
 ])  # fmt: skip
 def test_a_dtype_it_cannot_write_is_one_line(tmp_path, flags, fragment):
@@ -257,7 +257,7 @@ def test_a_dtype_it_cannot_write_is_one_line(tmp_path, flags, fragment):
 def test_the_api_takes_the_keywords_and_says_them_in_its_errors(tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(conv_net(), path)
-    with pytest.raises(convexport.ConvexportError, match="dtype='fp8': expected fp32 or fp16"):
+    with pytest.raises(convexport.ConvexportError, match="dtype='fp8': expected fp32, fp16 or bf16"):
         convexport.optimize(str(path), dtype="fp8", write=False, profile=False)
 
 

@@ -20,7 +20,10 @@ from ..runtime import checked_run, create_session
 from .choose import HalfPrecision, KeptFloat32, element_types, to_half_precision
 from .outputs import HalfRuns
 
-DTYPES = {"fp16": "float16", "float16": "float16", "fp32": "float32", "float32": "float32"}
+DTYPES = {
+    "fp16": "float16", "float16": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32",
+    "float32": "float32",
+}  # fmt: skip
 
 __all__ = ["DTYPES", "HalfPrecision", "KeptFloat32", "in_half_precision"]
 

@@ -1,8 +1,8 @@
 """Which nodes run in half precision: chosen by measured error against the exact result, not
 by a list of ops.
 
-1. Every node with float data whose op has a half form (slots.py) is a candidate; the others
-   stay float32, with the reason.
+1. Every node with float data whose op has a half form (slots.py), and for bfloat16 a kernel
+   on the device (kernels.py), is a candidate; the others stay float32, with the reason.
 2. Each candidate's own error in half is measured with its inputs exact (measure.py); one over
    its bound stays float32: a reduction that loses its small terms, a kernel that accumulates
    in half. One whose exact output is beyond the half type's range (an attention mask's
@@ -12,7 +12,10 @@ by a list of ops.
    large logits: exp's error is the logit's rounding times itself), the producers of those
    inputs stay float32 too.
 3. A runtime fusion's nodes (ONNX Runtime's transformer optimizer's Attention, its Gelu, kept
-   whole by the rewrite) run in one precision: a Cast inside one would stop the fusion.
+   whole by the rewrite) run in one precision: a Cast inside one would stop the fusion. A node
+   that only moves values stays float32 where what it moves is made in float32, and a Cast
+   into float where only float32 nodes read it (_movers_follow): each would cost Casts and
+   round nothing of its own.
 4. The model is converted (convert.py) and its outputs judged against the exact result
    (outputs.py). Where they miss the bound, by errors that each node kept within its own but
    that grow through the graph (an ill-conditioned head: a difference of large terms), a
@@ -45,7 +48,9 @@ from onnx import TensorProto
 from .. import heap, ir
 from ..ir import proto_subgraphs
 from ..stats import flops_by_node
+from .cast_chains import MOVES_VALUES
 from .convert import Converted, PrecisionPlan, with_precision
+from .kernels import lacking_kernels
 from .measure import NodeError, node_errors
 from .on_disk import handed_over, on_disk
 from .outputs import HalfRuns, OutputJudgement, judge_outputs
@@ -178,6 +183,9 @@ class _Choice:
         self.types = element_types(model, inferred)
         self.flops = flops_by_node(inferred)
         self.candidates, self.refused = _candidates(model, self.types, half)
+        for index, reason in lacking_kernels(model, self.candidates, self.types, half, device).items():
+            del self.candidates[index]
+            self.refused[index] = KeptFloat32.of(model.graph.node[index], reason)
         self.producer = _producers(model)
         self.local: dict[int, NodeError] = {}
         self.regions: list[tuple[str, set[int]]] = []
@@ -230,6 +238,7 @@ class _Choice:
 
     def with_regions(self, kept: dict[int, KeptFloat32]) -> dict[int, KeptFloat32]:
         _keep_regions(self.model, self.regions, self.candidates, kept)
+        _movers_follow(self.model, self.candidates, self.producer, self.io_type != self.half, kept)
         return kept
 
     def half_nodes(self, kept) -> set[int]:
@@ -489,6 +498,43 @@ def _keep_worst(kept: dict, indices: list[int], nodes, local: dict[int, NodeErro
             f"bound {worst.bound:.3g}); its own error in half is {error.ratio:.2g} of its bound"
         )
         kept[index] = KeptFloat32.of(nodes[index], reason, error.error, error.bound)
+
+
+def _movers_follow(model, candidates, producer, float32_inputs: bool, kept: dict[int, KeptFloat32]) -> None:
+    """A node that only moves values (cast_chains.MOVES_VALUES) float32 where what it moves is
+    made in float32: in half it would round nothing of its own and cost a Cast on each side (a
+    Transpose between two nodes the device has no bfloat16 kernel for); in node order, so a
+    chain of them follows its first. And a Cast into float (an attention mask's) float32 where
+    only float32 nodes read it: in half it would round the values its readers take back."""
+    nodes = model.graph.node
+    graph_inputs = {value.name for value in model.graph.input}
+    for index, node in enumerate(nodes):
+        if node.op_type not in MOVES_VALUES or index not in candidates or index in kept:
+            continue
+        if 0 not in candidates[index].inputs:
+            continue
+        made = producer.get(node.input[0])
+        if made is None:
+            from_float32 = node.input[0] in graph_inputs and float32_inputs
+        else:
+            from_float32 = made in kept or (made not in candidates and nodes[made].op_type != "Constant")
+        if from_float32:
+            source = "the float32 interface" if made is None else nodes[made].name or nodes[made].op_type
+            kept[index] = KeptFloat32.of(node, f"it only moves values, which {source} makes in float32")
+    readers: dict[str, list[int]] = {}
+    for index, node in enumerate(nodes):
+        for name in node.input:
+            readers.setdefault(name, []).append(index)
+    outputs = {value.name for value in model.graph.output}
+    for index in reversed(range(len(nodes))):  # a Cast read by a Cast follows the last
+        node = nodes[index]
+        if node.op_type != "Cast" or index not in candidates or index in kept or node.output[0] in outputs:
+            continue
+        if not candidates[index].outputs:  # a Cast out of float (to float64, to int) rounds nothing
+            continue
+        read_by = readers.get(node.output[0], [])
+        if read_by and all(reader in kept or reader not in candidates for reader in read_by):
+            kept[index] = KeptFloat32.of(node, "every node reading what it makes computes in float32")
 
 
 def _regions(model: onnx.ModelProto, fused: list[tuple[str, frozenset[str]]]) -> list[tuple[str, set[int]]]:

@@ -16,6 +16,7 @@ import contextlib
 import weakref
 from dataclasses import dataclass, field
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
@@ -190,7 +191,7 @@ def rounded(tensor: onnx.TensorProto, half: int) -> onnx.TensorProto:
         saturated = np.where(np.isfinite(values), np.clip(values, -largest, largest), values)
         result = numpy_helper.from_array(saturated.astype(np.float16), tensor.name)
     else:
-        result = onnx.helper.make_tensor(tensor.name, half, values.shape, values.astype(np.float32).reshape(-1))
+        result = numpy_helper.from_array(values.astype(np.float32).astype(ml_dtypes.bfloat16), tensor.name)
     return result
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto
@@ -29,7 +30,10 @@ from .convert import retype_attributes, rounded
 from .slots import DataSlots
 
 FLOAT = TensorProto.FLOAT
-NUMPY = {TensorProto.FLOAT16: np.float16, FLOAT: np.float32}
+NUMPY = {TensorProto.FLOAT16: np.float16, TensorProto.BFLOAT16: ml_dtypes.bfloat16, FLOAT: np.float32}
+# types ONNX Runtime's Python API cannot feed nor return: fed as float32 (the values exact in
+# it) and cast inside the exploded model, its outputs cast back to float32 (exactly) there
+CAST_AT_EDGES = {TensorProto.BFLOAT16}
 # the exact values an exploded model is fed at once: more nodes are measured in more sessions
 EXPLODED_BYTES = 256 << 20
 
@@ -91,7 +95,7 @@ def node_errors(
 def _worst_outputs(model, chunk, values, half_runs, float_runs, half: int) -> dict[int, tuple[NodeError, int]]:
     """Each node's output furthest over its bound (NodeError, output position), its inputs exact."""
     dtype = onnx.helper.tensor_dtype_to_np_dtype(half).name
-    largest = float(np.finfo(NUMPY[half]).max) if half in NUMPY else float("inf")
+    largest = float(ml_dtypes.finfo(NUMPY[half]).max) if half in NUMPY else float("inf")
     worst = {}
     for index, slots in chunk.items():
         node = model.graph.node[index]
@@ -165,10 +169,16 @@ def _run_exploded(
             is_float = value.dtype == np.float64
             elem_type = elem if in_data else (FLOAT if is_float else None)
             fed = f"{name}@{_type_tag(elem_type)}"
-            if fed not in feeds:
+            if fed not in inputs:  # (keyed by the name the node reads)
                 rounded = value.astype(NUMPY[inputs_in]) if in_data and inputs_in is not None else value
-                feeds[fed] = rounded.astype(NUMPY[elem_type]) if is_float else value
-                inputs[fed] = onnx.helper.make_tensor_value_info(fed, _elem_of(feeds[fed]), None)
+                array = rounded.astype(NUMPY[elem_type]) if is_float else value
+                if elem_type in CAST_AT_EDGES:
+                    nodes.append(onnx.helper.make_node("Cast", [f"{fed}@f32"], [fed], to=elem_type))
+                    feeds[f"{fed}@f32"] = array.astype(np.float32)
+                    inputs[fed] = onnx.helper.make_tensor_value_info(f"{fed}@f32", FLOAT, None)
+                else:
+                    feeds[fed] = array
+                    inputs[fed] = onnx.helper.make_tensor_value_info(fed, _elem_of(array), None)
             node.input[position] = fed
         for position, name in enumerate(node.output):
             if name:
@@ -176,9 +186,14 @@ def _run_exploded(
                 if position in slots.outputs:
                     outputs[(index, position)] = node.output[position]
         nodes.append(node)
+    if elem in CAST_AT_EDGES:
+        for key, name in outputs.items():
+            nodes.append(onnx.helper.make_node("Cast", [name], [f"{name}@f32"], to=FLOAT))
+            outputs[key] = f"{name}@f32"
+    made = FLOAT if elem in CAST_AT_EDGES else elem
     exploded = onnx.helper.make_graph(
         nodes, "exploded", list(inputs.values()),
-        [onnx.helper.make_tensor_value_info(name, elem, None) for name in outputs.values()],
+        [onnx.helper.make_tensor_value_info(name, made, None) for name in outputs.values()],
         list(initializers.values()),
     )  # fmt: skip
     measured = onnx.helper.make_model(exploded, opset_imports=model.opset_import, ir_version=model.ir_version)
@@ -200,4 +215,4 @@ def _elem_of(array: np.ndarray) -> int:
 
 
 def _type_tag(elem_type: int | None) -> str:
-    return {None: "as_is", FLOAT: "f32", TensorProto.FLOAT16: "f16"}[elem_type]
+    return {None: "as_is", FLOAT: "f32", TensorProto.FLOAT16: "f16", TensorProto.BFLOAT16: "bf16"}[elem_type]

@@ -81,8 +81,13 @@ def _precisions(dtype: str, io_dtype: str | None) -> tuple[str, str]:
     """--dtype and --io-dtype as the types' names: the model's, and its interface's."""
     for flag, given in (("--dtype", dtype), ("--io-dtype", io_dtype or "fp32")):
         if given not in HALF_DTYPES:
-            raise ConvexportError(f"{flag} {given}: expected fp32 or fp16")
+            raise ConvexportError(f"{flag} {given}: expected fp32, fp16 or bf16")
     model, interface = HALF_DTYPES[dtype], HALF_DTYPES[io_dtype or "fp32"]
     if interface not in ("float32", model):
         raise ConvexportError(f"--io-dtype {io_dtype} with --dtype {dtype}: the interface is fp32 or the model's own")
+    if interface == "bfloat16":  # its runs could not be fed, nor its outputs read, to validate it
+        raise ConvexportError(
+            f"--io-dtype {io_dtype}: ONNX Runtime's Python API takes and gives no bfloat16 arrays, so the model could "
+            "not be validated; a bf16 model keeps an fp32 interface"
+        )
     return model, interface
