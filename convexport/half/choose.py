@@ -237,9 +237,15 @@ class _Choice:
                 kept[made_by] = KeptFloat32.of(nodes[made_by], reason)
 
     def with_regions(self, kept: dict[int, KeptFloat32]) -> dict[int, KeptFloat32]:
-        _keep_regions(self.model, self.regions, self.candidates, kept)
-        _movers_follow(self.model, self.candidates, self.producer, self.io_type != self.half, kept)
-        return kept
+        """`kept` with the fused kernels whole and the value-moving nodes following, until
+        neither adds a node (a Transpose kept by _movers_follow inside an Attention takes its
+        kernel with it, and a kernel kept float32 may leave a Transpose after it to follow)."""
+        while True:
+            count = len(kept)
+            _keep_regions(self.model, self.regions, self.candidates, kept)
+            _movers_follow(self.model, self.candidates, self.producer, self.io_type != self.half, kept)
+            if len(kept) == count:
+                return kept
 
     def half_nodes(self, kept) -> set[int]:
         return {index for index in self.candidates if index not in kept and index in self.local}

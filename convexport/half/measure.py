@@ -170,8 +170,9 @@ def _run_exploded(
             elem_type = elem if in_data else (FLOAT if is_float else None)
             fed = f"{name}@{_type_tag(elem_type)}"
             if fed not in inputs:  # (keyed by the name the node reads)
-                rounded = value.astype(NUMPY[inputs_in]) if in_data and inputs_in is not None else value
-                array = rounded.astype(NUMPY[elem_type]) if is_float else value
+                with np.errstate(over="ignore"):  # beyond half's range: an infinity, as the model would make
+                    rounded = value.astype(NUMPY[inputs_in]) if in_data and inputs_in is not None else value
+                    array = rounded.astype(NUMPY[elem_type]) if is_float else value
                 if elem_type in CAST_AT_EDGES:
                     nodes.append(onnx.helper.make_node("Cast", [f"{fed}@f32"], [fed], to=elem_type))
                     feeds[f"{fed}@f32"] = array.astype(np.float32)
