@@ -24,7 +24,7 @@ WIDENS = {
 }  # fmt: skip
 # the types the ops between may then move: those ONNX Runtime's CPU and CUDA kernels of them all take
 MOVED_IN = {TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE}
-SHORT = {TensorProto.DOUBLE: "f64", TensorProto.FLOAT16: "f16", TensorProto.BFLOAT16: "bf16"}
+SHORT = {TensorProto.DOUBLE: "f64", TensorProto.FLOAT16: "f16"}  # the types a merged Cast may make, but float32
 # ops whose first input is data they only move or repeat, of any type, to their one output
 MOVES_VALUES = {
     "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Expand", "Tile", "Slice",
