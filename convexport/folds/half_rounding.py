@@ -53,10 +53,10 @@ def keep_if_rounding_allows(
     doc); nothing for a float32 output (`half` None)."""
     if half is None:
         return
-    kind = HALF_TYPES[half]
-    if not any(np.array_equal(_rounded(spec.weight, kind), spec.weight) for spec in specs):
+    rounded = [_rounded(spec.weight, HALF_TYPES[half]) for spec in specs]
+    if not any(np.array_equal(weight, spec.weight) for weight, spec in zip(rounded, specs)):
         return  # no exact branch: the folded kernel rounds as the branches do (module doc)
-    parts = combine_parallel([replace(spec, weight=_rounded(spec.weight, kind)) for spec in specs], signs, spatial)
+    parts = combine_parallel([replace(spec, weight=weight) for spec, weight in zip(specs, rounded)], signs, spatial)
     refuse_if_rounding_undoes(merged.weight, parts.weight, half)
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto
 
+from ..ir import proto_subgraphs
+
 WIDENS = {
     (TensorProto.FLOAT16, TensorProto.FLOAT), (TensorProto.FLOAT16, TensorProto.DOUBLE),
     (TensorProto.BFLOAT16, TensorProto.FLOAT), (TensorProto.BFLOAT16, TensorProto.DOUBLE),
@@ -88,10 +90,7 @@ def _merged(graph, types, first: onnx.NodeProto, between: list[onnx.NodeProto], 
     types[first.output[0]] = target
     if types.get(first.input[0]) != target or first.output[0] in {value.name for value in graph.output}:
         return 1
-    for node in graph.node:
-        for position, name in enumerate(node.input):
-            if name == first.output[0]:
-                node.input[position] = first.input[0]
+    _read_as(graph, first.output[0], first.input[0])
     _drop_value_info(graph, first.output[0])
     graph.node.remove(first)
     return 2
@@ -106,24 +105,28 @@ def _renamed_for(graph, cast: onnx.NodeProto, target: int) -> None:
     if any(new in node.output for node in graph.node):
         return
     cast.output[0], cast.name = new, f"{new}__cast"
+    _read_as(graph, old, new)
+    for value in graph.value_info:
+        if value.name == old:
+            value.name = new
+
+
+def _read_as(graph, old: str, new: str) -> None:
+    """Every node that read `old` reads `new`."""
     for node in graph.node:
         for position, name in enumerate(node.input):
             if name == old:
                 node.input[position] = new
-    for value in graph.value_info:
-        if value.name == old:
-            value.name = new
 
 
 def _read_inside(node: onnx.NodeProto) -> set[str]:
     """The names the subgraphs of `node` (If, Loop, Scan) read: a tensor read there has a
     reader beside the chain."""
     names: set[str] = set()
-    for attribute in node.attribute:
-        for subgraph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
-            for inner in subgraph.node:
-                names.update(inner.input)
-                names.update(_read_inside(inner))
+    for subgraph in proto_subgraphs(node):
+        for inner in subgraph.node:
+            names.update(inner.input)
+            names.update(_read_inside(inner))
     return names
 
 
