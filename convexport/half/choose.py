@@ -54,6 +54,7 @@ from .kernels import lacking_kernels
 from .measure import NodeError, node_errors
 from .on_disk import handed_over, on_disk
 from .outputs import HalfRuns, OutputJudgement, judge_outputs
+from .rounding import WeightRounding
 from .slots import HALF_TYPES, DataSlots, NoHalfForm, data_slots
 
 FLOAT = TensorProto.FLOAT
@@ -187,6 +188,7 @@ class _Choice:
             del self.candidates[index]
             self.refused[index] = KeptFloat32.of(model.graph.node[index], reason)
         self.producer = _producers(model)
+        self.rounding = WeightRounding(model.graph, half)  # each weight's rounding chosen once
         self.local: dict[int, NodeError] = {}
         self.regions: list[tuple[str, set[int]]] = []
         self.out_of_range: set[int] = set()  # step 2's nodes whose exact output half cannot hold
@@ -194,7 +196,7 @@ class _Choice:
 
     def attempt(self, keep: dict[int, KeptFloat32]) -> Attempt:
         plan = PrecisionPlan(self.half, self.io_type, {i: s for i, s in self.candidates.items() if i not in keep})
-        converted = with_precision(self.model, plan, self.types)
+        converted = with_precision(self.model, plan, self.types, self.rounding)
         converted = on_disk(converted)  # the one in memory goes here, a large model's weights with it
         if converted.files is not None:
             heap.release()
@@ -205,7 +207,7 @@ class _Choice:
     def kept_by_own_error(self, values: dict[str, np.ndarray], fused) -> dict[int, KeptFloat32]:
         """Steps 1-3: the nodes that stay float32 before the outputs are judged."""
         nodes = self.model.graph.node
-        self.local = node_errors(self.model, self.candidates, values, self.half, self.device)
+        self.local = node_errors(self.model, self.candidates, values, self.rounding, self.device)
         kept = dict(self.refused)
         for index in self.candidates:
             error = self.local.get(index)

@@ -3,7 +3,7 @@
 Every float tensor gets one home type: its producer's (float32, or the half type for the
 data outputs of a node chosen to run in half), the interface's for a graph input, and for a
 stored constant (an initializer or a Constant node's value) the half type when every node
-reading it reads it in half: the float32 weight rounded once into the half type. A reader
+reading it reads it in half: the float32 weight rounded once into the half type (rounding.py). A reader
 that needs the other type reads a Cast of it, one Cast per tensor and type, placed before
 its first reader; a graph output whose home differs from the interface's type is cast back
 under its own name. So Casts sit only at the edges between the two precisions and at the
@@ -16,13 +16,12 @@ import contextlib
 import weakref
 from dataclasses import dataclass, field
 
-import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from ..ir import tensor_array
 from .cast_chains import merge_widening_casts
+from .rounding import WeightRounding, rounded
 from .slots import TYPE_ATTRIBUTES, DataSlots
 
 FLOAT = TensorProto.FLOAT
@@ -47,9 +46,11 @@ class Converted:
     removal: weakref.finalize | None = None  # removes it when the attempt is dropped
 
 
-def with_precision(model: onnx.ModelProto, plan: PrecisionPlan, types: dict[str, int]) -> Converted:
+def with_precision(
+    model: onnx.ModelProto, plan: PrecisionPlan, types: dict[str, int], rounding: WeightRounding
+) -> Converted:
     """`model` (float32) with the nodes of `plan` in half precision (module doc); `types`
-    gives the element type of each tensor by name."""
+    gives the element type of each tensor by name, `rounding` rounds its stored constants."""
     converted = onnx.ModelProto()
     converted.CopyFrom(model)
     graph = converted.graph
@@ -59,7 +60,7 @@ def with_precision(model: onnx.ModelProto, plan: PrecisionPlan, types: dict[str,
     home = _home_types(graph, nodes, plan, types, wanted)
     for index in plan.nodes:
         retype_attributes(nodes[index], plan.half)
-    stored = _retype_constants(graph, nodes, home, plan.half)
+    stored = _retype_constants(graph, nodes, home, plan.half, rounding)
     outputs = {value.name: value for value in graph.output}
     renamed = _renamed_outputs(nodes, home, outputs, plan.io_type, stored)
     casts: dict[tuple[str, int], onnx.NodeProto] = {}
@@ -158,41 +159,24 @@ def retype_attributes(node: onnx.NodeProto, half: int) -> None:
         node.attribute.append(onnx.helper.make_attribute("value", rounded(zero, half)))
 
 
-def _retype_constants(graph, nodes, home: dict[str, int], half: int) -> set[str]:
-    """Stored constants whose home is the half type, rounded once into it; their names."""
+def _retype_constants(graph, nodes, home: dict[str, int], half: int, rounding: WeightRounding) -> set[str]:
+    """Stored constants whose home is the half type, rounded once into it (rounding.py); their names."""
     stored = set()
     for index, tensor in enumerate(graph.initializer):
         if home.get(tensor.name) == half and tensor.data_type == FLOAT:
-            graph.initializer[index].CopyFrom(rounded(tensor, half))
+            graph.initializer[index].CopyFrom(rounding.rounded(tensor))
             stored.add(tensor.name)
     for node in nodes:
         if node.op_type == "Constant" and home.get(node.output[0]) == half:
             for attribute in node.attribute:
                 if attribute.name == "value":
-                    attribute.t.CopyFrom(rounded(attribute.t, half))
+                    attribute.t.CopyFrom(rounding.rounded(attribute.t, node.output[0]))
                 elif attribute.name in ("value_float", "value_floats"):
                     values = np.array(attribute.f if attribute.name == "value_float" else list(attribute.floats))
                     attribute.CopyFrom(onnx.helper.make_attribute("value", rounded(numpy_helper.from_array(
                         values.astype(np.float32)), half)))  # fmt: skip
             stored.add(node.output[0])
     return stored
-
-
-def rounded(tensor: onnx.TensorProto, half: int) -> onnx.TensorProto:
-    """`tensor` rounded to the nearest value of the half type (ties to even). A finite value
-    beyond its range stands for an infinity (an attention mask's finfo(float32).min) and
-    becomes half the largest finite value, 32752 for float16: an infinity times a mask's zero
-    would be NaN, and the largest value plus any negative score is an infinity again, which
-    makes a fully masked row's softmax NaN instead of uniform. The outputs' judgement says
-    whether the model still computes what it did."""
-    values = tensor_array(tensor)
-    if half == TensorProto.FLOAT16:
-        largest = np.finfo(np.float16).max / 2
-        saturated = np.where(np.isfinite(values), np.clip(values, -largest, largest), values)
-        result = numpy_helper.from_array(saturated.astype(np.float16), tensor.name)
-    else:
-        result = numpy_helper.from_array(values.astype(np.float32).astype(ml_dtypes.bfloat16), tensor.name)
-    return result
 
 
 def _renamed_outputs(nodes, home, outputs: dict, io_type: int, stored: set[str]) -> dict[str, str]:

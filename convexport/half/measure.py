@@ -26,7 +26,8 @@ from onnx import TensorProto
 
 from ..exact_check import judge
 from ..runtime import checked_run, create_session
-from .convert import retype_attributes, rounded
+from .convert import retype_attributes
+from .rounding import WeightRounding
 from .slots import DataSlots
 
 FLOAT = TensorProto.FLOAT
@@ -63,20 +64,22 @@ def node_errors(
     model: onnx.ModelProto,
     candidates: dict[int, DataSlots],
     values: dict[str, np.ndarray],
-    half: int,
+    rounding: WeightRounding,
     device: str,
 ) -> dict[int, NodeError]:
     """Each candidate node's NodeError (module doc), measured on `values`, the exact value of
-    every tensor the graph computes and of its inputs, by name (the weights are the model's); a
-    node whose inputs have no exact value is left out."""
+    every tensor the graph computes and of its inputs, by name (the weights are the model's, rounded
+    into the half type by `rounding`, as the attempts round them); a node whose inputs have no
+    exact value is left out."""
     weights = {tensor.name: tensor for tensor in model.graph.initializer}
     known = values.keys() | weights.keys()
     measurable = {i: s for i, s in candidates.items() if all(not n or n in known for n in model.graph.node[i].input)}
     errors: dict[int, NodeError] = {}
+    half = rounding.half
     dtype = onnx.helper.tensor_dtype_to_np_dtype(half).name
     for chunk in _chunks(model, measurable, values, weights):
         float_runs = _run_exploded(model, chunk, values, FLOAT, device)
-        half_runs = _run_exploded(model, chunk, values, half, device)
+        half_runs = _run_exploded(model, chunk, values, half, device, rounding)
         worst = _worst_outputs(model, chunk, values, half_runs, float_runs, half)
         # whether rounding its inputs is what puts a node over its bound is asked of those over
         # it alone: a third session of the chunk's weights, for most models none
@@ -139,10 +142,17 @@ def _float32_bytes(name: str, values, weights) -> int:
 
 
 def _run_exploded(
-    model, chunk: dict[int, DataSlots], values, elem: int, device: str, inputs_in: int | None = None
+    model,
+    chunk: dict[int, DataSlots],
+    values,
+    elem: int,
+    device: str,
+    rounding: WeightRounding | None = None,
+    inputs_in: int | None = None,
 ) -> dict[tuple, np.ndarray]:
-    """The chunk's nodes run apart (module doc), their data operands in `elem` (the values fed
-    rounded to `inputs_in` first, where given): (node index, output position) -> the output."""
+    """The chunk's nodes run apart (module doc), their data operands in `elem` (weights rounded
+    into it by `rounding`, the values fed rounded to `inputs_in` first, where given):
+    (node index, output position) -> the output."""
     graph = model.graph
     stored = {tensor.name: tensor for tensor in graph.initializer}
     initializers, inputs, feeds, nodes, outputs = {}, {}, {}, [], {}
@@ -160,7 +170,7 @@ def _run_exploded(
                 if in_data and elem != FLOAT:
                     renamed = f"{name}@rounded"
                     if renamed not in initializers:
-                        initializers[renamed] = _rounded_initializer(stored[name], renamed, elem)
+                        initializers[renamed] = _rounded_initializer(stored[name], renamed, rounding)
                     node.input[position] = renamed
                 else:
                     initializers.setdefault(name, stored[name])
@@ -205,8 +215,8 @@ def _run_exploded(
     return {key: np.asarray(result) for key, result in zip(outputs, results)}
 
 
-def _rounded_initializer(tensor: onnx.TensorProto, name: str, elem: int) -> onnx.TensorProto:
-    tensor = rounded(tensor, elem)
+def _rounded_initializer(tensor: onnx.TensorProto, name: str, rounding: WeightRounding) -> onnx.TensorProto:
+    tensor = rounding.rounded(tensor)
     tensor.name = name
     return tensor
 

@@ -1,0 +1,84 @@
+"""How the half-precision stage rounds a stored float constant (an initializer, a Constant
+node's value) into the half type.
+
+A weight its readers sum along rows (a Conv's, a MatMul's: row_sums.py) is rounded keeping each
+row's sum; any other constant to the nearest half value. A finite value beyond the half type's
+range stands for an infinity (an attention mask's finfo(float32).min) and becomes half the
+largest finite value, 32752 for float16: an infinity times a mask's zero would be NaN, and the
+largest value plus any negative score is an infinity again, which makes a fully masked row's
+softmax NaN instead of uniform. The outputs' judgement says whether the model still computes
+what it did.
+
+The stage rounds the same weights for the per-node measurement and for every attempt it
+judges; keeping the rows' sums costs ten times rounding to nearest (bench/RESULTS.md), so each
+weight's choice is made once and kept as the positions of the elements that went to their other
+neighbour (a few percent of them, 4 bytes each: about a 20th of the weights' float32 bytes).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from ..ir import tensor_array
+from .row_sums import Rows, flips_keeping_sums, summed_rows, with_flips
+
+FLOAT = TensorProto.FLOAT
+NUMPY_HALF = {TensorProto.FLOAT16: np.dtype(np.float16), TensorProto.BFLOAT16: np.dtype(ml_dtypes.bfloat16)}
+
+
+class WeightRounding:
+    """The stored float constants of one graph rounded into `half` (module doc), by name."""
+
+    def __init__(self, graph: onnx.GraphProto, half: int):
+        self.half = half
+        self.rows = weight_rows(graph)
+        self._flipped: dict[str, np.ndarray] = {}  # name -> the flat positions at their other neighbour
+
+    def rounded(self, tensor: onnx.TensorProto, name: str | None = None) -> onnx.TensorProto:
+        """`tensor` (the constant `name`, its own name where not given) in the half type."""
+        name = name or tensor.name
+        values = tensor_array(tensor)
+        rows = self.rows.get(name)
+        if rows is None or values.dtype != np.float32 or not values.size or not _all_in_range(values, self.half):
+            return rounded(tensor, self.half)
+        dtype = NUMPY_HALF[self.half]
+        if name not in self._flipped:
+            self._flipped[name] = flips_keeping_sums(values, dtype, rows)
+        return numpy_helper.from_array(with_flips(values, dtype, self._flipped[name]), tensor.name)
+
+
+def weight_rows(graph: onnx.GraphProto) -> dict[str, Rows]:
+    """The stored float constants the graph's nodes sum along rows (row_sums.py): name -> Rows."""
+    shapes = {tensor.name: tuple(tensor.dims) for tensor in graph.initializer if tensor.data_type == FLOAT}
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for attribute in node.attribute:
+                if attribute.name == "value" and attribute.t.data_type == FLOAT:
+                    shapes[node.output[0]] = tuple(attribute.t.dims)
+    return summed_rows(list(graph.node), set(shapes), shapes)
+
+
+def rounded(tensor: onnx.TensorProto, half: int) -> onnx.TensorProto:
+    """`tensor` rounded to the nearest value of the half type (ties to even), a value beyond its
+    range saturated (module doc)."""
+    values = tensor_array(tensor)
+    if half == TensorProto.FLOAT16:
+        largest = _largest(half)
+        beyond = np.isfinite(values) & (np.abs(values) > largest)
+        values = np.where(beyond, np.clip(values, -largest, largest), values)
+    return numpy_helper.from_array(values.astype(np.float32).astype(NUMPY_HALF[half]), tensor.name)
+
+
+def _all_in_range(values: np.ndarray, half: int) -> bool:
+    """Whether every one of `values` is finite and within _largest (no stand-in infinity; a NaN
+    makes the largest magnitude NaN, and the comparison false)."""
+    largest = _largest(half)
+    return bool(values.max() <= largest and values.min() >= -largest)
+
+
+def _largest(half: int) -> float:
+    """Half the half type's largest finite value: where a stand-in infinity is saturated to."""
+    return float(ml_dtypes.finfo(NUMPY_HALF[half]).max) / 2
