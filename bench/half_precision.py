@@ -3,6 +3,7 @@ reach for, each judged against the exact (float64) result of the model as export
 
     PYTHONPATH=FP16_PACKAGES[:HF_PACKAGES] .venv/bin/python bench/half_precision.py [--only NAME] [--write FILE]
     PYTHONPATH=FP16_PACKAGES .venv/bin/python bench/half_precision.py --seeds 10 [--only FAMILY]
+    PYTHONPATH=FP16_PACKAGES[:HF_PACKAGES] .venv/bin/python bench/half_precision.py --bf16 [--only NAME]
 
 Needs onnxconverter-common 1.16 and onnxslim 0.1 (`pip install --no-deps --target FOLDER`, not
 in convexport's environment); the BERT and GPT-2 rows also transformers 4.57 (bench/
@@ -347,14 +348,54 @@ def _seeded_errors(family: str, seed: int) -> tuple[tuple[float, float], tuple[f
         return error_vs_exact(ours, sets, exact), error_vs_exact(peer, sets, exact)
 
 
+def each_exported(names: list[str], folder: Path):
+    """(name, its export in `folder`, its input sets, their float64 results) for each model; one
+    whose packages are missing is left out, saying so."""
+    for name in names:
+        try:
+            original = exported(name, folder)
+        except ImportError as exc:
+            print(f"{name}: left out ({exc})", flush=True)
+            continue
+        sets = input_sets(original)
+        evaluator = Float64Evaluator(onnx.load(str(original)))
+        yield name, original, sets, [evaluator.run(feeds) for feeds in sets]
+
+
+def bfloat16_rows(names: list[str]) -> list[str]:
+    """convexport --dtype bf16 on each model, on this machine's provider: the nodes that run in
+    bfloat16, the Casts, the error against float64 as in the float16 table, whether it passed
+    its validation, and what ONNX Runtime's transformer optimizer fuses in it (use_gpu=True)."""
+    rows = ["| model | nodes in bfloat16 | Casts | max error / rms | rms error / rms | passed | fused after (use_gpu=True) |",
+            "|---|---|---|---|---|---|---|"]  # fmt: skip
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        for name, original, sets, exact in each_exported(names, folder):
+            out = folder / f"{original.stem}.bf16.onnx"
+            result = _quietly(lambda: convexport.optimize(str(original), output=str(out), dtype="bf16", profile=False,
+                                                          inputs=described(original)))  # fmt: skip
+            precision = result.report["precision"]
+            error = error_vs_exact(out, sets, exact)
+            nodes = len(onnx.load(str(out), load_external_data=False).graph.node) - precision["casts"]
+            after = fused(out, name, gpu=True) if name in TRANSFORMER_TYPES else ""
+            rows.append(f"| {name} | {precision['nodes_half']} of {nodes} | {precision['casts']} | {error[0]:.2e} | "
+                        f"{error[1]:.2e} | {'yes' if precision['validation']['passed'] else 'no'} | {after} |")  # fmt: skip
+            print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", action="append")
     parser.add_argument("--write")
     parser.add_argument("--seeds", type=int, help="instead: the folded families over this many initialisations each")
+    parser.add_argument("--bf16", action="store_true", help="instead: convexport --dtype bf16 on each model")
     args = parser.parse_args()
-    if args.seeds:
-        rows = seed_spread([f for f in SEEDED_FAMILIES if not args.only or f in args.only], args.seeds)
+    if args.seeds or args.bf16:
+        if args.seeds:
+            rows = seed_spread([f for f in SEEDED_FAMILIES if not args.only or f in args.only], args.seeds)
+        else:
+            rows = bfloat16_rows(args.only or list(MODELS))
         print("\n".join(rows))
         if args.write:
             Path(args.write).write_text("\n".join(rows) + "\n")
@@ -365,16 +406,8 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     with tempfile.TemporaryDirectory() as scratch:
-        for name in args.only or MODELS:
-            folder = Path(scratch)
-            try:
-                original = exported(name, folder)
-            except ImportError as exc:
-                print(f"{name}: left out ({exc})", flush=True)
-                continue
-            sets = input_sets(original)
-            evaluator = Float64Evaluator(onnx.load(str(original)))
-            exact = [evaluator.run(feeds) for feeds in sets]
+        folder = Path(scratch)
+        for name, original, sets, exact in each_exported(args.only or list(MODELS), folder):
             base = error_vs_exact(original, sets, exact)
             ops = Counter(node.op_type for node in onnx.load(str(original)).graph.node)
             rows.append(

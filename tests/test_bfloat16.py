@@ -7,6 +7,8 @@ float64 result, and `validate` judging it at bfloat16's roundoff."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -98,3 +100,29 @@ def test_kernels_are_asked_of_the_provider_for_bfloat16_only(half, lacking):
     candidates = {i: data_slots(node, 18, types, half) for i, node in enumerate(model.graph.node)}
     found = lacking_kernels(model, candidates, types, half, "cpu")
     assert {model.graph.node[i].op_type for i in found} == lacking
+
+
+def test_the_kernels_the_rewrite_lets_the_optimizer_fuse_stay_in_one_precision(tmp_path):
+    """An encoder with an unmerged LoRA: the optimizer fuses no Attention in the export, and
+    after convexport merges the LoRA it fuses both and the embeddings' EmbedLayerNormalization.
+    Those kernels of the rewritten model are the ones kept in one precision: the embedding
+    LayerNormalization has a CPU bfloat16 kernel but the Adds it reads have none, so all of them
+    stay float32, and the bfloat16 file fuses as the float32 output does."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    from test_transformer_pipeline import FUSED, export_encoder
+
+    def fused(file):
+        optimized = optimize_model(str(file), model_type="bert", use_gpu=False, opt_level=0)
+        return {op: n for op, n in Counter(n.op_type for n in optimized.model.graph.node).items() if op in FUSED}
+
+    path = export_encoder(tmp_path, lora=True)
+    assert "Attention" not in fused(path)
+    convexport.optimize(path, output=str(tmp_path / "o32.onnx"), profile=False)
+    result = convexport.optimize(path, output=str(tmp_path / "bf16.onnx"), profile=False, dtype="bf16")
+    assert result.report["precision"]["validation"]["passed"]
+    in_float32 = fused(tmp_path / "o32.onnx")
+    assert in_float32["Attention"] == 2 and in_float32["EmbedLayerNormalization"] == 1
+    assert fused(tmp_path / "bf16.onnx") == in_float32
+    kept = {entry["node"]: entry["reason"] for entry in result.report["precision"]["kept_float32"]}
+    assert "in one precision with" in kept["/words/Gather"]  # a bfloat16 kernel, kept with its fused kernel

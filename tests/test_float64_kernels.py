@@ -492,3 +492,14 @@ def test_a_conv_kernel_off_by_one_pad_is_caught(monkeypatch):
     monkeypatch.setattr(float64.conv, "explicit_pads", lambda *a: ([p + 1 for p in shifted(*a)[0]], shifted(*a)[1]))
     with pytest.raises((AssertionError, Float64Unavailable)):
         assert_agrees_with_runtime(model, feeds)
+
+
+def test_a_value_infinite_in_both_runs_agrees_without_a_numpy_warning():
+    """A masked score is -inf in ONNX Runtime's run and in the float64 one: the quick bound's
+    inf - inf is NaN, which the element-by-element measure then treats as agreeing, and no
+    RuntimeWarning reaches the user (optimum's GPT-2 printed two in every optimize call)."""
+    ours = np.array([1.0, -np.inf, 2.0], np.float32)
+    exact = np.array([1.0, -np.inf, 2.0 + 1e-9])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert disagreement(ours, exact, within=1e-3) < 1e-6

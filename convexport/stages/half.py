@@ -32,7 +32,7 @@ def in_half(
     original_runs = validated.reference_runs if validated is not None else None
     half = in_half_precision(
         exported.reference, rewritten.outcome.model, inputs.specs, inputs.made_up_runs, inputs.real_data, exact,
-        request.dtype, request.io_dtype, rewritten.kept, request.device, original_runs,
+        request.dtype, request.io_dtype, rewritten.fused, request.device, original_runs,
     )  # fmt: skip
     if half.files is not None:
         cleanup.enter_context(half.files)

@@ -59,7 +59,10 @@ def _rules(paths: Sequence[str | Path], builtin: bool, disabled: Sequence[str] =
 class Rewritten:
     """The rewrite's outcome (its model, the rewrites applied and refused) and what replaying
     it needs: the folded model the rules ran on, the kernels kept whole, the cost or measure
-    decisions. `sections` are the report's parts this stage knows, in the report's order."""
+    decisions. `fused` are the kernels ONNX Runtime's transformer optimizer makes of the
+    rewritten model ((kind, node names), transformer_fusions.py): more than `kept` where the
+    rewrite lets it fuse more (a merged LoRA, an attention); the half stage keeps each in one
+    precision. `sections` are the report's parts this stage knows, in the report's order."""
 
     outcome: object  # rewrite.engine.RewriteOutcome
     folded: onnx.ModelProto
@@ -71,6 +74,7 @@ class Rewritten:
     device: str
     half: str | None = None  # the half type of --dtype, which some folds weigh (rewrite_model)
     sections: dict = field(default_factory=dict)
+    fused: list = field(default_factory=list)
 
     def first(self, limit: int) -> onnx.ModelProto:
         """The model after the first `limit` rewrites only, for a bisection (the decisions of
@@ -120,7 +124,8 @@ def rewritten(exported: ExportResult, source: str, asked: RulesAsked, request: R
         "nodes_after": len(stage.folded.graph.node),
         "between_rules": outcome.folded,
     }
+    fused = [(kernel.kind, kernel.nodes) for kernel in stage.after.kernels] if stage.after else stage.kept
     return Rewritten(
         outcome, stage.folded, stage.kept, stage.decided, asked.rules, source, request.strategy, request.device,
-        half, sections,
+        half, sections, fused,
     )  # fmt: skip
