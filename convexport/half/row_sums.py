@@ -125,10 +125,12 @@ def flips_keeping_sums(values: np.ndarray, half: np.dtype, rows: Rows) -> np.nda
         return np.flatnonzero(_cheapest_flips(exact, exact.astype(half))) + start * matrix.shape[1]
 
     starts = range(0, matrix.shape[0], step)
-    # numpy's work on each block leaves the GIL: blocks side by side, WORKERS at most (each
-    # holds some 130 MB of temporaries)
-    with ThreadPoolExecutor(min(WORKERS, os.cpu_count() or 1, len(starts))) as pool:
-        in_matrix = list(pool.map(flipped_in, starts))
+    workers = min(WORKERS, os.cpu_count() or 1, len(starts))
+    if workers == 1:  # most weights are one block
+        in_matrix = [flipped_in(start) for start in starts]
+    else:  # numpy's work on each block leaves the GIL: blocks side by side (each holds some 130 MB)
+        with ThreadPoolExecutor(workers) as pool:
+            in_matrix = list(pool.map(flipped_in, starts))
     positions = rows.original_positions(np.concatenate(in_matrix), values.shape)
     return positions.astype(np.uint32) if values.size <= np.iinfo(np.uint32).max else positions
 
