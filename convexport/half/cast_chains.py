@@ -18,6 +18,7 @@ import onnx
 from onnx import TensorProto
 
 from ..ir import proto_subgraphs
+from .slots import TYPE_TAGS
 
 WIDENS = {
     (TensorProto.FLOAT16, TensorProto.FLOAT), (TensorProto.FLOAT16, TensorProto.DOUBLE),
@@ -26,7 +27,6 @@ WIDENS = {
 }  # fmt: skip
 # the types the ops between may then move: those ONNX Runtime's CPU and CUDA kernels of them all take
 MOVED_IN = {TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE}
-SHORT = {TensorProto.DOUBLE: "f64", TensorProto.FLOAT16: "f16"}  # the types a merged Cast may make, but float32
 # ops whose first input is data they only move or repeat, of any type, to their one output
 MOVES_VALUES = {
     "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Expand", "Tile", "Slice",
@@ -99,9 +99,9 @@ def _merged(graph, types, first: onnx.NodeProto, between: list[onnx.NodeProto], 
 def _renamed_for(graph, cast: onnx.NodeProto, target: int) -> None:
     """The conversion's Cast (`NAME__as_f32`, convert.py) named for the type it now makes."""
     old = cast.output[0]
-    if old != f"{cast.input[0]}__as_f32" or target not in SHORT:
+    if old != f"{cast.input[0]}__as_f32" or target not in TYPE_TAGS:
         return
-    new = f"{cast.input[0]}__as_{SHORT[target]}"
+    new = f"{cast.input[0]}__as_{TYPE_TAGS[target]}"
     if any(new in node.output for node in graph.node):
         return
     cast.output[0], cast.name = new, f"{new}__cast"

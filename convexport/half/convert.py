@@ -22,7 +22,7 @@ from onnx import TensorProto, numpy_helper
 
 from .cast_chains import merge_widening_casts
 from .rounding import WeightRounding, rounded
-from .slots import TYPE_ATTRIBUTES, DataSlots
+from .slots import TYPE_ATTRIBUTES, TYPE_TAGS, DataSlots
 
 FLOAT = TensorProto.FLOAT
 
@@ -73,7 +73,7 @@ def with_precision(
                 node.input[position] = source
                 continue
             if (name, want) not in casts:
-                cast = onnx.helper.make_node("Cast", [source], [f"{name}__as_{_short(want)}"], to=want)
+                cast = onnx.helper.make_node("Cast", [source], [f"{name}__as_{TYPE_TAGS[want]}"], to=want)
                 cast.name = f"{cast.output[0]}__cast"
                 casts[(name, want)] = cast
                 ordered.append(cast)
@@ -186,7 +186,7 @@ def _renamed_outputs(nodes, home, outputs: dict, io_type: int, stored: set[str])
     for node in nodes:
         for position, name in enumerate(node.output):
             if name in outputs and home.get(name, io_type) != io_type and name not in stored:
-                inner = f"{name}__{_short(home[name])}"
+                inner = f"{name}__{TYPE_TAGS[home[name]]}"
                 node.output[position] = inner
                 renamed[name] = inner
     return renamed
@@ -210,7 +210,3 @@ def _retype_value_info(graph: onnx.GraphProto, home: dict[str, int], renamed: di
             inner.CopyFrom(value)
             inner.name = renamed[value.name]
             inner.type.tensor_type.elem_type = home[value.name]
-
-
-def _short(elem_type: int) -> str:
-    return {TensorProto.FLOAT16: "f16", TensorProto.BFLOAT16: "bf16", FLOAT: "f32"}[elem_type]

@@ -28,7 +28,7 @@ from ..exact_check import judge
 from ..runtime import checked_run, create_session
 from .convert import retype_attributes
 from .rounding import WeightRounding
-from .slots import DataSlots
+from .slots import TYPE_TAGS, DataSlots
 
 FLOAT = TensorProto.FLOAT
 NUMPY = {TensorProto.FLOAT16: np.float16, TensorProto.BFLOAT16: ml_dtypes.bfloat16, FLOAT: np.float32}
@@ -178,7 +178,7 @@ def _run_exploded(
             value = values[name]
             is_float = value.dtype == np.float64
             elem_type = elem if in_data else (FLOAT if is_float else None)
-            fed = f"{name}@{_type_tag(elem_type)}"
+            fed = f"{name}@{TYPE_TAGS.get(elem_type, 'as_is')}"
             if fed not in inputs:  # (keyed by the name the node reads)
                 with np.errstate(over="ignore"):  # beyond half's range: an infinity, as the model would make
                     rounded = value.astype(NUMPY[inputs_in]) if in_data and inputs_in is not None else value
@@ -223,7 +223,3 @@ def _rounded_initializer(tensor: onnx.TensorProto, name: str, rounding: WeightRo
 
 def _elem_of(array: np.ndarray) -> int:
     return onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
-
-
-def _type_tag(elem_type: int | None) -> str:
-    return {None: "as_is", FLOAT: "f32", TensorProto.FLOAT16: "f16", TensorProto.BFLOAT16: "bf16"}[elem_type]

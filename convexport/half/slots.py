@@ -16,6 +16,13 @@ import onnx
 from onnx import TensorProto
 
 HALF_TYPES = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
+# each float type's tag in the names of the tensors the stage makes (NAME__as_f16, NAME@f32)
+TYPE_TAGS = {
+    TensorProto.FLOAT: "f32",
+    TensorProto.DOUBLE: "f64",
+    TensorProto.FLOAT16: "f16",
+    TensorProto.BFLOAT16: "bf16",
+}
 # attributes that name the type an op makes, for a node whose output parameter is rebound
 TYPE_ATTRIBUTES = {
     "Cast": "to", "EyeLike": "dtype", "RandomNormal": "dtype", "RandomUniform": "dtype",
