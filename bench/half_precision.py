@@ -4,6 +4,8 @@ reach for, each judged against the exact (float64) result of the model as export
     PYTHONPATH=FP16_PACKAGES[:HF_PACKAGES] .venv/bin/python bench/half_precision.py [--only NAME] [--write FILE]
     PYTHONPATH=FP16_PACKAGES .venv/bin/python bench/half_precision.py --seeds 10 [--only FAMILY]
     PYTHONPATH=FP16_PACKAGES[:HF_PACKAGES] .venv/bin/python bench/half_precision.py --bf16 [--only NAME]
+    any of them with --device cuda (ONNX Runtime's CUDA provider: convexport measures there, every
+    file is run and timed there, inputs and outputs bound on the GPU)
 
 Needs onnxconverter-common 1.16 and onnxslim 0.1 (`pip install --no-deps --target FOLDER`, not
 in convexport's environment); the BERT and GPT-2 rows also transformers 4.57 (bench/
@@ -16,7 +18,7 @@ weight perturbed, exported by optimum for feature-extraction; batch 2 x sequence
 
 Per model and tool: whether it gives a model ONNX Runtime runs; its worst error against the
 float64 result over three input sets, as a multiple of the output's rms (the worst output); the
-nodes and Casts; ONNX Runtime CPU latency (median of 21 interleaved rounds). The tools:
+nodes and Casts; ONNX Runtime latency on the device (median of 21 interleaved rounds). The tools:
 - convexport --dtype fp16 (float32 interface, precision chosen by measured error);
 - onnxconverter-common's convert_float_to_float16 (keep_io_types) of the export, and of
   convexport's float32 output (the fold, then another tool's rounding);
@@ -192,10 +194,33 @@ def described(path: Path) -> list[str] | None:
     return [f"{value.name}:{dims}:0..1"]
 
 
-def error_vs_exact(path: Path, sets: list[dict], exact: list[list[np.ndarray]]) -> tuple[float, float]:
+def providers(device: str) -> list:
+    """ONNX Runtime's providers for `device` (the CUDA provider with its default options: TF32
+    where the build allows it, stated by provider_options)."""
+    return [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"] if device == "cuda" else [
+        "CPUExecutionProvider"]  # fmt: skip
+
+
+def provider_options(device: str) -> str:
+    """The options the provider of `device` runs with, as ONNX Runtime reports them."""
+    if device != "cuda":
+        return "CPUExecutionProvider"
+    x, y = (onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [1]) for name in "xy")
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=9)
+    session = ort.InferenceSession(model.SerializeToString(), providers=providers(device))
+    if "CUDAExecutionProvider" not in session.get_providers():
+        sys.exit("--device cuda: ONNX Runtime's CUDA provider does not load here")
+    options = session.get_provider_options()["CUDAExecutionProvider"]
+    return f"CUDAExecutionProvider (use_tf32={options.get('use_tf32', '?')})"
+
+
+def error_vs_exact(
+    path: Path, sets: list[dict], exact: list[list[np.ndarray]], device: str = "cpu"
+) -> tuple[float, float]:
     """The worst max|y - exact| / rms(exact), and the worst rms(y - exact) / rms(exact), over
-    outputs and input sets."""
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    outputs and input sets, run on `device`."""
+    session = ort.InferenceSession(str(path), providers=providers(device))
     kinds = {i.name: i.type for i in session.get_inputs()}
     worst, typical = 0.0, 0.0
     for feeds, expected in zip(sets, exact):
@@ -210,20 +235,30 @@ def error_vs_exact(path: Path, sets: list[dict], exact: list[list[np.ndarray]]) 
     return worst, typical
 
 
-def latency_ms(paths: list[Path], feeds: dict, rounds: int = 21, round_s: float = 0.1) -> list[float]:
-    sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in paths]
-    fed = []
+def latency_ms(
+    paths: list[Path], feeds: dict, device: str = "cpu", rounds: int = 21, round_s: float = 0.1
+) -> list[float]:
+    """Each model's median latency on `device`, interleaved in rounds: inputs and outputs bound
+    on the device (io binding), so that a GPU's time is its kernels', not the copies'."""
+    sessions = [ort.InferenceSession(str(p), providers=providers(device)) for p in paths]
+    bindings = []
     for session in sessions:
         kinds = {i.name: i.type for i in session.get_inputs()}
-        fed.append({k: v.astype(np.float16) if kinds[k] == "tensor(float16)" else v for k, v in feeds.items()})
-    for session, f in zip(sessions, fed):
-        session.run(None, f)
+        binding = session.io_binding()
+        for name, value in feeds.items():
+            value = value.astype(np.float16) if kinds[name] == "tensor(float16)" else value
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, device, 0))
+        for output in session.get_outputs():
+            binding.bind_output(output.name, device)
+        bindings.append(binding)
+    for session, binding in zip(sessions, bindings):
+        session.run_with_iobinding(binding)
     times = [[] for _ in sessions]
     for _ in range(rounds):
-        for index, (session, f) in enumerate(zip(sessions, fed)):
+        for index, (session, binding) in enumerate(zip(sessions, bindings)):
             count, start = 0, time.perf_counter()
             while time.perf_counter() - start < round_s:
-                session.run(None, f)
+                session.run_with_iobinding(binding)
                 count += 1
             times[index].append((time.perf_counter() - start) / count * 1e3)
     return [statistics.median(t) for t in times]
@@ -235,7 +270,7 @@ def _quietly(call):
         return call()
 
 
-def tools(name: str, original: Path, folder: Path, sets: list[dict]) -> dict:
+def tools(name: str, original: Path, folder: Path, sets: list[dict], device: str = "cpu") -> dict:
     """Each tool's half-precision model of `original`: name -> path, or the reason it failed."""
     from onnxconverter_common import auto_mixed_precision, float16
 
@@ -253,9 +288,9 @@ def tools(name: str, original: Path, folder: Path, sets: list[dict]) -> dict:
             made[label] = f"fails: {type(exc).__name__}: {str(exc).splitlines()[0][:70]}"
 
     attempt("convexport --dtype fp16", lambda: convexport.optimize(str(original), output=str(cx16), dtype="fp16",
-                                                                   profile=False, inputs=described(original))
-            and None, cx16)  # fmt: skip
-    convexport.optimize(str(original), output=str(fp32), profile=False)
+                                                                   profile=False, inputs=described(original),
+                                                                   device=device) and None, cx16)  # fmt: skip
+    convexport.optimize(str(original), output=str(fp32), profile=False, device=device)
     model = onnx.load(str(original))
     attempt("onnxconverter-common fp16", lambda: float16.convert_float_to_float16(model, keep_io_types=True),
             folder / f"{original.stem}.occ.onnx")  # fmt: skip
@@ -302,7 +337,7 @@ def fused(path: Path, name: str, gpu: bool) -> str:
 SEEDED_FAMILIES = ("repvgg", "mobileone", "fastvit", "yolo-like detector")  # MODELS' builders that take a seed
 
 
-def seed_spread(families: list[str], seeds: int) -> list[str]:
+def seed_spread(families: list[str], seeds: int, device: str = "cpu") -> list[str]:
     """The folded families and the detector over `seeds` initialisations each: convexport
     --dtype fp16's error against float64 over onnxconverter-common's float16 conversion of the
     unfolded export (the nearest peer that runs on all four), the largest and the rms error.
@@ -313,7 +348,7 @@ def seed_spread(families: list[str], seeds: int) -> list[str]:
     for family in families:
         ratios = []
         for seed in range(seeds):
-            ours, peer = _seeded_errors(family, seed)
+            ours, peer = _seeded_errors(family, seed, device)
             ratios.append([a / b for a, b in zip(ours, peer)])
             print(f"{family} seed {seed}: convexport {ours[0]:.2e} / {ours[1]:.2e}, "
                   f"onnxconverter-common {peer[0]:.2e} / {peer[1]:.2e}", flush=True)  # fmt: skip
@@ -330,8 +365,9 @@ def _spread(ratios: np.ndarray) -> str:
     return f"{np.exp(logs.mean()):.2f} x/ {error:.2f} ({ratios.min():.2f} - {ratios.max():.2f}), {nearer}"
 
 
-def _seeded_errors(family: str, seed: int) -> tuple[tuple[float, float], tuple[float, float]]:
-    """(convexport's, onnxconverter-common's) error_vs_exact on the family built from `seed`."""
+def _seeded_errors(family: str, seed: int, device: str) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(convexport's, onnxconverter-common's) error_vs_exact on `device` on the family built
+    from `seed`."""
     from onnxconverter_common import float16
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -343,9 +379,9 @@ def _seeded_errors(family: str, seed: int) -> tuple[tuple[float, float], tuple[f
         evaluator = Float64Evaluator(onnx.load(str(original)))
         exact = [evaluator.run(feeds) for feeds in sets]
         _quietly(lambda: convexport.optimize(str(original), output=str(ours), dtype="fp16", profile=False,
-                                             inputs=described(original)))  # fmt: skip
+                                             inputs=described(original), device=device))  # fmt: skip
         onnx.save(float16.convert_float_to_float16(onnx.load(str(original)), keep_io_types=True), str(peer))
-        return error_vs_exact(ours, sets, exact), error_vs_exact(peer, sets, exact)
+        return error_vs_exact(ours, sets, exact, device), error_vs_exact(peer, sets, exact, device)
 
 
 def each_exported(names: list[str], folder: Path):
@@ -362,24 +398,25 @@ def each_exported(names: list[str], folder: Path):
         yield name, original, sets, [evaluator.run(feeds) for feeds in sets]
 
 
-def bfloat16_rows(names: list[str]) -> list[str]:
-    """convexport --dtype bf16 on each model, on this machine's provider: the nodes that run in
+def bfloat16_rows(names: list[str], device: str = "cpu") -> list[str]:
+    """convexport --dtype bf16 on each model, on `device`: the nodes that run in
     bfloat16, the Casts, the error against float64 as in the float16 table, whether it passed
     its validation, and what ONNX Runtime's transformer optimizer fuses in it (use_gpu=True)."""
-    rows = ["| model | nodes in bfloat16 | Casts | max error / rms | rms error / rms | passed | fused after (use_gpu=True) |",
-            "|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = ["| model | nodes in bfloat16 | Casts | max error / rms | rms error / rms | passed "
+            "| fused after (use_gpu=True) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         for name, original, sets, exact in each_exported(names, folder):
             out = folder / f"{original.stem}.bf16.onnx"
             result = _quietly(lambda: convexport.optimize(str(original), output=str(out), dtype="bf16", profile=False,
-                                                          inputs=described(original)))  # fmt: skip
+                                                          inputs=described(original), device=device))  # fmt: skip
             precision = result.report["precision"]
-            error = error_vs_exact(out, sets, exact)
+            error = error_vs_exact(out, sets, exact, device)
             nodes = len(onnx.load(str(out), load_external_data=False).graph.node) - precision["casts"]
             after = fused(out, name, gpu=True) if name in TRANSFORMER_TYPES else ""
-            rows.append(f"| {name} | {precision['nodes_half']} of {nodes} | {precision['casts']} | {error[0]:.2e} | "
-                        f"{error[1]:.2e} | {'yes' if precision['validation']['passed'] else 'no'} | {after} |")  # fmt: skip
+            passed = "yes" if precision["validation"]["passed"] else "no"
+            rows.append(f"| {name} | {precision['nodes_half']} of {nodes} | {precision['casts']} | {error[0]:.2e} "
+                        f"| {error[1]:.2e} | {passed} | {after} |")  # fmt: skip
             print(rows[-1], flush=True)
     return rows
 
@@ -390,31 +427,35 @@ def main() -> None:
     parser.add_argument("--write")
     parser.add_argument("--seeds", type=int, help="instead: the folded families over this many initialisations each")
     parser.add_argument("--bf16", action="store_true", help="instead: convexport --dtype bf16 on each model")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where convexport measures and where every file is run and timed")  # fmt: skip
     args = parser.parse_args()
+    print(f"on {provider_options(args.device)}, ONNX Runtime {ort.__version__}", flush=True)
     if args.seeds or args.bf16:
         if args.seeds:
-            rows = seed_spread([f for f in SEEDED_FAMILIES if not args.only or f in args.only], args.seeds)
+            rows = seed_spread([f for f in SEEDED_FAMILIES if not args.only or f in args.only], args.seeds, args.device)
         else:
-            rows = bfloat16_rows(args.only or list(MODELS))
+            rows = bfloat16_rows(args.only or list(MODELS), args.device)
         print("\n".join(rows))
         if args.write:
             Path(args.write).write_text("\n".join(rows) + "\n")
         return
     fusions = []
     rows = [
-        "| model | tool | runs | max error / rms | rms error / rms | nodes | Casts | CPU ms (fp32 original) | CPU ms |",
+        f"| model | tool | runs | max error / rms | rms error / rms | nodes | Casts | {args.device.upper()} ms (fp32 "
+        f"original) | {args.device.upper()} ms |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         for name, original, sets, exact in each_exported(args.only or list(MODELS), folder):
-            base = error_vs_exact(original, sets, exact)
+            base = error_vs_exact(original, sets, exact, args.device)
             ops = Counter(node.op_type for node in onnx.load(str(original)).graph.node)
             rows.append(
                 f"| {name} | (float32 original) | yes | {base[0]:.2e} | {base[1]:.2e} | {sum(ops.values())} | "
                 f"{ops['Cast']} | | |"
             )
-            made_by = tools(name, original, folder, sets)
+            made_by = tools(name, original, folder, sets, args.device)
             if name in TRANSFORMER_TYPES and not isinstance(made_by["convexport --dtype fp16"], str):
                 fusions.append(
                     f"- {name}: ONNX Runtime's transformer optimizer fuses {fused(original, name, gpu=False)} in the "
@@ -427,8 +468,8 @@ def main() -> None:
                     print(rows[-1], flush=True)
                     continue
                 try:
-                    error = error_vs_exact(made, sets, exact)
-                    ms = latency_ms([original, made], sets[0])
+                    error = error_vs_exact(made, sets, exact, args.device)
+                    ms = latency_ms([original, made], sets[0], args.device)
                 except Exception as exc:
                     rows.append(f"| {name} | {label} | no: {str(exc).splitlines()[0][:70]} | | | | | | |")
                     print(rows[-1], flush=True)
