@@ -1,13 +1,13 @@
 """A float32 model rewritten to compute chosen nodes in half precision.
 
-Every float tensor gets one home type: its producer's (float32, or the half type for the
-data outputs of a node chosen to run in half), the interface's for a graph input, and for a
-stored constant (an initializer or a Constant node's value) the half type when every node
-reading it reads it in half: the float32 weight rounded once into the half type (rounding.py). A reader
-that needs the other type reads a Cast of it, one Cast per tensor and type, placed before
-its first reader; a graph output whose home differs from the interface's type is cast back
-under its own name. So Casts sit only at the edges between the two precisions and at the
-interface; a Cast into float32 that the model casts on into float64 is one Cast (cast_chains.py).
+Every float tensor gets one home type: its producer's (float32, or the half type for the data
+outputs of a node chosen to run in half), the interface's for a graph input, and for a stored
+constant (an initializer or a Constant node's value) the half type when every node reading it
+reads it in half: the float32 weight rounded once into the half type (rounding.py). A reader
+that needs the other type reads a Cast of it, one Cast per tensor and type, placed before its
+first reader; a graph output whose home differs from the interface's type is cast back under
+its own name. So Casts sit only at the edges between the two precisions and at the interface;
+a Cast into float32 that the model casts on into float64 is one Cast (cast_chains.py).
 """
 
 from __future__ import annotations

@@ -68,9 +68,9 @@ def node_errors(
     device: str,
 ) -> dict[int, NodeError]:
     """Each candidate node's NodeError (module doc), measured on `values`, the exact value of
-    every tensor the graph computes and of its inputs, by name (the weights are the model's, rounded
-    into the half type by `rounding`, as the attempts round them); a node whose inputs have no
-    exact value is left out."""
+    every tensor the graph computes and of its inputs, by name (the weights are the model's,
+    rounded into the half type by `rounding` as the attempts round them); a node whose inputs
+    have no exact value is left out."""
     weights = {tensor.name: tensor for tensor in model.graph.initializer}
     known = values.keys() | weights.keys()
     measurable = {i: s for i, s in candidates.items() if all(not n or n in known for n in model.graph.node[i].input)}
