@@ -384,6 +384,12 @@ def _precision(precision: dict) -> str:
     """The half-precision model: its error against the exact result per output, with the bound
     and the float32 original's own, then every node kept float32 and why."""
     lines = "".join(f"<p class=sub>{_e(line.strip())}</p>" for line in precision_lines(precision, "below"))
+    rounded = precision.get("weights_rounded")  # (not in a report of schema 1.0)
+    if rounded and rounded["keeping_row_sums"] + rounded["to_nearest"]:
+        lines += (
+            f"<p class=sub>weights: {rounded['keeping_row_sums']} rounded keeping each output's sum of its weights, "
+            f"{rounded['to_nearest']} to nearest</p>"
+        )
     judged = precision["validation"]["outputs"].items()
     rows = "".join(
         f"<tr><td><code>{_e(name)}</code></td><td>{_number(j['error'])}</td><td>{_number(j['bound'])}</td>"

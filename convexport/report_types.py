@@ -19,7 +19,7 @@ added, its major number for one removed, renamed or retyped.
 
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 
 # -- what several sections share ------------------------------------------------------------
@@ -290,6 +290,15 @@ class HalfValidation(TypedDict):
     outputs: Annotated[dict[str, HalfOutput], "per output"]
 
 
+class WeightsRounded(TypedDict):
+    """How the weights stored in half precision were rounded (docs/commands.md, --dtype)."""
+
+    keeping_row_sums: Annotated[
+        int, "weights a Conv, ConvTranspose, Gemm or MatMul sums into its outputs, rounded keeping each output's sum"
+    ]
+    to_nearest: Annotated[int, "the other constants stored in half precision, rounded to nearest"]
+
+
 class Precision(TypedDict):
     """--dtype fp16 or bf16: what computes in half precision and what stayed float32."""
 
@@ -301,6 +310,9 @@ class Precision(TypedDict):
     kept_float32: Annotated[list[KeptFloat32], "each node kept float32, and why"]
     nodes_measured: Annotated[int, "nodes whose own error was measured"]
     attempts: Annotated[int, "conversions judged"]
+    weights_rounded: NotRequired[
+        Annotated[WeightsRounded, "how the weights stored in half precision were rounded (from schema 1.1)"]
+    ]
     validation: Annotated[HalfValidation, "the half-precision model's check"]
 
 

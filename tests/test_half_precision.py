@@ -93,6 +93,9 @@ def test_a_conv_net_in_float16_keeps_a_float32_interface_and_casts_only_there(tm
     in_tail = {name for node in tail for name in node.input}
     for weight in half.graph.initializer:  # rounded into float16 where a half node reads it, float32 in the tail
         assert weight.data_type == (FLOAT if weight.name in in_tail else FLOAT16), weight.name
+    in_half = {weight.name for weight in half.graph.initializer if weight.data_type == FLOAT16}
+    assert precision["weights_rounded"] == {  # the kernels keeping their rows' sums, the biases to nearest
+        "keeping_row_sums": len(in_half & {"w1", "w2", "fc"}), "to_nearest": len(in_half & {"b1", "b2", "fb"})}
     judged_again(model, half, result.report)
     # the report's 'after' is the model written
     assert result.report["after"]["ops"]["Cast"] == 2

@@ -104,6 +104,7 @@ class HalfPrecision:
     against: str  # "float64", or "float32" where no float64 reference was computed
     attempts: int = 1  # conversions judged, the bisection's included
     measured: int = 0  # nodes whose own error was measured
+    weights_rounded: tuple[int, int] = (0, 0)  # (keeping their rows' sums, to nearest): convert.Converted
     # the folder of a large model's weights (on_disk.py): the caller's to close once it is written
     files: contextlib.ExitStack | None = None
 
@@ -131,6 +132,7 @@ class HalfPrecision:
             "kept_float32": [kept.to_report() for kept in self.kept],
             "nodes_measured": self.measured,
             "attempts": self.attempts,
+            "weights_rounded": {"keeping_row_sums": self.weights_rounded[0], "to_nearest": self.weights_rounded[1]},
             "validation": {
                 "passed": self.passed,
                 "against": self.against,
@@ -168,7 +170,7 @@ def to_half_precision(
     listed = [kept[i] for i in sorted(kept)]
     return HalfPrecision(
         converted.model, dtype, io_dtype, converted.half_nodes, converted.casts, listed, judged, runs.against,
-        choice.attempts, len(choice.local), files=handed_over(converted),
+        choice.attempts, len(choice.local), converted.weights_rounded, files=handed_over(converted),
     )  # fmt: skip
 
 

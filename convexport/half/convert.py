@@ -42,6 +42,8 @@ class Converted:
     model: onnx.ModelProto
     casts: int  # Cast nodes added, less the model's own that merged into them (cast_chains.py)
     half_nodes: int  # nodes computing in half
+    # stored constants in half: (rounded keeping their rows' sums, rounded to nearest)
+    weights_rounded: tuple[int, int] = (0, 0)
     files: contextlib.ExitStack | None = None  # the folder of a large model's weights (on_disk.py)
     removal: weakref.finalize | None = None  # removes it when the attempt is dropped
 
@@ -89,7 +91,8 @@ def with_precision(
     now = {**types, **home, **{cast.output[0]: want for (_, want), cast in casts.items()}}
     now.update({inner: home[name] for name, inner in renamed.items()})
     merged = merge_widening_casts(graph, now)
-    return Converted(converted, len(casts) + len(renamed) - merged, len(plan.nodes))
+    summed = sum(1 for name in stored if rounding.kept_sums(name))
+    return Converted(converted, len(casts) + len(renamed) - merged, len(plan.nodes), (summed, len(stored) - summed))
 
 
 def _readers_follow_their_inputs(graph, nodes, plan: PrecisionPlan) -> PrecisionPlan:

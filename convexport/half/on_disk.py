@@ -35,7 +35,7 @@ def on_disk(converted: Converted) -> Converted:
     except OSError as exc:  # a full disk
         files.close()
         raise ConvexportError(f"{place}: cannot write the half-precision weights ({exc.strerror or exc})") from exc
-    spilled = Converted(model, converted.casts, converted.half_nodes, files)
+    spilled = Converted(model, converted.casts, converted.half_nodes, converted.weights_rounded, files)
     spilled.removal = weakref.finalize(spilled, files.close)
     return spilled
 

@@ -49,6 +49,10 @@ class WeightRounding:
             self._flipped[name] = flips_keeping_sums(values, dtype, rows)
         return numpy_helper.from_array(with_flips(values, dtype, self._flipped[name]), tensor.name)
 
+    def kept_sums(self, name: str) -> bool:
+        """Whether the constant `name` was rounded keeping its rows' sums (else to nearest)."""
+        return name in self._flipped
+
 
 def weight_rows(graph: onnx.GraphProto) -> dict[str, Rows]:
     """The stored float constants the graph's nodes sum along rows (row_sums.py): name -> Rows."""
