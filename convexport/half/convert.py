@@ -62,7 +62,7 @@ def with_precision(
     home = _home_types(graph, nodes, plan, types, wanted)
     for index in plan.nodes:
         retype_attributes(nodes[index], plan.half)
-    stored = _retype_constants(graph, nodes, home, plan.half, rounding)
+    stored = _retype_constants(graph, nodes, home, rounding)
     outputs = {value.name: value for value in graph.output}
     renamed = _renamed_outputs(nodes, home, outputs, plan.io_type, stored)
     casts: dict[tuple[str, int], onnx.NodeProto] = {}
@@ -162,8 +162,10 @@ def retype_attributes(node: onnx.NodeProto, half: int) -> None:
         node.attribute.append(onnx.helper.make_attribute("value", rounded(zero, half)))
 
 
-def _retype_constants(graph, nodes, home: dict[str, int], half: int, rounding: WeightRounding) -> set[str]:
-    """Stored constants whose home is the half type, rounded once into it (rounding.py); their names."""
+def _retype_constants(graph, nodes, home: dict[str, int], rounding: WeightRounding) -> set[str]:
+    """Stored constants whose home is `rounding`'s half type, rounded once into it (rounding.py);
+    their names."""
+    half = rounding.half
     stored = set()
     for index, tensor in enumerate(graph.initializer):
         if home.get(tensor.name) == half and tensor.data_type == FLOAT:

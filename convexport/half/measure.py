@@ -28,10 +28,9 @@ from ..exact_check import judge
 from ..runtime import checked_run, create_session
 from .convert import retype_attributes
 from .rounding import WeightRounding
-from .slots import TYPE_TAGS, DataSlots
+from .slots import NUMPY_TYPES, TYPE_TAGS, DataSlots
 
 FLOAT = TensorProto.FLOAT
-NUMPY = {TensorProto.FLOAT16: np.float16, TensorProto.BFLOAT16: ml_dtypes.bfloat16, FLOAT: np.float32}
 # types ONNX Runtime's Python API cannot feed nor return: fed as float32 (the values exact in
 # it) and cast inside the exploded model, its outputs cast back to float32 (exactly) there
 CAST_AT_EDGES = {TensorProto.BFLOAT16}
@@ -78,14 +77,14 @@ def node_errors(
     half = rounding.half
     dtype = onnx.helper.tensor_dtype_to_np_dtype(half).name
     for chunk in _chunks(model, measurable, values, weights):
-        float_runs = _run_exploded(model, chunk, values, FLOAT, device)
-        half_runs = _run_exploded(model, chunk, values, half, device, rounding)
+        float_runs = _run_exploded(model, chunk, values, device)
+        half_runs = _run_exploded(model, chunk, values, device, rounding)
         worst = _worst_outputs(model, chunk, values, half_runs, float_runs, half)
         # whether rounding its inputs is what puts a node over its bound is asked of those over
         # it alone: a third session of the chunk's weights, for most models none
         over = {i: chunk[i] for i, (error, _) in worst.items() if error.ratio > 1 and not error.out_of_range}
         if over:
-            rounded_in = _run_exploded(model, over, values, FLOAT, device, inputs_in=half)
+            rounded_in = _run_exploded(model, over, values, device, inputs_in=half)
             for index in over:
                 error, position = worst[index]
                 exact = values[model.graph.node[index].output[position]]
@@ -98,7 +97,7 @@ def node_errors(
 def _worst_outputs(model, chunk, values, half_runs, float_runs, half: int) -> dict[int, tuple[NodeError, int]]:
     """Each node's output furthest over its bound (NodeError, output position), its inputs exact."""
     dtype = onnx.helper.tensor_dtype_to_np_dtype(half).name
-    largest = float(ml_dtypes.finfo(NUMPY[half]).max) if half in NUMPY else float("inf")
+    largest = float(ml_dtypes.finfo(NUMPY_TYPES[half]).max) if half in NUMPY_TYPES else float("inf")
     worst = {}
     for index, slots in chunk.items():
         node = model.graph.node[index]
@@ -145,14 +144,14 @@ def _run_exploded(
     model,
     chunk: dict[int, DataSlots],
     values,
-    elem: int,
     device: str,
     rounding: WeightRounding | None = None,
     inputs_in: int | None = None,
 ) -> dict[tuple, np.ndarray]:
-    """The chunk's nodes run apart (module doc), their data operands in `elem` (weights rounded
-    into it by `rounding`, the values fed rounded to `inputs_in` first, where given):
-    (node index, output position) -> the output."""
+    """The chunk's nodes run apart (module doc), their data operands in float32 or, given
+    `rounding`, in its half type (the weights rounded by it), the values fed rounded to
+    `inputs_in` first, where given: (node index, output position) -> the output."""
+    elem = FLOAT if rounding is None else rounding.half
     graph = model.graph
     stored = {tensor.name: tensor for tensor in graph.initializer}
     initializers, inputs, feeds, nodes, outputs = {}, {}, {}, [], {}
@@ -181,8 +180,8 @@ def _run_exploded(
             fed = f"{name}@{TYPE_TAGS.get(elem_type, 'as_is')}"
             if fed not in inputs:  # (keyed by the name the node reads)
                 with np.errstate(over="ignore"):  # beyond half's range: an infinity, as the model would make
-                    rounded = value.astype(NUMPY[inputs_in]) if in_data and inputs_in is not None else value
-                    array = rounded.astype(NUMPY[elem_type]) if is_float else value
+                    rounded = value.astype(NUMPY_TYPES[inputs_in]) if in_data and inputs_in is not None else value
+                    array = rounded.astype(NUMPY_TYPES[elem_type]) if is_float else value
                 if elem_type in CAST_AT_EDGES:
                     nodes.append(onnx.helper.make_node("Cast", [f"{fed}@f32"], [fed], to=elem_type))
                     feeds[f"{fed}@f32"] = array.astype(np.float32)

@@ -24,9 +24,9 @@ from onnx import TensorProto, numpy_helper
 
 from ..ir import tensor_array
 from .row_sums import Rows, flips_keeping_sums, summed_rows, with_flips
+from .slots import NUMPY_TYPES
 
 FLOAT = TensorProto.FLOAT
-NUMPY_HALF = {TensorProto.FLOAT16: np.dtype(np.float16), TensorProto.BFLOAT16: np.dtype(ml_dtypes.bfloat16)}
 
 
 class WeightRounding:
@@ -44,7 +44,7 @@ class WeightRounding:
         rows = self.rows.get(name)
         if rows is None or values.dtype != np.float32 or not values.size or not _all_in_range(values, self.half):
             return rounded(tensor, self.half)
-        dtype = NUMPY_HALF[self.half]
+        dtype = NUMPY_TYPES[self.half]
         if name not in self._flipped:
             self._flipped[name] = flips_keeping_sums(values, dtype, rows)
         return numpy_helper.from_array(with_flips(values, dtype, self._flipped[name]), tensor.name)
@@ -73,7 +73,7 @@ def rounded(tensor: onnx.TensorProto, half: int) -> onnx.TensorProto:
         largest = _largest(half)
         beyond = np.isfinite(values) & (np.abs(values) > largest)
         values = np.where(beyond, np.clip(values, -largest, largest), values)
-    return numpy_helper.from_array(values.astype(np.float32).astype(NUMPY_HALF[half]), tensor.name)
+    return numpy_helper.from_array(values.astype(np.float32).astype(NUMPY_TYPES[half]), tensor.name)
 
 
 def _all_in_range(values: np.ndarray, half: int) -> bool:
@@ -85,4 +85,4 @@ def _all_in_range(values: np.ndarray, half: int) -> bool:
 
 def _largest(half: int) -> float:
     """Half the half type's largest finite value: where a stand-in infinity is saturated to."""
-    return float(ml_dtypes.finfo(NUMPY_HALF[half]).max) / 2
+    return float(ml_dtypes.finfo(NUMPY_TYPES[half]).max) / 2

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
+import ml_dtypes
+import numpy as np
 import onnx
 from onnx import TensorProto
 
@@ -23,6 +25,11 @@ TYPE_TAGS = {
     TensorProto.FLOAT16: "f16",
     TensorProto.BFLOAT16: "bf16",
 }
+# each float type's numpy dtype (ml_dtypes' for bfloat16)
+NUMPY_TYPES = {
+    TensorProto.FLOAT: np.dtype(np.float32), TensorProto.FLOAT16: np.dtype(np.float16),
+    TensorProto.BFLOAT16: np.dtype(ml_dtypes.bfloat16),
+}  # fmt: skip
 # attributes that name the type an op makes, for a node whose output parameter is rebound
 TYPE_ATTRIBUTES = {
     "Cast": "to", "EyeLike": "dtype", "RandomNormal": "dtype", "RandomUniform": "dtype",
