@@ -214,7 +214,7 @@ def sized_by_running(model: onnx.ModelProto, specs: list[InputSpec], device: str
     def run(feeds: dict) -> None:
         if not opened:
             try:
-                opened.append(create_session(model, device, what="the model"))
+                opened.append(create_session(model, device, what="the model", prepack=False))
             except ConvexportError:
                 opened.append(None)
         if opened[0] is None:

@@ -131,6 +131,16 @@ def provider_options(device: str, tf32: bool = True, search: bool = True) -> dic
     }
 
 
+# ONNX Runtime's CPU provider packs each MatMul's and Gemm's constant weight into its kernel's
+# layout when a session is made (a Conv's are not): about what packing it in every run costs,
+# and worth it over many runs (a deployment, the profile). A session that checks values runs a
+# few times (validation, the half stage's measurements) and is made without: a 1 GiB MLP is
+# validated in 0.8 s instead of 3.2 s (bench/RESULTS.md). Packed or not, the kernel does the
+# same float32 arithmetic in another summation order (outputs a few float32 ulps apart), and
+# the models compared in a check are all run alike.
+DISABLE_PREPACKING = "session.disable_prepacking"
+
+
 def device_memory_used() -> int:
     """Bytes in use on GPU 0, from NVML (the driver's library, present wherever CUDA runs)."""
 
@@ -154,11 +164,15 @@ def create_session(
     what: str = "the model",
     tf32: bool = True,
     search: bool = True,
+    prepack: bool = True,
 ) -> ort.InferenceSession:
     """A session on `device` (with provider_options(device, tf32, search)); a model ONNX Runtime
-    cannot load is a ConvexportError naming `what`, one it has no kernel for a MissingKernel."""
+    cannot load is a ConvexportError naming `what`, one it has no kernel for a MissingKernel.
+    `prepack=False` for a session that checks values in a few runs (DISABLE_PREPACKING above)."""
     options = ort.SessionOptions()
     options.log_severity_level = 4  # fatal only: a failure reaches the user once, as checked_run's one line
+    if not prepack:
+        options.add_session_config_entry(DISABLE_PREPACKING, "1")
     options.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )

@@ -413,7 +413,7 @@ def tf32_effect(
 
 def _evaluator(model: onnx.ModelProto, what: str, device: str = "cpu"):
     try:
-        return create_session(model, device, optimize=False, what=what, tf32=False, search=False)
+        return create_session(model, device, optimize=False, what=what, tf32=False, search=False, prepack=False)
     except MissingKernel:
         return _ReferenceSession(model)
 

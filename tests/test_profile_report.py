@@ -250,3 +250,38 @@ def test_failed_validation_still_writes_the_html_with_the_culprit(small_net_path
     assert result.exit_code == 3
     page = (tmp_path / "r.html").read_text()
     assert "validation FAILED" in page and "first bad rewrite" in page and "relu-is-identity" in page
+
+
+def test_only_the_profiles_sessions_pack_their_weights(monkeypatch):
+    """ONNX Runtime packs a MatMul's weight when a session is made (convexport.runtime's
+    DISABLE_PREPACKING): worth it for the sessions that time the model as deployed, not for the
+    ones that check values in a few runs (validation, the half stage's measurements)."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), f"w{i}") for i in range(2)]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w0"], ["h"]), helper.make_node("MatMul", ["h", "w1"], ["y"])], "mlp",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4, 64])], weights,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    made, real = [], ort.InferenceSession
+
+    def recorded(model, options=None, *args, **kwargs):
+        try:
+            disabled = options.get_session_config_entry("session.disable_prepacking")
+        except RuntimeError:  # not set: ORT's default, packed
+            disabled = ""
+        made.append((options.enable_profiling, disabled))
+        return real(model, options, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", recorded)
+    convexport.optimize(model, write=False, profile=False, device="cpu", dtype="fp16")
+    assert made and all(disabled == "1" for _, disabled in made)
+    made.clear()
+    convexport.optimize(model, write=False, device="cpu", validate=False)
+    profiled = [disabled for profiling, disabled in made if profiling]
+    assert profiled and all(disabled == "" for disabled in profiled)

@@ -155,7 +155,9 @@ def _runtime_values(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray
             if name and name not in known:
                 exposed.graph.output.append(onnx.ValueInfoProto(name=name))
                 known.add(name)
-    session = create_session(exposed, "cpu", optimize=False, what="the original model's values", tf32=False)
+    session = create_session(
+        exposed, "cpu", optimize=False, what="the original model's values", tf32=False, prepack=False
+    )
     names = [output.name for output in session.get_outputs() if output.type.startswith("tensor(")]
     found = dict(zip(names, session.run(names, feeds)))
     return {**feeds, **found}

@@ -93,7 +93,7 @@ def _float32_values(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray
         for name in node.output:
             if name and name not in present and name in types:
                 listed.graph.output.append(onnx.helper.make_tensor_value_info(name, types[name], None))
-    session = create_session(listed, "cpu", optimize=False, what="the model")
+    session = create_session(listed, "cpu", optimize=False, what="the model", prepack=False)
     names = [value.name for value in session.get_outputs()]
     values = dict(zip(names, checked_run(lambda: session.run(names, feeds), feeds, "the model")))
     values.update(feeds)

@@ -77,7 +77,7 @@ def _refusal(alone: onnx.ModelProto, device: str, half: int) -> str | None:
     """Why ONNX Runtime cannot make a session of the node alone, or None where it can."""
     kind = onnx.helper.tensor_dtype_to_np_dtype(half).name
     try:
-        create_session(alone, device, optimize=False, what=f"it alone in {kind}")
+        create_session(alone, device, optimize=False, what=f"it alone in {kind}", prepack=False)
     except MissingKernel:
         provider = CUDA if device == "cuda" else CPU
         return f"ONNX Runtime's {provider} has no {kind} kernel for {alone.graph.node[0].op_type}"

@@ -208,7 +208,7 @@ def _run_exploded(
     )  # fmt: skip
     measured = onnx.helper.make_model(exploded, opset_imports=model.opset_import, ir_version=model.ir_version)
     measured.functions.extend(model.functions)
-    session = create_session(measured, device, what="the nodes measured in half precision")
+    session = create_session(measured, device, what="the nodes measured in half precision", prepack=False)
     names = list(outputs.values())
     results = checked_run(lambda: session.run(names, feeds), feeds, "the nodes measured in half precision")
     return {key: np.asarray(result) for key, result in zip(outputs, results)}

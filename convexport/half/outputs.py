@@ -59,7 +59,7 @@ class HalfRuns:
 
 def judge_outputs(model: onnx.ModelProto, runs: HalfRuns, dtype: str, device: str) -> dict[str, OutputJudgement]:
     """Each output of `model` (the half one) judged on every input set (module doc)."""
-    session = create_session(model, device, what=f"the {dtype} model")
+    session = create_session(model, device, what=f"the {dtype} model", prepack=False)
     names = list(runs.float32[0])
     judged = {name: OutputJudgement() for name in names}
     own_seen = dict.fromkeys(names, 0.0)

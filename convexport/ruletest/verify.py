@@ -290,7 +290,7 @@ def _float64_runs(original, rewritten, feeds) -> tuple[dict | None, dict | None]
 
 
 def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    session = create_session(model, optimize=False)
+    session = create_session(model, optimize=False, prepack=False)
     names = [output.name for output in session.get_outputs()]
     quiet = ort.RunOptions()
     quiet.log_severity_level = 4  # invalid instances fail in ONNX Runtime by design

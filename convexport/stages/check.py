@@ -197,7 +197,7 @@ def _load_problem(candidate: onnx.ModelProto) -> str | None:
     """Why ONNX Runtime refuses to load the model, or None (a kernel it lacks for a custom op
     or a dtype is another matter, which validation and profiling say)."""
     try:
-        create_session(candidate, "cpu", optimize=False, what="the optimized graph")
+        create_session(candidate, "cpu", optimize=False, what="the optimized graph", prepack=False)
     except Unloadable as problem:
         return first_line(problem)
     except ConvexportError:
