@@ -150,5 +150,7 @@ def _take_dims(value_type: onnx.TypeProto, original: onnx.TypeProto | None, ever
         return
     for dim, old in zip(tensor.shape.dim, before.shape.dim):
         lost = not dim.HasField("dim_value") and (not dim.dim_param or dim.dim_param.startswith("unk__"))
-        if (lost or every_dim) and (old.HasField("dim_value") or old.dim_param):
+        # a negative size is no size (old exporters wrote -1 for "any": onnx_route forgets them)
+        known = (old.HasField("dim_value") and old.dim_value >= 0) or old.dim_param
+        if (lost or every_dim) and known:
             dim.CopyFrom(old)
