@@ -4,6 +4,7 @@ reach for, each judged against the exact (float64) result of the model as export
     PYTHONPATH=FP16_PACKAGES[:HF_PACKAGES] .venv/bin/python bench/half_precision.py [--only NAME] [--write FILE]
     PYTHONPATH=FP16_PACKAGES .venv/bin/python bench/half_precision.py --seeds 10 [--only FAMILY]
     PYTHONPATH=FP16_PACKAGES[:HF_PACKAGES] .venv/bin/python bench/half_precision.py --bf16 [--only NAME]
+    PYTHONPATH=FP16_PACKAGES .venv/bin/python bench/half_precision.py --trained SITE [--only NAME]
     any of them with --device cuda (ONNX Runtime's CUDA provider: convexport measures there, every
     file is run and timed there, inputs and outputs bound on the GPU)
 
@@ -14,7 +15,11 @@ transformer_pipeline.py's folder), left out without it.
 Models: the five sample models; RepVGG, MobileOne and FastViT networks (bench/family_blocks.py);
 a YOLO-like detector at 320x320 on [0, 1] images (tests/fixtures/detectors.py); BERT with an
 unmerged LoRA in its query and value, and GPT-2 with one in its MLP (small random configs, every
-weight perturbed, exported by optimum for feature-extraction; batch 2 x sequence 16).
+weight perturbed, exported by optimum for feature-extraction; batch 2 x sequence 16). With
+--trained SITE, instead: trained models that PyPI packages ship as ONNX files (`pip install
+--no-deps --target SITE rapidocr-onnxruntime==1.4.4 nudenet==3.4.2`): PaddleOCR's PP-OCRv4 text
+detection and recognition and its mobile direction classifier (inputs normalised: N(0, 1)),
+and nudenet's YOLOv8n detector at 320x320 (images in [0, 1]), their dynamic input dims fixed.
 
 Per model and tool: whether it gives a model ONNX Runtime runs; its worst error against the
 float64 result over three input sets, as a multiple of the output's rms (the worst output); the
@@ -126,11 +131,20 @@ MODELS = {
     "gpt2 + LoRA": _gpt2_lora,
 }
 TRANSFORMER_TYPES = {"bert + LoRA": "bert", "gpt2 + LoRA": "gpt2"}
+OCR = "rapidocr_onnxruntime/models"
+TRAINED = {  # --trained SITE: name -> (the file in SITE, the input's shape)
+    "PP-OCRv4 text detection": (f"{OCR}/ch_PP-OCRv4_det_infer.onnx", [1, 3, 320, 320]),
+    "PP-OCRv4 text recognition": (f"{OCR}/ch_PP-OCRv4_rec_infer.onnx", [1, 3, 48, 320]),
+    "PP-OCR mobile direction classifier": (f"{OCR}/ch_ppocr_mobile_v2.0_cls_infer.onnx", [1, 3, 48, 192]),
+    "YOLOv8n detector (nudenet)": ("nudenet/320n.onnx", [1, 3, 320, 320]),  # "detector": images in [0, 1]
+}
 
 
 def exported(name: str, folder: Path) -> Path:
     """The model as ONNX, float32: convexport's export of a sample model, torch.onnx's of the others."""
     path = folder / f"{name.replace(' ', '_').replace('+', 'and')}.onnx"
+    if name in TRAINED:
+        return _with_fixed_input(*TRAINED[name], path)
     made = MODELS[name]
     if isinstance(made, Path):
         convexport.export_only(str(made), path)
@@ -145,6 +159,18 @@ def exported(name: str, folder: Path) -> Path:
                                                 do_validation=False))  # fmt: skip
         return out / "model.onnx"
     _torch_export(*made(), path)
+    return path
+
+
+TRAINED_SITE: list[Path] = []  # --trained SITE
+
+
+def _with_fixed_input(file: str, shape: list[int], path: Path) -> Path:
+    """The trained model's file (in --trained SITE) with its one input's dims fixed to `shape`."""
+    model = onnx.load(str(TRAINED_SITE[0] / file))
+    for dim, size in zip(model.graph.input[0].type.tensor_type.shape.dim, shape):
+        dim.dim_value = size
+    onnx.save(model, str(path))
     return path
 
 
@@ -427,6 +453,7 @@ def main() -> None:
     parser.add_argument("--write")
     parser.add_argument("--seeds", type=int, help="instead: the folded families over this many initialisations each")
     parser.add_argument("--bf16", action="store_true", help="instead: convexport --dtype bf16 on each model")
+    parser.add_argument("--trained", type=Path, help="instead: the trained models of TRAINED, from this folder")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where convexport measures and where every file is run and timed")  # fmt: skip
     args = parser.parse_args()
@@ -448,7 +475,10 @@ def main() -> None:
     ]
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
-        for name, original, sets, exact in each_exported(args.only or list(MODELS), folder):
+        if args.trained:
+            TRAINED_SITE.append(args.trained)
+        names = args.only or list(TRAINED if args.trained else MODELS)
+        for name, original, sets, exact in each_exported(names, folder):
             base = error_vs_exact(original, sets, exact, args.device)
             ops = Counter(node.op_type for node in onnx.load(str(original)).graph.node)
             rows.append(

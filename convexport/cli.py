@@ -278,8 +278,13 @@ def validate_command(
             write_json({"schema_version": SCHEMA_VERSION, **result.to_report()}, report)
         verdict = "passed" if result.passed else "FAILED"
         if not _is_stdout(report):
+            rounded = any(error.exact_error_rounded is not None for error in result.outputs.values())
             judged = (
-                f" (the candidate computes in {result.precision}: judged at its roundoff)" if result.precision else ""
+                f" (the candidate computes in {result.precision}: judged at its roundoff"
+                + (f", the original with every value rounded to {result.precision} counted as its own error" * rounded)
+                + ")"
+                if result.precision
+                else ""
             )
             stdout.print(f"validation {verdict} over {result.runs} run(s){judged}: {result.summary()}", markup=False)
         if not result.passed:

@@ -263,27 +263,35 @@ class ExactJudgement:
     error_float64: float | None  # max |cand in float64 - exact|, where it ran
     bound: float
     beyond: int  # elements over the bound
+    error_rounded: float | None = None  # max |rounded - exact|, where judge was given that run
 
 
-def judge(original, candidate, exact, candidate64, dtype: str) -> ExactJudgement:
+def judge(original, candidate, exact, candidate64, dtype: str, rounded=None) -> ExactJudgement:
     """The criterion of the module doc for one output. Where the exact result is NaN or
     infinite the candidate must give the same special value; where the original gives one and
     the exact result does not (made-up data past the model's float32 range: a mask of 3 in a
     `(1 - mask) * min_float`), the original is no measure of its own error there, and the
-    candidate must give what the original gives or meet the bound."""
+    candidate must give what the original gives or meet the bound. `rounded`, where given, is
+    the model run with every value rounded to the candidate's type (half/rounded_run.py): its
+    error, where finite and larger, takes the place of the original's in the bound."""
     exact = exact.astype(np.float64)
     original = original.astype(np.float64)
     finite = np.isfinite(exact)
     measured = finite & np.isfinite(original)
     floor = _floor(rms(exact[finite]), dtype)
-    own = _errors(original, exact, measured)
-    bound = FACTOR * float(own.max(initial=0.0)) + floor
+    own = float(_errors(original, exact, measured).max(initial=0.0))
+    noise, own_rounded = own, None
+    if rounded is not None:
+        rounded = rounded.astype(np.float64)
+        own_rounded = float(_errors(rounded, exact, finite & np.isfinite(rounded)).max(initial=0.0))
+        noise = max(own, own_rounded)
+    bound = FACTOR * noise + floor
     over, worst = _beyond(candidate, exact, original, bound)
     worst64 = None
     if candidate64 is not None:
         over64, worst64 = _beyond(candidate64, exact, original, bound)
         over |= over64
-    return ExactJudgement(float(own.max(initial=0.0)), worst, worst64, bound, int(np.count_nonzero(over)))
+    return ExactJudgement(own, worst, worst64, bound, int(np.count_nonzero(over)), own_rounded)
 
 
 def _errors(values, exact, where) -> np.ndarray:

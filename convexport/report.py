@@ -151,9 +151,15 @@ def precision_lines(precision: dict, where_listed: str = "the report's kept_floa
         where = f"  no node runs in {precision['dtype']}: the model written computes in float32"
     else:
         where = f"  {precision['nodes_half']} of {total} nodes in {precision['dtype']}"
+    own = " (max abs)"
+    if judged.get("bound_by") == "rounded" and "error_rounded" in worst:  # (schema 1.2)
+        own = (
+            f", the model's with every value rounded to {precision['dtype']} {worst['error_rounded']:.3g} (max abs; "
+            "the bound counts the latter: the error is spread through the model)"
+        )
     return [
         f"{precision['dtype']}: {verdict} against the {judged['against']} result{which}: error {worst['error']:.3g}, "
-        f"bound {worst['bound']:.3g}, the float32 original's own {worst['error_original']:.3g} (max abs)",
+        f"bound {worst['bound']:.3g}, the float32 original's own {worst['error_original']:.3g}{own}",
         f"{where}, {plural(precision['casts'], 'Cast')}{interface}"
         + (f"; float32: {listed}{more} (each with why: {where_listed})" if kept else ""),
     ]

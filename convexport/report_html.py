@@ -391,15 +391,19 @@ def _precision(precision: dict) -> str:
             f"{rounded['to_nearest']} to nearest</p>"
         )
     judged = precision["validation"]["outputs"].items()
+    by_rounding = precision["validation"].get("bound_by") == "rounded"  # (schema 1.2)
     rows = "".join(
         f"<tr><td><code>{_e(name)}</code></td><td>{_number(j['error'])}</td><td>{_number(j['bound'])}</td>"
-        f"<td>{_number(j['error_original'])}</td><td>{j['beyond']} of {j['elements']}</td></tr>"
+        f"<td>{_number(j['error_original'])}</td>"
+        + (f"<td>{_number(j['error_rounded']) if 'error_rounded' in j else ''}</td>" if by_rounding else "")
+        + f"<td>{j['beyond']} of {j['elements']}</td></tr>"
         for name, j in judged
     )
     against = _e(precision["validation"]["against"])
+    rounded = f"<th>every value rounded to {_e(precision['dtype'])}</th>" if by_rounding else ""
     table = (
         f"<table><tr><th>output</th><th>error against {against}</th><th>bound</th><th>float32 original's own</th>"
-        f"<th>beyond</th></tr>{rows}</table>"
+        f"{rounded}<th>beyond</th></tr>{rows}</table>"
     )
     if not precision["kept_float32"]:
         return f"{lines}{table}<p>every node with float data runs in {_e(precision['dtype'])}</p>"

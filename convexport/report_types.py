@@ -19,7 +19,7 @@ added, its major number for one removed, renamed or retyped.
 
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 
 
 # -- what several sections share ------------------------------------------------------------
@@ -165,6 +165,13 @@ class OutputError(TypedDict):
     exact_error: Annotated[float | None, "the candidate's error against the float64 result"]
     exact_error_float64: Annotated[float | None, "the candidate's error, run in float64, against it"]
     exact_bound: Annotated[float | None, "the bound the candidate's error is judged against"]
+    exact_error_rounded: NotRequired[
+        Annotated[
+            float | None,
+            "`validate` of a half-precision candidate: the reference's error with every value rounded to the "
+            "candidate's type, counted in the bound (from schema 1.2)",
+        ]
+    ]
     nonfinite: Annotated[int, "elements NaN or infinite in one output and not in the other"]
 
 
@@ -280,6 +287,13 @@ class HalfOutput(TypedDict):
     bound: Annotated[float | None, "the bound at half precision's roundoff"]
     beyond: Annotated[int, "elements beyond it"]
     elements: Annotated[int, "elements compared"]
+    error_rounded: NotRequired[
+        Annotated[
+            float,
+            "the model's error with every value rounded to half, where the bound counts it (bound_by rounded; "
+            "from schema 1.2)",
+        ]
+    ]
 
 
 class HalfValidation(TypedDict):
@@ -287,6 +301,14 @@ class HalfValidation(TypedDict):
 
     passed: Annotated[bool, "whether every output is within its bound"]
     against: Annotated[Literal["float64", "float32"], "float32 where the model was too large for float64"]
+    bound_by: NotRequired[
+        Annotated[
+            Literal["float32", "rounded"],
+            "the model's own error the bound counts: the float32 original's; rounded: also the model's with "
+            "every value rounded to half, where no float32 region within a tenth of the FLOPs met the bound "
+            "(from schema 1.2)",
+        ]
+    ]
     outputs: Annotated[dict[str, HalfOutput], "per output"]
 
 

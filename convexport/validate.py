@@ -138,7 +138,13 @@ class OutputError:
     exact_error: float | None = None
     exact_error_float64: float | None = None
     exact_bound: float | None = None
+    # the reference's with every value rounded to the candidate's half type, where it counted
+    exact_error_rounded: float | None = None
     nonfinite: int = 0  # elements where the original gives NaN or an infinity
+
+    def to_report(self) -> dict:
+        """Its fields, exact_error_rounded only where it counted (a half-precision candidate)."""
+        return {name: value for name, value in vars(self).items() if name != "exact_error_rounded" or value is not None}
 
     def merge(self, other: OutputError) -> OutputError:
         elements = self.elements + other.elements
@@ -163,6 +169,7 @@ class OutputError:
             most(self.exact_error, other.exact_error),
             most(self.exact_error_float64, other.exact_error_float64),
             most(self.exact_bound, other.exact_bound),
+            most(self.exact_error_rounded, other.exact_error_rounded),
             self.nonfinite + other.nonfinite,
         )
 
@@ -204,7 +211,7 @@ class ValidationResult:
             "atol": self.tolerances.atol,
             "reference": self.reference,
             "inputs": self.inputs,
-            "outputs": {name: vars(error) for name, error in self.outputs.items()},
+            "outputs": {name: error.to_report() for name, error in self.outputs.items()},
         }
         if self.reference_note:
             report["reference_note"] = self.reference_note
@@ -274,7 +281,9 @@ def compare_models(
     validation. `labels` name the two models in those messages. On CUDA both run with TF32 off
     (tf32_effect reads TF32's own effect). `precision` names the type the candidate computes in
     where it is coarser than its outputs' (float16 inside a float32 interface): its roundoff
-    sets the bound (a float16 interface is fed its inputs in float16)."""
+    sets the bound (a float16 interface is fed its inputs in float16), and the reference run
+    with every value rounded to it (half/rounded_run.py) counts as its own error as well, for
+    each output that run keeps."""
     tolerances.check_outputs([out.name for out in reference.graph.output], labels[0])
     result = ValidationResult(True, runs + len(extra_feeds), tolerances, inputs=[str(spec) for spec in inputs])
     # One session at a time: the reference's outputs on every input set are computed and its
@@ -297,10 +306,12 @@ def compare_models(
         result.passed, result.problem = False, problem
         return result
     result.sample = (all_feeds[0], actual_runs[0]) if all_feeds else None
+    rounded = _rounded_reference(reference, names, all_feeds, expected_runs, exact, precision)
     candidate64 = _float64_or_none(candidate) if exact and exact.candidate_too else None
     for index, (feeds, expected, actual) in enumerate(zip(all_feeds, expected_runs, actual_runs)):
         float64_run = candidate64.run(feeds) if candidate64 is not None and exact.available(index) else None
         for position, (name, ref, cand) in enumerate(zip(names, expected, actual)):
+            ours = rounded[index].get(name)
             if ref.shape != cand.shape:
                 result.passed = False
                 result.problem = f"output {name!r}: shape {cand.shape} instead of {ref.shape}"
@@ -308,9 +319,13 @@ def compare_models(
             if exact and exact.available(index):
                 exact_values = dict(zip(names, exact.outputs[index]))[name]
                 candidate_float64 = float64_run[position] if float64_run is not None else None
-                error = compare_exactly(ref, cand, exact_values, candidate_float64, tolerances, name, strict, precision)
+                error = compare_exactly(
+                    ref, cand, exact_values, candidate_float64, tolerances, name, strict, precision, ours
+                )
             elif exact and exact.available(0) and not strict and name in result.outputs:
                 own = result.outputs[name].exact_error_original
+                if ours is not None:  # the rounded run's distance from the reference here
+                    own = max(own or 0.0, _largest_apart(ours, ref), result.outputs[name].exact_error_rounded or 0.0)
                 error = compare_by_noise_floor(ref, cand, own, tolerances, name, precision)
             else:
                 error = compare_arrays(ref, cand, *tolerances.for_output(name, precision or dtype_name(ref)))
@@ -462,23 +477,54 @@ def compare_exactly(
     name: str,
     strict: bool = False,
     precision: str | None = None,
+    rounded: np.ndarray | None = None,
 ) -> OutputError:
     """One output judged against the exact result (exact_check.judge) at the roundoff of
-    `precision` (default: the output's type); the statistics of the candidate against the
-    reference's own run as compare_arrays gives them; explicit tolerances, where given (or the
-    dtype's, when `strict`: the reference is suspect), as a bound on that difference besides."""
+    `precision` (default: the output's type), counting `rounded`'s error (the reference with
+    every value rounded to `precision`) as its own where given; the statistics of the candidate
+    against the reference's own run as compare_arrays gives them; explicit tolerances, where
+    given (or the dtype's, when `strict`: the reference is suspect), as a bound on that
+    difference besides."""
     dtype = precision or dtype_name(ref)
     if ref.dtype.kind in "USO" or ref.size == 0:  # strings: equal or not; nothing to compare
         return compare_arrays(ref, cand, *tolerances.for_output(name, dtype))
     explicit = tolerances.explicit_for(name) or strict
     rtol, atol = tolerances.for_output(name, dtype) if explicit else (None, None)
     error = compare_arrays(ref, cand, rtol or 0.0, atol or 0.0)
-    verdict = judge(ref, cand, exact, cand64, dtype)
+    verdict = judge(ref, cand, exact, cand64, dtype, rounded)
     error.rtol, error.atol = rtol, atol
+    error.exact_error_rounded = verdict.error_rounded
     error.mismatches = verdict.beyond + (error.mismatches if explicit else 0)
     error.exact_error_original, error.exact_error = verdict.error_original, verdict.error
     error.exact_error_float64, error.exact_bound = verdict.error_float64, verdict.bound
     return error
+
+
+def _rounded_reference(reference, names, feeds, expected, exact, precision) -> list[dict[str, np.ndarray]]:
+    """Per input set, the reference's outputs with every value rounded to `precision`
+    (half/rounded_run.py), for the outputs that run keeps on every set (rounded_run.loses:
+    against the exact result where there is one, else the reference's run); empty where no
+    precision is given."""
+    if precision is None:
+        return [{} for _ in feeds]
+    from .half.choose import element_types
+    from .half.rounded_run import loses, rounded_runs
+    from .half.slots import HALF_TYPES
+
+    runs = rounded_runs(reference, element_types(reference), HALF_TYPES[precision], feeds)
+    kept = set(names)
+    for index, (run, outputs) in enumerate(zip(runs, expected)):
+        has_exact = exact and exact.available(index)
+        wanted = dict(zip(names, exact.outputs[index] if has_exact else outputs))
+        kept -= {name for name in names if loses(run[name], wanted[name])}
+    return [{name: run[name] for name in kept} for run in runs]
+
+
+def _largest_apart(rounded: np.ndarray, ref: np.ndarray) -> float:
+    """max |rounded - ref| where both are finite."""
+    rounded, ref = rounded.astype(np.float64), ref.astype(np.float64)
+    both = np.isfinite(rounded) & np.isfinite(ref)
+    return float(np.abs(np.where(both, rounded - ref, 0.0)).max(initial=0.0))
 
 
 def compare_by_noise_floor(

@@ -21,7 +21,17 @@ by a list of ops.
    that grow through the graph (an ill-conditioned head: a difference of large terms), a
    float32 region grows back from the outputs that missed it: their half-precision ancestors,
    nearest first (by their own error among equals), as few as make the outputs meet the bound,
-   found by bisection (with every ancestor float32 the outputs are the float32 model's).
+   found by bisection, within REGION_FLOPS_SHARE of the model's FLOPs. Where none within it
+   does, but keeping every ancestor float32 would (a float32 interface: the outputs are then
+   the float32 model's), the error is spread through the model (a deep chain of convolutions,
+   each layer's rounding amplified by the next) and no cheap region removes it: the outputs are
+   then judged against the model with every value rounded to half (rounded_run.py) as well,
+   whose error is what half precision costs the model by itself, and a region grows, by the
+   same bisection without the share, only where they miss that bound too. Where that run puts
+   an output further than rounded_run.LOST_SHARE of its largest value, half precision loses it,
+   and the region grows as far as the float32 original's bound asks. (Before, such a
+   model was kept float32 whole: MobileOne-S0 with random weights, its 43 layers each 0.2-0.3
+   of their own bound.)
 5. Where float32 is cheap and measurably closer, it is taken: the nodes nearest the outputs
    in FLOPs (each node's own and those on its cheapest path to an output: a detector's box
    decoding, whose distances float16 rounds to a 2048th of themselves before they are scaled to
@@ -39,7 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
@@ -54,6 +64,7 @@ from .kernels import lacking_kernels
 from .measure import NodeError, node_errors
 from .on_disk import handed_over, on_disk
 from .outputs import HalfRuns, OutputJudgement, judge_outputs
+from .rounded_run import loses, rounded_runs
 from .rounding import WeightRounding
 from .slots import HALF_TYPES, DataSlots, NoHalfForm, data_slots
 
@@ -69,6 +80,10 @@ TAIL_RUNGS = 6
 TAIL_SLACK = 1.05
 TAIL_PRUNES = 4
 TAIL_CASTS_PER_OUTPUT = 1  # the Casts a tail may add
+# step 4: the FLOPs a float32 region grown to meet the bound may cost. A half model exists to
+# run faster; a region over a tenth of its FLOPs forfeits much of that for an error the model
+# has in half anyway (every real network measured needed 0-1% or 74-100%: bench/RESULTS.md)
+REGION_FLOPS_SHARE = 0.1
 
 
 @dataclass
@@ -105,6 +120,9 @@ class HalfPrecision:
     attempts: int = 1  # conversions judged, the bisection's included
     measured: int = 0  # nodes whose own error was measured
     weights_rounded: tuple[int, int] = (0, 0)  # (keeping their rows' sums, to nearest): convert.Converted
+    # what the bound counts as the model's own error (module doc, step 4): the float32
+    # original's ("float32"), or also the model's with every value rounded to half ("rounded")
+    bound_by: str = "float32"
     # the folder of a large model's weights (on_disk.py): the caller's to close once it is written
     files: contextlib.ExitStack | None = None
 
@@ -136,6 +154,7 @@ class HalfPrecision:
             "validation": {
                 "passed": self.passed,
                 "against": self.against,
+                "bound_by": self.bound_by,
                 "outputs": {name: judged.to_report() for name, judged in self.outputs.items()},
             },
         }
@@ -170,7 +189,8 @@ def to_half_precision(
     listed = [kept[i] for i in sorted(kept)]
     return HalfPrecision(
         converted.model, dtype, io_dtype, converted.half_nodes, converted.casts, listed, judged, runs.against,
-        choice.attempts, len(choice.local), converted.weights_rounded, files=handed_over(converted),
+        choice.attempts, len(choice.local), converted.weights_rounded, bound_by=choice.bound_by,
+        files=handed_over(converted),
     )  # fmt: skip
 
 
@@ -195,6 +215,7 @@ class _Choice:
         self.regions: list[tuple[str, set[int]]] = []
         self.out_of_range: set[int] = set()  # step 2's nodes whose exact output half cannot hold
         self.attempts = 0
+        self.bound_by = "float32"  # HalfPrecision.bound_by: "rounded" once step 4 judges by the rounded run
 
     def attempt(self, keep: dict[int, KeptFloat32]) -> Attempt:
         plan = PrecisionPlan(self.half, self.io_type, {i: s for i, s in self.candidates.items() if i not in keep})
@@ -255,28 +276,68 @@ class _Choice:
         return {index for index in self.candidates if index not in kept and index in self.local}
 
     def grown_to_bound(self, kept: dict[int, KeptFloat32], judged) -> tuple[dict[int, KeptFloat32], Attempt]:
-        """Step 4: the fewest ancestors of the outputs over the bound kept float32, by bisection."""
+        """Step 4 (module doc): the fewest ancestors of the outputs over the bound kept float32,
+        within REGION_FLOPS_SHARE of the FLOPs; past it, the outputs judged by the model with
+        every value rounded to half as well, and a region grown without the share where they
+        still miss. Without a float64 reference there is no rounded run to judge by, and the
+        region grows as far as the bound asks."""
+        ranked = self._ranked(kept, judged)
+        within = _within_share(ranked, self.flops, REGION_FLOPS_SHARE * sum(self.flops))
+        if within == len(ranked) or self.runs.against != "float64":
+            return self._bisected(kept, ranked, judged, len(ranked))
+        grown = self._bisected(kept, ranked, judged, within)
+        if grown is not None:
+            return grown
+        if self.io_type != FLOAT:  # a half interface: the float32 model's outputs are not within reach
+            everything = self._keeping(kept, ranked, len(ranked), judged)
+            result = self.attempt(everything)
+            if _over(result[1]):
+                return everything, result
+        rounded = replace(self.runs, rounded=self._rounded_runs())
+        if not _rounding_keeps(rounded, [name for name, judgement in judged.items() if judgement.beyond]):
+            return self._bisected(kept, ranked, judged, len(ranked))
+        self.bound_by, self.runs = "rounded", rounded
+        result = self.attempt(kept)
+        if not _over(result[1]):
+            return kept, result
+        ranked = self._ranked(kept, result[1])
+        return self._bisected(kept, ranked, result[1], len(ranked))
+
+    def _ranked(self, kept: dict[int, KeptFloat32], judged) -> list[int]:
         missed = [name for name, judgement in judged.items() if judgement.beyond]
-        ranked = _nearest_first(self.model, self.producer, missed, self.half_nodes(kept), self.local)
+        return _nearest_first(self.model, self.producer, missed, self.half_nodes(kept), self.local)
 
-        def keeping(count: int, failing) -> dict[int, KeptFloat32]:
-            trial = dict(kept)
-            _keep_worst(trial, ranked[:count], self.model.graph.node, self.local, failing)
-            return self.with_regions(trial)
+    def _keeping(self, kept, ranked: list[int], count: int, failing) -> dict[int, KeptFloat32]:
+        trial = dict(kept)
+        _keep_worst(trial, ranked[:count], self.model.graph.node, self.local, failing)
+        return self.with_regions(trial)
 
+    def _bisected(self, kept, ranked: list[int], failing, high: int) -> tuple[dict[int, KeptFloat32], Attempt] | None:
+        """The fewest of `ranked`, nearest first, kept float32 that make the outputs meet the
+        bound, among the first `high`; None where keeping those `high` misses it too (with all
+        of them float32 the outputs are the float32 model's: not checked before the end)."""
+        low, passing = 0, None
+        if high < len(ranked):
+            if high == 0:
+                return None  # `failing` is the model without a region
+            passing = self.attempt(self._keeping(kept, ranked, high, failing))
+            if _over(passing[1]):
+                return None
         # keeping `low` of the ranked nodes float32 misses the bound; keeping `high` meets it
-        # (all of them: the float32 model), checked below where the bisection never ran it
-        low, high, failing, passing = 0, len(ranked), judged, None
         while high - low > 1:
             middle = (low + high) // 2
-            result = self.attempt(keeping(middle, failing))
+            result = self.attempt(self._keeping(kept, ranked, middle, failing))
             if _over(result[1]):
                 low, failing = middle, result[1]
             else:
                 high, passing = middle, result
         if passing is None:
-            passing = self.attempt(keeping(high, failing))
-        return keeping(high, failing), passing
+            passing = self.attempt(self._keeping(kept, ranked, high, failing))
+        return self._keeping(kept, ranked, high, failing), passing
+
+    def _rounded_runs(self) -> list[dict[str, np.ndarray]]:
+        """The model's outputs with every value rounded to half (rounded_run.py) on each input set."""
+        return rounded_runs(self.model, self.types, self.half, self.runs.feeds)
 
     def closer_tail(
         self, kept: dict[int, KeptFloat32], judged, casts: int
@@ -398,6 +459,27 @@ def _read_in_subgraphs(graph: onnx.GraphProto) -> set[str]:
                 read.update(inner.input)
             read |= _read_in_subgraphs(subgraph)
     return read
+
+
+def _rounding_keeps(runs: HalfRuns, outputs: list[str]) -> bool:
+    """Whether the model with every value rounded to half (`runs.rounded`) keeps each of
+    `outputs` on every input set (rounded_run.loses: against the exact result where there is
+    one, else the float32 run)."""
+    for index, rounded in enumerate(runs.rounded or []):
+        wanted = runs.exact[index] or runs.float32[index]
+        if any(loses(rounded[name], wanted[name]) for name in outputs):
+            return False
+    return True
+
+
+def _within_share(ranked: list[int], flops: list[float], allowed: float) -> int:
+    """How many of `ranked`, from the first, cost `allowed` FLOPs or less together."""
+    spent = 0.0
+    for count, index in enumerate(ranked):
+        spent += flops[index]
+        if spent > allowed:
+            return count
+    return len(ranked)
 
 
 def _nearest_first(model, producer, outputs: list[str], half: set[int], local: dict[int, NodeError]) -> list[int]:

@@ -5,9 +5,13 @@ type's unit roundoff:
 
     |half - exact| <= FACTOR * max|orig - exact| + FLOOR_ULPS * u_half * rms(exact)
 
-where orig is the float32 model's run. An input set without a float64 reference is judged by
-the noise floor measured on those with one (exact_check.noise_floor_bound); with none at all,
-the float32 run stands for the exact result (its own error then counts as none).
+where orig is the float32 model's run; where the runs hold the model's run with every value
+rounded to half (rounded_run.py: choose.py asks for it where the error is spread through the
+model), its error takes the place of orig's where larger. An input set without a float64
+reference is judged by the noise floor measured on those with one
+(exact_check.noise_floor_bound), or the rounded run's distance from orig on the set itself
+where larger; with none at all, the float32 run stands for the exact result (its own error
+then counts as none).
 """
 
 from __future__ import annotations
@@ -32,15 +36,18 @@ class OutputJudgement:
     bound: float = 0.0
     beyond: int = 0
     elements: int = 0
+    error_rounded: float | None = None  # the model's with every value rounded to half, where it ran
 
-    def add(self, error: float, own: float, bound: float, beyond: int, elements: int) -> None:
+    def add(self, error: float, own: float, bound: float, beyond: int, elements: int, rounded=None) -> None:
         self.error, self.error_original = max(self.error, error), max(self.error_original, own)
         self.bound = max(self.bound, bound)
         self.beyond += beyond
         self.elements += elements
+        if rounded is not None:
+            self.error_rounded = max(self.error_rounded or 0.0, rounded)
 
     def to_report(self) -> dict:
-        return dict(vars(self))
+        return {name: value for name, value in vars(self).items() if value is not None}
 
 
 @dataclass
@@ -51,6 +58,9 @@ class HalfRuns:
     feeds: list[dict[str, np.ndarray]]
     float32: list[dict[str, np.ndarray]]
     exact: list[dict[str, np.ndarray] | None]
+    # the model's outputs with every value rounded to half (rounded_run.py) on each set, where
+    # asked for
+    rounded: list[dict[str, np.ndarray]] | None = None
 
     @property
     def against(self) -> str:
@@ -63,7 +73,8 @@ def judge_outputs(model: onnx.ModelProto, runs: HalfRuns, dtype: str, device: st
     names = list(runs.float32[0])
     judged = {name: OutputJudgement() for name in names}
     own_seen = dict.fromkeys(names, 0.0)
-    for feeds, expected, exact in zip(runs.feeds, runs.float32, runs.exact):
+    rounded_runs = runs.rounded or [None] * len(runs.feeds)
+    for feeds, expected, exact, rounded in zip(runs.feeds, runs.float32, runs.exact, rounded_runs):
         fed = in_declared_types(model, feeds)
         got = checked_run(lambda fed=fed: session.run(names, fed), fed, f"the {dtype} model")
         for name, half in zip(names, got):
@@ -74,12 +85,23 @@ def judge_outputs(model: onnx.ModelProto, runs: HalfRuns, dtype: str, device: st
                 continue
             half = np.asarray(half).astype(np.float64)
             if exact is not None:
-                verdict = judge(orig, half, exact[name], None, dtype)
-                own_seen[name] = max(own_seen[name], verdict.error_original)
-                judged[name].add(verdict.error, verdict.error_original, verdict.bound, verdict.beyond, orig.size)
+                verdict = judge(orig, half, exact[name], None, dtype, None if rounded is None else rounded[name])
+                noise = max(verdict.error_original, verdict.error_rounded or 0.0)
+                own_seen[name] = max(own_seen[name], noise)
+                judged[name].add(verdict.error, verdict.error_original, verdict.bound, verdict.beyond, orig.size,
+                                 verdict.error_rounded)  # fmt: skip
             else:
-                bound = noise_floor_bound(orig, own_seen[name], dtype)
+                # the rounded run's distance from the float32 one on this set: its noise here
+                apart = None if rounded is None else _largest_apart(rounded[name], orig)
+                bound = noise_floor_bound(orig, max(own_seen[name], apart or 0.0), dtype)
                 errors = np.abs(half - orig.astype(np.float64))
                 beyond = int(np.count_nonzero(~(errors <= bound)))
-                judged[name].add(float(np.nanmax(errors, initial=0.0)), 0.0, bound, beyond, orig.size)
+                judged[name].add(float(np.nanmax(errors, initial=0.0)), 0.0, bound, beyond, orig.size, apart)
     return judged
+
+
+def _largest_apart(rounded: np.ndarray, orig: np.ndarray) -> float:
+    """max |rounded - orig| where both are finite."""
+    rounded, orig = rounded.astype(np.float64), orig.astype(np.float64)
+    both = np.isfinite(rounded) & np.isfinite(orig)
+    return float(np.abs(np.where(both, rounded - orig, 0.0)).max(initial=0.0))
