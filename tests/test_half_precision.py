@@ -96,8 +96,9 @@ def test_a_conv_net_in_float16_keeps_a_float32_interface_and_casts_only_there(tm
     for weight in half.graph.initializer:  # rounded into float16 where a half node reads it, float32 in the tail
         assert weight.data_type == (FLOAT if weight.name in in_tail else FLOAT16), weight.name
     in_half = {weight.name for weight in half.graph.initializer if weight.data_type == FLOAT16}
-    assert precision["weights_rounded"] == {  # the kernels keeping their rows' sums, the biases to nearest
-        "keeping_row_sums": len(in_half & {"w1", "w2", "fc"}), "to_nearest": len(in_half & {"b1", "b2", "fb"})}
+    kernels, biases = len(in_half & {"w1", "w2", "fc"}), len(in_half & {"b1", "b2", "fb"})
+    assert precision["weights_rounded"] in (  # the kernels keeping their rows' sums or all to nearest (step 4)
+        {"keeping_row_sums": kernels, "to_nearest": biases}, {"keeping_row_sums": 0, "to_nearest": kernels + biases})
     judged_again(model, half, result.report)
     # the report's 'after' is the model written
     assert result.report["after"]["ops"]["Cast"] == 2
@@ -112,8 +113,9 @@ def test_a_float16_interface_has_no_casts(tmp_path):
 
 def test_weights_are_rounded_once_from_the_fold(tmp_path):
     """Two convs folded into one in float64, the composite rounded into float16 once: its
-    weights are the float32 fold's rounded into float16 as row_sums.py rounds them (each output
-    channel's sum kept; each weight one of its two float16 neighbours)."""
+    weights are the float32 fold's rounded into float16, as row_sums.py rounds them (each output
+    channel's sum kept; each weight one of its two float16 neighbours) or to nearest, whichever
+    the report says (choose.py, step 4)."""
     rng = np.random.default_rng(1)
     w1, w2 = rng.normal(0, 0.5, (8, 3, 1, 1)).astype(np.float32), rng.normal(0, 0.5, (4, 8, 1, 1)).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w1"], ["h"]), helper.make_node("Conv", ["h", "w2"], ["y"])]
@@ -124,7 +126,64 @@ def test_weights_are_rounded_once_from_the_fold(tmp_path):
     fold = np.einsum("oh,hi->oi", w2[:, :, 0, 0].astype(np.float64), w1[:, :, 0, 0].astype(np.float64))
     assert weight.dtype == np.float16
     folded = fold.astype(np.float32)
-    np.testing.assert_array_equal(weight[:, :, 0, 0], rounded_keeping_sums(folded, np.dtype(np.float16), Rows((0, 1), 1)))
+    if result.report["precision"]["weights_rounded"]["keeping_row_sums"]:
+        expected = rounded_keeping_sums(folded, np.dtype(np.float16), Rows((0, 1), 1))
+    else:
+        expected = folded.astype(np.float16)
+    np.testing.assert_array_equal(weight[:, :, 0, 0], expected)
+
+
+def _pooled_after_relu(seed=0):
+    """Relu -> Conv 3x3 (144-wide rows) -> GlobalAveragePool: the conv's input has a mean (a
+    Relu's output), and the pool averages each output's noise away but keeps the mean times its
+    row's sum of rounding errors."""
+    rng = np.random.default_rng(seed)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Conv", ["r", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("GlobalAveragePool", ["c"], ["y"])]  # fmt: skip
+    weights = {"w": rng.normal(0, 0.1, (32, 16, 3, 3)).astype(np.float32)}
+    return make_model(nodes, [tensor("x", [1, 16, 12, 12])], [tensor("y", [1, 32, 1, 1])], weights)
+
+
+def _depthwise_on_zero_mean(seed=0):
+    """A depthwise 3x3 on the N(0, 1) input, every output position its own: the input has no
+    mean for a row's sum of errors to meet, and keeping the 9-tap rows' sums moves about one
+    tap in six to its farther neighbour."""
+    rng = np.random.default_rng(seed)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], group=16)]
+    weights = {"w": rng.normal(0, 0.3, (16, 1, 3, 3)).astype(np.float32)}
+    return make_model(nodes, [tensor("x", [1, 16, 24, 24])], [tensor("y", [1, 16, 24, 24])], weights)
+
+
+@pytest.mark.parametrize("build, keeps_sums", [(_pooled_after_relu, True), (_depthwise_on_zero_mean, False)])
+@pytest.mark.parametrize("seed", range(2))
+def test_the_rounding_whose_outputs_are_nearer_is_kept(tmp_path, build, keeps_sums, seed):
+    """Step 4 converts the model with its weights keeping their rows' sums and to nearest, and
+    keeps the nearer: after a Relu and before a pool, the sums (the pooled outputs' error is the
+    input's mean times each row's sum of errors); on a zero-mean input, every output its own,
+    nearest. On fresh inputs the written model is nearer the exact result than the same model
+    with its weight rounded the other way."""
+    model = build(seed)
+    result, half = optimized_in_half(model, tmp_path)
+    precision = result.report["precision"]
+    assert precision["weights_rounded"] == {"keeping_row_sums": int(keeps_sums), "to_nearest": int(not keeps_sums)}
+    w = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "w"))
+    rows = Rows((0, 1, 2, 3), 1)
+    other = rounded_keeping_sums(w, np.dtype(np.float16), rows) if not keeps_sums else w.astype(np.float16)
+    otherwise = onnx.ModelProto()
+    otherwise.CopyFrom(half)
+    (stored,) = [t for t in otherwise.graph.initializer if t.data_type == FLOAT16]
+    stored.CopyFrom(numpy_helper.from_array(other, stored.name))
+    evaluator = Float64Evaluator(model)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    errors = []
+    for candidate in (half, otherwise):
+        session = ort.InferenceSession(candidate.SerializeToString(), providers=["CPUExecutionProvider"])
+        squared = 0.0
+        for fresh in range(3):
+            x = np.random.default_rng(50 + fresh).standard_normal(shape).astype(np.float32)
+            squared += float(np.sum((session.run(None, {"x": x})[0] - evaluator.run({"x": x})[0]) ** 2))
+        errors.append(squared)
+    assert errors[0] < errors[1], errors
 
 
 def _difference_of_large_terms():

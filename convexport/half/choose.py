@@ -17,7 +17,9 @@ by a list of ops.
    into float where only float32 nodes read it (_movers_follow): each would cost Casts and
    round nothing of its own.
 4. The model is converted (convert.py) and its outputs judged against the exact result
-   (outputs.py). Where they miss the bound, by errors that each node kept within its own but
+   (outputs.py): twice, where a weight has rows and there is a float64 reference, its weights
+   rounded keeping their rows' sums and to nearest (rounding.py), and the rounding whose
+   outputs are nearer kept for what follows. Where they miss the bound, by errors that each node kept within its own but
    that grow through the graph (an ill-conditioned head: a difference of large terms), a
    float32 region grows back from the outputs that missed it: their half-precision ancestors,
    nearest first (by their own error among equals), as few as make the outputs meet the bound,
@@ -174,7 +176,7 @@ def to_half_precision(
     first input set), the nodes of each of `fused` (kernel, node names) in one precision."""
     choice = _Choice(model, HALF_TYPES[dtype], HALF_TYPES[dtype] if io_dtype == dtype else FLOAT, runs, device)
     kept = choice.kept_by_own_error(values, fused)
-    converted, judged = choice.attempt(kept)
+    converted, judged = choice.nearer_rounding(choice.attempt(kept), kept)
     if _over(judged) and choice.out_of_range:
         del converted  # an attempt that misses the bound goes before the next (a large one's files: on_disk.py)
         nodes = choice.model.graph.node
@@ -226,6 +228,20 @@ class _Choice:
         self.attempts += 1
         dtype = onnx.helper.tensor_dtype_to_np_dtype(self.half).name
         return converted, judge_outputs(converted.model, self.runs, dtype, self.device)
+
+    def nearer_rounding(self, first: Attempt, kept: dict[int, KeptFloat32]) -> Attempt:
+        """Step 4's first conversion, its weights rounded keeping their rows' sums (`first`),
+        and again rounded to nearest: the attempt whose outputs are nearer (each output's error
+        over its bound, the worst), its rounding kept for every later attempt. Only where there
+        is a float64 reference to be nearer to and a weight with rows."""
+        if self.runs.against != "float64" or not self.rounding.rows:
+            return first
+        kept_sums, self.rounding = self.rounding, self.rounding.to_nearest()
+        other = self.attempt(kept)
+        if _worst_ratio(other[1]) < _worst_ratio(first[1]):
+            return other
+        self.rounding = kept_sums
+        return first
 
     def kept_by_own_error(self, values: dict[str, np.ndarray], fused) -> dict[int, KeptFloat32]:
         """Steps 1-3: the nodes that stay float32 before the outputs are judged."""

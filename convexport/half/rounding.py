@@ -9,6 +9,11 @@ largest value plus any negative score is an infinity again, which makes a fully 
 softmax NaN instead of uniform. The outputs' judgement says whether the model still computes
 what it did.
 
+Keeping the sums removes the part of a row's output error that is its input's mean times the
+row's sum of errors, at the cost of a few elements each further from its exact value: on an
+input without a mean that is all cost, and which one a model's outputs feel is for them to say
+(choose.py, step 4: the model converted both ways, to_nearest() giving the other).
+
 The stage rounds the same weights for the per-node measurement and for every attempt it
 judges; keeping the rows' sums costs ten times rounding to nearest (bench/RESULTS.md), so each
 weight's choice is made once and kept as the positions of the elements that went to their other
@@ -32,10 +37,11 @@ FLOAT = TensorProto.FLOAT
 class WeightRounding:
     """The stored float constants of one graph rounded into `half` (module doc), by name."""
 
-    def __init__(self, graph: onnx.GraphProto, half: int):
+    def __init__(self, graph: onnx.GraphProto, half: int, keeping_sums: bool = True):
         self.half = half
-        self.rows = weight_rows(graph)
+        self.rows = weight_rows(graph) if keeping_sums else {}
         self._flipped: dict[str, np.ndarray] = {}  # name -> the flat positions at their other neighbour
+        self._graph = graph
 
     def rounded(self, tensor: onnx.TensorProto, name: str | None = None) -> onnx.TensorProto:
         """`tensor` (the constant `name`, its own name where not given) in the half type."""
@@ -52,6 +58,10 @@ class WeightRounding:
     def kept_sums(self, name: str) -> bool:
         """Whether the constant `name` was rounded keeping its rows' sums (else to nearest)."""
         return name in self._flipped
+
+    def to_nearest(self) -> WeightRounding:
+        """The same graph's constants, every one rounded to nearest."""
+        return WeightRounding(self._graph, self.half, keeping_sums=False)
 
 
 def weight_rows(graph: onnx.GraphProto) -> dict[str, Rows]:
