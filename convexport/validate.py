@@ -284,6 +284,8 @@ def compare_models(
     sets the bound (a float16 interface is fed its inputs in float16), and the reference run
     with every value rounded to it (half/rounded_run.py) counts as its own error as well, for
     each output that run keeps."""
+    from .half.rounded_run import largest_apart  # (half/ imports this module)
+
     tolerances.check_outputs([out.name for out in reference.graph.output], labels[0])
     result = ValidationResult(True, runs + len(extra_feeds), tolerances, inputs=[str(spec) for spec in inputs])
     # One session at a time: the reference's outputs on every input set are computed and its
@@ -325,7 +327,7 @@ def compare_models(
             elif exact and exact.available(0) and not strict and name in result.outputs:
                 own = result.outputs[name].exact_error_original
                 if ours is not None:  # the rounded run's distance from the reference here
-                    own = max(own or 0.0, _largest_apart(ours, ref), result.outputs[name].exact_error_rounded or 0.0)
+                    own = max(own or 0.0, largest_apart(ours, ref), result.outputs[name].exact_error_rounded or 0.0)
                 error = compare_by_noise_floor(ref, cand, own, tolerances, name, precision)
             else:
                 error = compare_arrays(ref, cand, *tolerances.for_output(name, precision or dtype_name(ref)))
@@ -518,13 +520,6 @@ def _rounded_reference(reference, names, feeds, expected, exact, precision) -> l
         wanted = dict(zip(names, exact.outputs[index] if has_exact else outputs))
         kept -= {name for name in names if loses(run[name], wanted[name])}
     return [{name: run[name] for name in kept} for run in runs]
-
-
-def _largest_apart(rounded: np.ndarray, ref: np.ndarray) -> float:
-    """max |rounded - ref| where both are finite."""
-    rounded, ref = rounded.astype(np.float64), ref.astype(np.float64)
-    both = np.isfinite(rounded) & np.isfinite(ref)
-    return float(np.abs(np.where(both, rounded - ref, 0.0)).max(initial=0.0))
 
 
 def compare_by_noise_floor(

@@ -24,6 +24,7 @@ import onnx
 from ..exact_check import judge, noise_floor_bound
 from ..runtime import checked_run, create_session
 from ..validate import in_declared_types
+from .rounded_run import largest_apart
 
 
 @dataclass
@@ -92,16 +93,9 @@ def judge_outputs(model: onnx.ModelProto, runs: HalfRuns, dtype: str, device: st
                                  verdict.error_rounded)  # fmt: skip
             else:
                 # the rounded run's distance from the float32 one on this set: its noise here
-                apart = None if rounded is None else _largest_apart(rounded[name], orig)
+                apart = None if rounded is None else largest_apart(rounded[name], orig)
                 bound = noise_floor_bound(orig, max(own_seen[name], apart or 0.0), dtype)
                 errors = np.abs(half - orig.astype(np.float64))
                 beyond = int(np.count_nonzero(~(errors <= bound)))
                 judged[name].add(float(np.nanmax(errors, initial=0.0)), 0.0, bound, beyond, orig.size, apart)
     return judged
-
-
-def _largest_apart(rounded: np.ndarray, orig: np.ndarray) -> float:
-    """max |rounded - orig| where both are finite."""
-    rounded, orig = rounded.astype(np.float64), orig.astype(np.float64)
-    both = np.isfinite(rounded) & np.isfinite(orig)
-    return float(np.abs(np.where(both, rounded - orig, 0.0)).max(initial=0.0))

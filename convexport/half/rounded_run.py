@@ -53,6 +53,14 @@ def loses(rounded: np.ndarray, wanted: np.ndarray) -> bool:
     return float(np.abs(np.where(both, rounded - wanted, 0.0)).max(initial=0.0)) > LOST_SHARE * largest
 
 
+def largest_apart(rounded: np.ndarray, reference: np.ndarray) -> float:
+    """max |rounded - reference| where both are finite: the rounded run's distance from a float32
+    run of the model on an input set without an exact result (its noise there)."""
+    rounded, reference = np.asarray(rounded, np.float64), np.asarray(reference, np.float64)
+    both = np.isfinite(rounded) & np.isfinite(reference)
+    return float(np.abs(np.where(both, rounded - reference, 0.0)).max(initial=0.0))
+
+
 def _every_value_rounded(model: onnx.ModelProto, types: dict[str, int], half: int) -> onnx.ModelProto:
     """`model` with a Cast to `half` and back after each float32 tensor of its main graph, read
     by every node in its place and given as the graph's output."""
