@@ -30,8 +30,11 @@ with one (validate.py):
 
     |cand - orig| <= (FACTOR + 1) * max|orig - exact| + FLOOR_ULPS * u * rms(orig)
 
-the criterion above with the original's own error on that set taken as the largest seen; with
-no float64 reference at all, float32 runs are compared with rtol/atol.
+the criterion above with the original's own error on that set taken as the largest seen, or,
+where larger, as the distance there between the original's run and its run summed in another
+order (ONNX Runtime's optimisations and packed weights on: validate._reordered_reference), its
+float32 noise on that set; with no float64 reference at all, float32 runs are compared with
+rtol/atol.
 
 The reference is checked too: on the first input set every node of the float64 graph runs on
 ONNX Runtime's float32 inputs to it (float64/node_check.py). A node that disagrees beyond one
