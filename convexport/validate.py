@@ -552,9 +552,8 @@ def _rounded_reference(reference, names, feeds, expected, exact, precision) -> l
     precision is given."""
     if precision is None:
         return [{} for _ in feeds]
-    from .half.choose import element_types
     from .half.rounded_run import loses, rounded_runs
-    from .half.slots import HALF_TYPES
+    from .half.slots import HALF_TYPES, element_types
 
     runs = rounded_runs(reference, element_types(reference), HALF_TYPES[precision], feeds)
     kept = set(names)

@@ -295,7 +295,7 @@ def test_the_rounded_run_rounds_every_float_value_and_nothing_else(half):
     """rounded_run: the input, each weight and each node's float output go through the half
     type; the int64 shape does not. Mul and Add in float32 are correctly rounded, so numpy's
     same sequence is the same to the bit."""
-    from convexport.half.choose import element_types
+    from convexport.half.slots import element_types
     from convexport.half.rounded_run import rounded_runs
     from convexport.half.slots import NUMPY_TYPES
 

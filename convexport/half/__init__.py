@@ -17,8 +17,9 @@ from ..exact_check import ExactReference, exact_reference
 from ..float64 import Float64Evaluator, Float64Unavailable
 from ..inputs import InputSpec
 from ..runtime import checked_run, create_session
-from .choose import HalfPrecision, KeptFloat32, element_types, to_half_precision
+from .choose import HalfPrecision, KeptFloat32, to_half_precision
 from .outputs import HalfRuns
+from .slots import element_types
 
 DTYPES = {
     "fp16": "float16", "float16": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32",

@@ -68,7 +68,7 @@ from .on_disk import handed_over, on_disk
 from .outputs import HalfRuns, OutputJudgement, judge_outputs
 from .rounded_run import loses, rounded_runs
 from .rounding import WeightRounding
-from .slots import HALF_TYPES, DataSlots, NoHalfForm, data_slots
+from .slots import HALF_TYPES, DataSlots, NoHalfForm, data_slots, element_types
 
 FLOAT = TensorProto.FLOAT
 # step 5 (module doc): the float32 tail may cost this share of the model's FLOPs, and is taken
@@ -424,22 +424,6 @@ class _Choice:
 
 def _over(judged: dict[str, OutputJudgement]) -> bool:
     return any(judgement.beyond for judgement in judged.values())
-
-
-def element_types(model: onnx.ModelProto, inferred: onnx.ModelProto | None = None) -> dict[str, int]:
-    """The element type of every tensor of the main graph whose type ONNX can infer (from
-    `inferred`, the model with its shapes inferred, where given)."""
-    graph = (inferred or ir.infer_shapes(model, "the model")).graph
-    types = {value.name: value.type.tensor_type.elem_type for value in (*graph.value_info, *graph.input, *graph.output)}
-    types.update({tensor.name: tensor.data_type for tensor in model.graph.initializer})
-    for node in model.graph.node:
-        if node.op_type == "Constant":
-            for attribute in node.attribute:
-                if attribute.name == "value":
-                    types[node.output[0]] = attribute.t.data_type
-                elif attribute.name in ("value_float", "value_floats"):
-                    types[node.output[0]] = FLOAT
-    return {name: elem for name, elem in types.items() if elem}
 
 
 def _candidates(model, types, half) -> tuple[dict[int, DataSlots], dict[int, KeptFloat32]]:

@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from .. import ir
+
 HALF_TYPES = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 # each float type's tag in the names of the tensors the stage makes (NAME__as_f16, NAME@f32)
 TYPE_TAGS = {
@@ -109,3 +111,19 @@ def _formal_types(formals, count: int) -> list[str]:
         return [""] * count
     types = [formal.type_str for formal in formals[:count]]
     return types + [formals[-1].type_str] * (count - len(types))
+
+
+def element_types(model: onnx.ModelProto, inferred: onnx.ModelProto | None = None) -> dict[str, int]:
+    """The element type of every tensor of the main graph whose type ONNX can infer (from
+    `inferred`, the model with its shapes inferred, where given)."""
+    graph = (inferred or ir.infer_shapes(model, "the model")).graph
+    types = {value.name: value.type.tensor_type.elem_type for value in (*graph.value_info, *graph.input, *graph.output)}
+    types.update({tensor.name: tensor.data_type for tensor in model.graph.initializer})
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for attribute in node.attribute:
+                if attribute.name == "value":
+                    types[node.output[0]] = attribute.t.data_type
+                elif attribute.name in ("value_float", "value_floats"):
+                    types[node.output[0]] = TensorProto.FLOAT
+    return {name: elem for name, elem in types.items() if elem}
