@@ -335,7 +335,7 @@ def compare_models(
                 if index in reordered:
                     own = max(own, largest_apart(reordered[index][position], ref))
                 if ours is not None:  # the rounded run's distance from the reference here
-                    own = max(own or 0.0, largest_apart(ours, ref), result.outputs[name].exact_error_rounded or 0.0)
+                    own = max(own, largest_apart(ours, ref), result.outputs[name].exact_error_rounded or 0.0)
                 error = compare_by_noise_floor(ref, cand, own, tolerances, name, precision)
             else:
                 error = compare_arrays(ref, cand, *tolerances.for_output(name, precision or dtype_name(ref)))
@@ -547,20 +547,20 @@ def _reordered_reference(reference, names, feeds, sets: list[int], device) -> di
 
 def _rounded_reference(reference, names, feeds, expected, exact, precision) -> list[dict[str, np.ndarray]]:
     """Per input set, the reference's outputs with every value rounded to `precision`
-    (half/rounded_run.py), for the outputs that run keeps on every set (rounded_run.loses:
+    (half/rounded_run.py), for the outputs that run keeps on every set (rounded_run.lost_outputs:
     against the exact result where there is one, else the reference's run); empty where no
     precision is given."""
     if precision is None:
         return [{} for _ in feeds]
-    from .half.rounded_run import loses, rounded_runs
+    from .half.rounded_run import lost_outputs, rounded_runs
     from .half.slots import HALF_TYPES, element_types
 
     runs = rounded_runs(reference, element_types(reference), HALF_TYPES[precision], feeds)
-    kept = set(names)
-    for index, (run, outputs) in enumerate(zip(runs, expected)):
-        has_exact = exact and exact.available(index)
-        wanted = dict(zip(names, exact.outputs[index] if has_exact else outputs))
-        kept -= {name for name in names if loses(run[name], wanted[name])}
+    wanted = [
+        dict(zip(names, exact.outputs[index] if exact and exact.available(index) else outputs))
+        for index, outputs in enumerate(expected)
+    ]
+    kept = set(names) - lost_outputs(runs, wanted, names)
     return [{name: run[name] for name in kept} for run in runs]
 
 

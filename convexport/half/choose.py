@@ -66,7 +66,7 @@ from .kernels import lacking_kernels
 from .measure import NodeError, node_errors
 from .on_disk import handed_over, on_disk
 from .outputs import HalfRuns, OutputJudgement, judge_outputs
-from .rounded_run import loses, rounded_runs
+from .rounded_run import lost_outputs, rounded_runs
 from .rounding import WeightRounding
 from .slots import HALF_TYPES, DataSlots, NoHalfForm, data_slots, element_types
 
@@ -310,7 +310,8 @@ class _Choice:
             if _over(result[1]):
                 return everything, result
         rounded = replace(self.runs, rounded=self._rounded_runs())
-        if not _rounding_keeps(rounded, [name for name, judgement in judged.items() if judgement.beyond]):
+        wanted = [exact or float32 for exact, float32 in zip(self.runs.exact, self.runs.float32)]
+        if lost_outputs(rounded.rounded, wanted, [name for name, judgement in judged.items() if judgement.beyond]):
             return self._bisected(kept, ranked, judged, len(ranked))
         self.bound_by, self.runs = "rounded", rounded
         result = self.attempt(kept)
@@ -459,17 +460,6 @@ def _read_in_subgraphs(graph: onnx.GraphProto) -> set[str]:
                 read.update(inner.input)
             read |= _read_in_subgraphs(subgraph)
     return read
-
-
-def _rounding_keeps(runs: HalfRuns, outputs: list[str]) -> bool:
-    """Whether the model with every value rounded to half (`runs.rounded`) keeps each of
-    `outputs` on every input set (rounded_run.loses: against the exact result where there is
-    one, else the float32 run)."""
-    for index, rounded in enumerate(runs.rounded or []):
-        wanted = runs.exact[index] or runs.float32[index]
-        if any(loses(rounded[name], wanted[name]) for name in outputs):
-            return False
-    return True
 
 
 def _within_share(ranked: list[int], flops: list[float], allowed: float) -> int:

@@ -50,7 +50,14 @@ def loses(rounded: np.ndarray, wanted: np.ndarray) -> bool:
     rounded, wanted = np.asarray(rounded, np.float64), np.asarray(wanted, np.float64)
     both = np.isfinite(rounded) & np.isfinite(wanted)
     largest = float(np.abs(np.where(both, wanted, 0.0)).max(initial=0.0))
-    return float(np.abs(np.where(both, rounded - wanted, 0.0)).max(initial=0.0)) > LOST_SHARE * largest
+    return largest_apart(rounded, wanted) > LOST_SHARE * largest
+
+
+def lost_outputs(rounded: list[dict], wanted: list[dict], names) -> set[str]:
+    """Those of `names` that the rounded runs lose (loses) on some input set, each set's run
+    against that set's `wanted` outputs (the exact result where there is one, else the float32
+    run)."""
+    return {name for run, want in zip(rounded, wanted) for name in names if loses(run[name], want[name])}
 
 
 def largest_apart(rounded: np.ndarray, reference: np.ndarray) -> float:
