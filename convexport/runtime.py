@@ -134,10 +134,10 @@ def provider_options(device: str, tf32: bool = True, search: bool = True) -> dic
 # ONNX Runtime's CPU provider packs each MatMul's and Gemm's constant weight into its kernel's
 # layout when a session is made (a Conv's are not): about what packing it in every run costs,
 # and worth it over many runs (a deployment, the profile). A session that checks values runs a
-# few times (validation, the half stage's measurements) and is made without: a 1 GiB MLP is
-# validated in 0.8 s instead of 3.2 s (bench/RESULTS.md). Packed or not, the kernel does the
-# same float32 arithmetic in another summation order (outputs a few float32 ulps apart), and
-# the models compared in a check are all run alike.
+# few times (validation, the half stage's measurements) and is made without (the times: bench/
+# RESULTS.md, "Checking sessions without prepacking"). Packed or not, the kernel does the same
+# float32 arithmetic in another summation order (outputs a few float32 ulps apart), and the
+# models compared in a check are all run alike.
 DISABLE_PREPACKING = "session.disable_prepacking"
 
 
