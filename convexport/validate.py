@@ -284,8 +284,6 @@ def compare_models(
     sets the bound (a float16 interface is fed its inputs in float16), and the reference run
     with every value rounded to it (half/rounded_run.py) counts as its own error as well, for
     each output that run keeps."""
-    from .half.rounded_run import largest_apart  # (half/ imports this module)
-
     tolerances.check_outputs([out.name for out in reference.graph.output], labels[0])
     result = ValidationResult(True, runs + len(extra_feeds), tolerances, inputs=[str(spec) for spec in inputs])
     # One session at a time: the reference's outputs on every input set are computed and its
@@ -309,9 +307,7 @@ def compare_models(
         return result
     result.sample = (all_feeds[0], actual_runs[0]) if all_feeds else None
     rounded = _rounded_reference(reference, names, all_feeds, expected_runs, exact, precision)
-    floor_sets = [i for i in range(len(all_feeds)) if exact and exact.available(0) and not exact.available(i)]
-    reordered = _reordered_reference(reference, names, all_feeds, floor_sets, device) if not strict else {}
-    measured_scale = _measured_scales(names, expected_runs, exact) if floor_sets else {}
+    floor = _NoiseFloor.measured(reference, names, all_feeds, expected_runs, exact, device) if not strict else None
     candidate64 = _float64_or_none(candidate) if exact and exact.candidate_too else None
     for index, (feeds, expected, actual) in enumerate(zip(all_feeds, expected_runs, actual_runs)):
         float64_run = candidate64.run(feeds) if candidate64 is not None and exact.available(index) else None
@@ -327,15 +323,8 @@ def compare_models(
                 error = compare_exactly(
                     ref, cand, exact_values, candidate_float64, tolerances, name, strict, precision, ours
                 )
-            elif exact and exact.available(0) and not strict and name in result.outputs:
-                own = result.outputs[name].exact_error_original or 0.0
-                # as much of this set's scale as it was of the measured sets', and the
-                # reference's float32 noise on this set
-                own *= max(1.0, _rms(ref) / measured_scale[name]) if measured_scale.get(name) else 1.0
-                if index in reordered:
-                    own = max(own, largest_apart(reordered[index][position], ref))
-                if ours is not None:  # the rounded run's distance from the reference here
-                    own = max(own, largest_apart(ours, ref), result.outputs[name].exact_error_rounded or 0.0)
+            elif floor is not None and name in result.outputs:
+                own = floor.on_set(index, position, name, ref, result.outputs[name], ours)
                 error = compare_by_noise_floor(ref, cand, own, tolerances, name, precision)
             else:
                 error = compare_arrays(ref, cand, *tolerances.for_output(name, precision or dtype_name(ref)))
@@ -510,15 +499,49 @@ def compare_exactly(
     return error
 
 
-def _measured_scales(names, expected_runs, exact) -> dict[str, float]:
-    """Each float output's largest rms over the input sets with a float64 result."""
-    scales: dict[str, float] = {}
-    for index, outputs in enumerate(expected_runs):
-        if exact.available(index):
-            for name, values in zip(names, outputs):
-                if values.dtype.kind == "f" and values.size:
-                    scales[name] = max(scales.get(name, 0.0), _rms(values))
-    return scales
+@dataclass
+class _NoiseFloor:
+    """The reference's own float32 error on an input set without a float64 result, the sets
+    after those its float64 reference fitted the time budget on. A model that amplifies
+    rounding has its own error vary tenfold from one input set to the next (LeViT-128S with
+    random weights: 2e-6, 8e-6, 6e-5 on three sets), and the error measured on the float64 sets
+    alone refused a correct rewrite where the reference fitted on fewer sets
+    (bench/RESULTS.md). On such a set it is the largest of: the measured error, grown as this
+    set's output is larger than the measured sets'; the reference's distance from its own run
+    summed in another order (`reordered`); and, for a half-precision candidate, the distance of
+    the reference rounded to half from it."""
+
+    scales: dict[str, float]  # each float output's largest rms over the sets with a float64 result
+    reordered: dict[int, list[np.ndarray]]  # by set: the reference's outputs in another summation order
+
+    @classmethod
+    def measured(cls, reference, names, feeds, expected_runs, exact, device) -> _NoiseFloor | None:
+        """None where every set has a float64 result, or none has (nothing measured to go by)."""
+        sets = [i for i in range(len(feeds)) if exact and exact.available(0) and not exact.available(i)]
+        if not sets:
+            return None
+        scales: dict[str, float] = {}
+        for index, outputs in enumerate(expected_runs):
+            if exact.available(index):
+                for name, values in zip(names, outputs):
+                    if values.dtype.kind == "f" and values.size:
+                        scales[name] = max(scales.get(name, 0.0), _rms(values))
+        return cls(scales, _reordered_reference(reference, names, feeds, sets, device))
+
+    def on_set(self, index: int, position: int, name: str, ref: np.ndarray, measured: OutputError, rounded) -> float:
+        """The reference's own error on set `index` for output `name` (at `position`; its run
+        there `ref`; `measured`, its judgement on the float64 sets; `rounded`, the reference's
+        run rounded to half on this set, or None)."""
+        from .half.rounded_run import largest_apart  # (half/ imports this module)
+
+        own = measured.exact_error_original or 0.0
+        if self.scales.get(name):
+            own *= max(1.0, _rms(ref) / self.scales[name])
+        if index in self.reordered:
+            own = max(own, largest_apart(self.reordered[index][position], ref))
+        if rounded is not None:
+            own = max(own, largest_apart(rounded, ref), measured.exact_error_rounded or 0.0)
+        return own
 
 
 def _rms(values: np.ndarray) -> float:
@@ -527,16 +550,10 @@ def _rms(values: np.ndarray) -> float:
 
 
 def _reordered_reference(reference, names, feeds, sets: list[int], device) -> dict[int, list]:
-    """The reference's outputs on the input sets `sets` (those judged by the noise floor) from
-    a session that sums in another order (ONNX Runtime's graph optimisations and packed weights
-    on, as a deployment runs it), by set: its distance from the checking session's run is the
-    reference's float32 noise on that set. A model that amplifies rounding has its own error
-    vary tenfold from one input set to the next (LeViT-128S with random weights: 2e-6, 8e-6,
-    6e-5 on three sets), and the noise floor of the sets with a float64 result alone refused a
-    correct rewrite where the float64 reference fitted its time budget on fewer sets
-    (bench/RESULTS.md). Empty where there are no such sets."""
-    if not sets:
-        return {}
+    """The reference's outputs on the input sets `sets` from a session that sums in another
+    order (ONNX Runtime's graph optimisations and packed weights on, as a deployment runs it),
+    by set: its distance from the checking session's run is the reference's float32 noise on
+    that set (_NoiseFloor)."""
     try:
         session = create_session(reference, device, what="the model as given", tf32=False, search=False)
         return {index: checked_run(lambda i=index: session.run(names, feeds[i]), feeds[index], "the model as given")
