@@ -154,14 +154,28 @@ def _depthwise_on_zero_mean(seed=0):
     return make_model(nodes, [tensor("x", [1, 16, 24, 24])], [tensor("y", [1, 16, 24, 24])], weights)
 
 
-@pytest.mark.parametrize("build, keeps_sums", [(_pooled_after_relu, True), (_depthwise_on_zero_mean, False)])
-@pytest.mark.parametrize("seed", range(2))
+def _conv_after_relu(seed=0):
+    """Relu -> Conv 3x3, every output position its own: the row sums' gain (the input's mean
+    times each row's sum of errors) is some 8% of the rms error, and the largest error, one
+    element's, comes out the other way on some seeds (11 and 19, which the choice by the largest
+    error got wrong)."""
+    rng = np.random.default_rng(seed)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Conv", ["r", "w"], ["y"], pads=[1, 1, 1, 1])]
+    weights = {"w": rng.normal(0, 0.1, (32, 16, 3, 3)).astype(np.float32)}
+    return make_model(nodes, [tensor("x", [1, 16, 12, 12])], [tensor("y", [1, 32, 12, 12])], weights)
+
+
+@pytest.mark.parametrize(
+    "build, keeps_sums, seed",
+    [(_pooled_after_relu, True, 0), (_pooled_after_relu, True, 1), (_depthwise_on_zero_mean, False, 0),
+     (_depthwise_on_zero_mean, False, 1), (_conv_after_relu, True, 11), (_conv_after_relu, True, 19)],
+)  # fmt: skip
 def test_the_rounding_whose_outputs_are_nearer_is_kept(tmp_path, build, keeps_sums, seed):
     """Step 4 converts the model with its weights keeping their rows' sums and to nearest, and
-    keeps the nearer: after a Relu and before a pool, the sums (the pooled outputs' error is the
-    input's mean times each row's sum of errors); on a zero-mean input, every output its own,
-    nearest. On fresh inputs the written model is nearer the exact result than the same model
-    with its weight rounded the other way."""
+    keeps the nearer by rms error: after a Relu, the sums (the outputs' error holds the input's
+    mean times each row's sum of errors); on a zero-mean input, every output its own, nearest.
+    On fresh inputs the written model is nearer the exact result than the same model with its
+    weight rounded the other way."""
     model = build(seed)
     result, half = optimized_in_half(model, tmp_path)
     precision = result.report["precision"]

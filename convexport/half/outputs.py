@@ -38,6 +38,10 @@ class OutputJudgement:
     beyond: int = 0
     elements: int = 0
     error_rounded: float | None = None  # the model's with every value rounded to half, where it ran
+    # over the input sets with a float64 reference: the half model's squared error summed, and
+    # the exact result's squares (for rms_ratio)
+    squared_error: float = 0.0
+    squared_exact: float = 0.0
 
     def add(self, error: float, own: float, bound: float, beyond: int, elements: int, rounded=None) -> None:
         self.error, self.error_original = max(self.error, error), max(self.error_original, own)
@@ -47,8 +51,23 @@ class OutputJudgement:
         if rounded is not None:
             self.error_rounded = max(self.error_rounded or 0.0, rounded)
 
+    def add_squares(self, half: np.ndarray, exact: np.ndarray) -> None:
+        """One input set's squared error against the exact result (its finite elements)."""
+        finite = np.isfinite(exact) & np.isfinite(half)
+        self.squared_error += float(np.sum(np.square(half[finite] - exact[finite])))
+        self.squared_exact += float(np.sum(np.square(exact[finite])))
+
+    @property
+    def rms_ratio(self) -> float:
+        """The rms error over the exact result's rms, on the sets with a float64 reference: a
+        steadier measure of a change to every weight than the largest error (choose.py)."""
+        if self.squared_exact > 0:
+            return (self.squared_error / self.squared_exact) ** 0.5
+        return float(self.squared_error > 0)
+
     def to_report(self) -> dict:
-        return {name: value for name, value in vars(self).items() if value is not None}
+        reported = ("error", "error_original", "bound", "beyond", "elements", "error_rounded")
+        return {name: getattr(self, name) for name in reported if getattr(self, name) is not None}
 
 
 @dataclass
@@ -87,6 +106,7 @@ def judge_outputs(model: onnx.ModelProto, runs: HalfRuns, dtype: str, device: st
             half = np.asarray(half).astype(np.float64)
             if exact is not None:
                 verdict = judge(orig, half, exact[name], None, dtype, None if rounded is None else rounded[name])
+                judged[name].add_squares(half, np.asarray(exact[name], dtype=np.float64))
                 noise = max(verdict.error_original, verdict.error_rounded or 0.0)
                 own_seen[name] = max(own_seen[name], noise)
                 judged[name].add(verdict.error, verdict.error_original, verdict.bound, verdict.beyond, orig.size,
