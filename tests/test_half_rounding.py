@@ -123,15 +123,18 @@ def dense_residual(gamma: float = 1e-4) -> onnx.ModelProto:
 
 
 def half_error(original: onnx.ModelProto, path) -> float:
-    """The float16 file's largest error against the original's float64 result over three input sets."""
+    """The float16 file's rms error against the original's float64 result over three fresh
+    input sets: a fold's rounding moves every element of its output, which the rms measures
+    steadily (the largest error is one element's draw, and the input's own rounding to float16
+    is most of it: seed 000's block, 0.92x as far unfolded by the largest error, 0.83x by rms)."""
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    evaluator, worst = Float64Evaluator(original), 0.0
+    evaluator, squares, count = Float64Evaluator(original), 0.0, 0
     shape = [d.dim_value for d in original.graph.input[0].type.tensor_type.shape.dim]
     for seed in range(3):
         feeds = {"x": np.random.default_rng(50 + seed).standard_normal(shape).astype(np.float32)}
         (got,), (want,) = session.run(None, feeds), evaluator.run(feeds)
-        worst = max(worst, float(np.abs(got.astype(np.float64) - want).max()))
-    return worst
+        squares, count = squares + float(np.sum((got.astype(np.float64) - want) ** 2)), count + want.size
+    return (squares / count) ** 0.5
 
 
 @pytest.mark.parametrize(
