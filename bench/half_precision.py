@@ -4,7 +4,7 @@ reach for, each judged against the exact (float64) result of the model as export
     PYTHONPATH=FP16_PACKAGES[:HF_PACKAGES] .venv/bin/python bench/half_precision.py [--only NAME] [--write FILE]
     PYTHONPATH=FP16_PACKAGES .venv/bin/python bench/half_precision.py --seeds 10 [--only FAMILY]
     PYTHONPATH=FP16_PACKAGES[:HF_PACKAGES] .venv/bin/python bench/half_precision.py --bf16 [--only NAME]
-    PYTHONPATH=FP16_PACKAGES .venv/bin/python bench/half_precision.py --trained SITE [--only NAME]
+    PYTHONPATH=FP16_PACKAGES:SITE .venv/bin/python bench/half_precision.py --trained SITE [--text] [--only NAME]
     any of them with --device cuda (ONNX Runtime's CUDA provider: convexport measures there, every
     file is run and timed there, inputs and outputs bound on the GPU)
 
@@ -17,9 +17,12 @@ a YOLO-like detector at 320x320 on [0, 1] images (tests/fixtures/detectors.py); 
 unmerged LoRA in its query and value, and GPT-2 with one in its MLP (small random configs, every
 weight perturbed, exported by optimum for feature-extraction; batch 2 x sequence 16). With
 --trained SITE, instead: trained models that PyPI packages ship as ONNX files (`pip install
---no-deps --target SITE rapidocr-onnxruntime==1.4.4 nudenet==3.4.2`): PaddleOCR's PP-OCRv4 text
-detection and recognition and its mobile direction classifier (inputs normalised: N(0, 1)),
-and nudenet's YOLOv8n detector at 320x320 (images in [0, 1]), their dynamic input dims fixed.
+--no-deps --target SITE rapidocr-onnxruntime==1.4.4 nudenet==3.4.2 pillow`): PaddleOCR's PP-OCRv4
+text detection and recognition and its mobile direction classifier (inputs normalised: N(0, 1);
+with --text, lines of printed text rendered by Pillow, normalised as PaddleOCR does), and
+nudenet's YOLOv8n detector at 320x320 (images in [0, 1]), their dynamic input dims fixed. With
+--text, convexport also chooses on one text image of its own (`--input-data`), not the three
+it is measured on.
 
 Per model and tool: whether it gives a model ONNX Runtime runs; its worst error against the
 float64 result over three input sets, as a multiple of the output's rms (the worst output); the
@@ -180,17 +183,31 @@ def _torch_export(module: torch.nn.Module, inputs: tuple, path: Path) -> None:
         torch.onnx.export(module.eval(), inputs, str(path), input_names=["x"], dynamo=False, opset_version=17)
 
 
+# the seeds of the input sets every tool is measured on: not convexport's own (validation and
+# the half stage draw theirs from seeds 0, 1, 2 with the same generator), so that what it chose
+# on those is judged on inputs it has not seen
+HELD_OUT = 1000
+
+
 def input_sets(path: Path) -> list[dict]:
-    """Three input sets: a transformer's as convexport makes them up (token ids inside the
-    table, padding masks), batch 2 x sequence 16; an image's N(0, 1) (the detector's uniform in
-    [0, 1])."""
+    """Three input sets, drawn from seeds HELD_OUT + 0, 1, 2: a transformer's as convexport
+    makes them up (token ids inside the table, padding masks), batch 2 x sequence 16; an
+    image's N(0, 1) (the detector's uniform in [0, 1]); with --text, an OCR model's rendered
+    text."""
     model = onnx.load(str(path))
     if any(value.type.tensor_type.elem_type == onnx.TensorProto.INT64 for value in model.graph.input):
         specs = sized_by_running(model, graph_input_specs(model))
-        return [{k: v[:2] for k, v in random_inputs(specs, seed, dynamic_size=16).items()} for seed in range(RUNS)]
+        return [
+            {k: v[:2] for k, v in random_inputs(specs, HELD_OUT + seed, dynamic_size=16).items()}
+            for seed in range(RUNS)
+        ]
+    if _reads_text(path):
+        value = model.graph.input[0]
+        shape = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        return [{value.name: text_image(shape, HELD_OUT + seed)} for seed in range(RUNS)]
     sets = []
     for seed in range(RUNS):
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(HELD_OUT + seed)
         feeds = {}
         for value in model.graph.input:
             dims = [d.dim_value or 1 for d in value.type.tensor_type.shape.dim]
@@ -200,6 +217,37 @@ def input_sets(path: Path) -> list[dict]:
                 feeds[value.name] = rng.standard_normal(dims).astype(np.float32)
         sets.append(feeds)
     return sets
+
+
+TEXT_SETS: list[bool] = []  # --text: the OCR models' input sets are rendered text
+
+
+def _reads_text(path: Path) -> bool:
+    """A PaddleOCR model's file (named so by `exported`), measured on rendered text (--text)."""
+    return bool(TEXT_SETS) and "PP-OCR" in path.stem
+
+
+def text_image(shape: list[int], seed: int) -> np.ndarray:
+    """Lines of printed text (random words and numbers, 18-30 px, black to mid grey) on a white
+    to light grey page at random places, shaped `shape` (N, 3, H, W), normalised as PaddleOCR
+    normalises its inputs: (pixel / 255 - 0.5) / 0.5."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(seed)
+    _, _, height, width = shape
+    page = Image.new("RGB", (width, height), tuple(int(v) for v in rng.integers(200, 256, 3)))
+    draw = ImageDraw.Draw(page)
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+    top = int(rng.integers(0, max(height // 8, 1)))
+    while height - top > 19:  # room for a line of the smallest size
+        size = int(rng.integers(18, min(31, height - top)))
+        words = ["".join(rng.choice(list(letters), int(rng.integers(2, 9)))) for _ in range(int(rng.integers(1, 5)))]
+        ink = tuple(int(v) for v in rng.integers(0, 110, 3))
+        draw.text((int(rng.integers(0, width // 6)), top), " ".join(words), font=ImageFont.load_default(size=size),
+                  fill=ink)  # fmt: skip
+        top += size + int(rng.integers(size // 2, 2 * size))
+    pixels = np.asarray(page, dtype=np.float32).transpose(2, 0, 1)[None]
+    return ((pixels / 255.0 - 0.5) / 0.5).astype(np.float32)
 
 
 def _takes_images(path: Path) -> bool:
@@ -316,6 +364,15 @@ def tools(name: str, original: Path, folder: Path, sets: list[dict], device: str
     attempt("convexport --dtype fp16", lambda: convexport.optimize(str(original), output=str(cx16), dtype="fp16",
                                                                    profile=False, inputs=described(original),
                                                                    device=device) and None, cx16)  # fmt: skip
+    if _reads_text(original):  # chosen and validated on one text image of its own, not the three measured on
+        value = onnx.load(str(original), load_external_data=False).graph.input[0]
+        page = folder / f"{original.stem}.page.npz"
+        np.savez(page, **{value.name: text_image([d.dim_value for d in value.type.tensor_type.shape.dim], RUNS)})
+        out = folder / f"{original.stem}.cx16_page.onnx"
+        attempt("convexport --dtype fp16 --input-data (one text image)",
+                lambda: convexport.optimize(str(original), output=str(out), dtype="fp16", profile=False,
+                                            input_data=str(page), made_up_inputs=False, device=device) and None,
+                out)  # fmt: skip
     convexport.optimize(str(original), output=str(fp32), profile=False, device=device)
     model = onnx.load(str(original))
     attempt("onnxconverter-common fp16", lambda: float16.convert_float_to_float16(model, keep_io_types=True),
@@ -454,6 +511,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, help="instead: the folded families over this many initialisations each")
     parser.add_argument("--bf16", action="store_true", help="instead: convexport --dtype bf16 on each model")
     parser.add_argument("--trained", type=Path, help="instead: the trained models of TRAINED, from this folder")
+    parser.add_argument("--text", action="store_true", help="with --trained: the OCR models on rendered text")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where convexport measures and where every file is run and timed")  # fmt: skip
     args = parser.parse_args()
@@ -477,6 +535,8 @@ def main() -> None:
         folder = Path(scratch)
         if args.trained:
             TRAINED_SITE.append(args.trained)
+        if args.text:
+            TEXT_SETS.append(True)
         names = args.only or list(TRAINED if args.trained else MODELS)
         for name, original, sets, exact in each_exported(names, folder):
             base = error_vs_exact(original, sets, exact, args.device)
