@@ -385,10 +385,12 @@ def _precision(precision: dict) -> str:
     and the float32 original's own, then every node kept float32 and why."""
     lines = "".join(f"<p class=sub>{_e(line.strip())}</p>" for line in precision_lines(precision, "below"))
     rounded = precision.get("weights_rounded")  # (not in a report of schema 1.0)
-    if rounded and rounded["keeping_row_sums"] + rounded["to_nearest"]:
+    if rounded and sum(rounded.values()):
+        moments = rounded.get("by_input_moments", 0)  # (schema 1.3)
+        by_moments = f"{moments} by their input's second moments, " if moments else ""
         lines += (
-            f"<p class=sub>weights: {rounded['keeping_row_sums']} rounded keeping each output's sum of its weights, "
-            f"{rounded['to_nearest']} to nearest</p>"
+            f"<p class=sub>weights: {by_moments}{rounded['keeping_row_sums']} rounded keeping each output's sum of "
+            f"its weights, {rounded['to_nearest']} to nearest</p>"
         )
     judged = precision["validation"]["outputs"].items()
     by_rounding = precision["validation"].get("bound_by") == "rounded"  # (schema 1.2)

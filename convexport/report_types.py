@@ -19,7 +19,7 @@ added, its major number for one removed, renamed or retyped.
 
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 
 
 # -- what several sections share ------------------------------------------------------------
@@ -317,6 +317,13 @@ class WeightsRounded(TypedDict):
 
     keeping_row_sums: Annotated[
         int, "weights a Conv, ConvTranspose, Gemm or MatMul sums into its outputs, rounded keeping each output's sum"
+    ]
+    by_input_moments: NotRequired[
+        Annotated[
+            int,
+            "such weights rounded instead by their input's second moments, each element to one of its two half "
+            "neighbours (from schema 1.3)",
+        ]
     ]
     to_nearest: Annotated[int, "the other constants stored in half precision, rounded to nearest"]
 

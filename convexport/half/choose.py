@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import onnx
@@ -62,12 +62,13 @@ from ..ir import proto_subgraphs
 from ..stats import flops_by_node
 from .cast_chains import MOVES_VALUES
 from .convert import Converted, PrecisionPlan, with_precision
+from .input_moments import input_moments
 from .kernels import lacking_kernels
 from .measure import NodeError, node_errors
 from .on_disk import handed_over, on_disk
 from .outputs import HalfRuns, OutputJudgement, judge_outputs
 from .rounded_run import lost_outputs, rounded_runs
-from .rounding import WeightRounding
+from .rounding import ROUNDING_WAYS, WeightRounding, weight_shapes
 from .slots import HALF_TYPES, DataSlots, NoHalfForm, data_slots, element_types
 
 FLOAT = TensorProto.FLOAT
@@ -85,6 +86,11 @@ TAIL_PRUNES = 4
 # tail was 0.7x the largest error at a third Cast, one more than onnxconverter-common's file;
 # a Cast costs a kernel launch and a pass over its tensor on a GPU)
 TAIL_CASTS_PER_OUTPUT = 0
+# step 4: the rounding by input moments is kept only where its outputs are this much nearer
+# (rms) than the other two's: its H is measured on the first input set, which is judged too,
+# and with few output elements (a pooled classifier's) the rms on three sets is noisy; within
+# the margin the rows' sums, which need no estimate, stay
+MOMENTS_MARGIN = 1 / 0.9
 # step 4: the FLOPs a float32 region grown to meet the bound may cost. A half model exists to
 # run faster; a region over a tenth of its FLOPs forfeits much of that for an error the model
 # has in half anyway (every real network measured needed 0-1% or 74-100%: bench/RESULTS.md)
@@ -124,7 +130,7 @@ class HalfPrecision:
     against: str  # "float64", or "float32" where no float64 reference was computed
     attempts: int = 1  # conversions judged, the bisection's included
     measured: int = 0  # nodes whose own error was measured
-    weights_rounded: tuple[int, int] = (0, 0)  # (keeping their rows' sums, to nearest): convert.Converted
+    weights_rounded: dict[str, int] = field(default_factory=dict)  # by way: convert.Converted
     # what the bound counts as the model's own error (module doc, step 4): the float32
     # original's ("float32"), or also the model's with every value rounded to half ("rounded")
     bound_by: str = "float32"
@@ -155,7 +161,7 @@ class HalfPrecision:
             "kept_float32": [kept.to_report() for kept in self.kept],
             "nodes_measured": self.measured,
             "attempts": self.attempts,
-            "weights_rounded": {"keeping_row_sums": self.weights_rounded[0], "to_nearest": self.weights_rounded[1]},
+            "weights_rounded": {way: self.weights_rounded.get(way, 0) for way in ROUNDING_WAYS},
             "validation": {
                 "passed": self.passed,
                 "against": self.against,
@@ -179,7 +185,7 @@ def to_half_precision(
     first input set), the nodes of each of `fused` (kernel, node names) in one precision."""
     choice = _Choice(model, HALF_TYPES[dtype], HALF_TYPES[dtype] if io_dtype == dtype else FLOAT, runs, device)
     kept = choice.kept_by_own_error(values, fused)
-    converted, judged = choice.nearer_rounding(choice.attempt(kept), kept)
+    converted, judged = choice.nearer_rounding(choice.attempt(kept), kept, values)
     if _over(judged) and choice.out_of_range:
         del converted  # an attempt that misses the bound goes before the next (a large one's files: on_disk.py)
         nodes = choice.model.graph.node
@@ -232,19 +238,30 @@ class _Choice:
         dtype = onnx.helper.tensor_dtype_to_np_dtype(self.half).name
         return converted, judge_outputs(converted.model, self.runs, dtype, self.device)
 
-    def nearer_rounding(self, first: Attempt, kept: dict[int, KeptFloat32]) -> Attempt:
+    def nearer_rounding(self, first: Attempt, kept: dict[int, KeptFloat32], values: dict[str, np.ndarray]) -> Attempt:
         """Step 4's first conversion, its weights rounded keeping their rows' sums (`first`),
-        and again rounded to nearest: the attempt whose outputs are nearer (_rounding_key), its
-        rounding kept for every later attempt. Only where there is a float64 reference to be
-        nearer to and a weight with rows."""
+        again rounded to nearest, and again rounded by their inputs' second moments on
+        `values` (where any weight has them: input_moments.py): the attempt whose outputs are
+        nearer (_rounding_key; the moments' by MOMENTS_MARGIN), its rounding kept for every later
+        attempt. Only where there is a float64 reference to be nearer to and a weight with rows."""
         if self.runs.against != "float64" or not self.rounding.rows:
             return first
-        kept_sums, self.rounding = self.rounding, self.rounding.to_nearest()
-        other = self.attempt(kept)
-        if _rounding_key(other[1]) < _rounding_key(first[1]):
-            return other
-        self.rounding = kept_sums
-        return first
+        best, best_rounding = first, self.rounding
+        del first  # a large model's attempt holds its weights (on_disk.py): one at a time beside the best
+        moments = input_moments(self.model.graph, self.rounding.rows, weight_shapes(self.model.graph), values)
+        others = [(self.rounding.to_nearest(), 1.0)]
+        if moments:
+            others.append((self.rounding.by_input_moments(moments), MOMENTS_MARGIN))
+        for rounding, margin in others:
+            self.rounding = rounding
+            other = self.attempt(kept)
+            if _rounding_key(other[1], margin) < _rounding_key(best[1]):
+                del best
+                best, best_rounding = other, rounding
+            else:
+                del other
+        self.rounding = best_rounding
+        return best
 
     def kept_by_own_error(self, values: dict[str, np.ndarray], fused) -> dict[int, KeptFloat32]:
         """Steps 1-3: the nodes that stay float32 before the outputs are judged."""
@@ -555,7 +572,7 @@ def _border_casts(model, candidates: dict[int, DataSlots], producer, tail: set[i
     return len(crossing)
 
 
-def _rounding_key(judged: dict[str, OutputJudgement]) -> tuple[bool, float]:
+def _rounding_key(judged: dict[str, OutputJudgement], margin: float = 1.0) -> tuple[bool, float]:
     """How step 4 ranks a rounding of the weights: within the bound first, then by the worst
     output's rms error over its rms. Rounding moves every weight, and the rms over every
     element of the input sets measures that steadily (on fresh input sets it came out within
@@ -563,7 +580,7 @@ def _rounding_key(judged: dict[str, OutputJudgement]) -> tuple[bool, float]:
     ranked the two roundings as they did on every one); the largest error is one element's draw
     (its choice was the further by rms on fresh sets on about one network in four:
     bench/RESULTS.md)."""
-    return _over(judged), max((judgement.rms_ratio for judgement in judged.values()), default=0.0)
+    return _over(judged), margin * max((judgement.rms_ratio for judgement in judged.values()), default=0.0)
 
 
 def _worst_ratio(judged: dict[str, OutputJudgement]) -> float:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,8 +43,8 @@ class Converted:
     model: onnx.ModelProto
     casts: int  # Cast nodes added, less the model's own that merged into them (cast_chains.py)
     half_nodes: int  # nodes computing in half
-    # stored constants in half: (rounded keeping their rows' sums, rounded to nearest)
-    weights_rounded: tuple[int, int] = (0, 0)
+    # stored constants in half, by how they were rounded (rounding.WeightRounding.way)
+    weights_rounded: dict[str, int] = field(default_factory=dict)
     files: contextlib.ExitStack | None = None  # the folder of a large model's weights (on_disk.py)
     removal: weakref.finalize | None = None  # removes it when the attempt is dropped
 
@@ -91,8 +92,8 @@ def with_precision(
     now = {**types, **home, **{cast.output[0]: want for (_, want), cast in casts.items()}}
     now.update({inner: home[name] for name, inner in renamed.items()})
     merged = merge_widening_casts(graph, now)
-    summed = sum(1 for name in stored if rounding.kept_sums(name))
-    return Converted(converted, len(casts) + len(renamed) - merged, len(plan.nodes), (summed, len(stored) - summed))
+    ways = Counter(rounding.way(name) for name in stored)
+    return Converted(converted, len(casts) + len(renamed) - merged, len(plan.nodes), dict(ways))
 
 
 def _readers_follow_their_inputs(graph, nodes, plan: PrecisionPlan) -> PrecisionPlan:
