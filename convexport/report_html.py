@@ -386,12 +386,13 @@ def _precision(precision: dict) -> str:
     lines = "".join(f"<p class=sub>{_e(line.strip())}</p>" for line in precision_lines(precision, "below"))
     rounded = precision.get("weights_rounded")  # (not in a report of schema 1.0)
     if rounded and sum(rounded.values()):
-        moments = rounded.get("by_input_moments", 0)  # (schema 1.3)
-        by_moments = f"{moments} by their input's second moments, " if moments else ""
-        lines += (
-            f"<p class=sub>weights: {by_moments}{rounded['keeping_row_sums']} rounded keeping each output's sum of "
-            f"its weights, {rounded['to_nearest']} to nearest</p>"
-        )
+        ways = {
+            "by_input_moments": "by their input's second moments",  # (schema 1.3)
+            "keeping_row_sums": "keeping each output's sum of its weights",
+            "to_nearest": "to nearest",
+        }
+        said = [f"{rounded[way]} {words}" for way, words in ways.items() if rounded.get(way)]
+        lines += f"<p class=sub>weights rounded: {_e(', '.join(said))}</p>"
     judged = precision["validation"]["outputs"].items()
     by_rounding = precision["validation"].get("bound_by") == "rounded"  # (schema 1.2)
     rows = "".join(
