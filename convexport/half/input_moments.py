@@ -21,8 +21,9 @@ element k costs d^2 H[k, k] + 2 d g[k] more for an error d, and the cheaper of i
 H comes from the float64 values of the made-up input set the stage measures nodes on, its
 correlations shrunk toward none as the vectors it is measured on are few (_shrunk_moments), and
 choose.py step 4 keeps this rounding only where the outputs, judged on every input set, are
-nearer with it. A weight is rounded so where it has one reader of its rows at input 1 (Conv, Gemm, MatMul
-with a 2-D weight), whose data input has a value, within the work allowed (MOMENT_WORK).
+nearer with it. A weight is rounded so where it has one reader, at input 1 (Conv, Gemm, MatMul
+with a 2-D weight), whose data input has a value, within the work allowed (MOMENT_WORK); the
+greedy pass brings the pull on the elements still to choose up to date GREEDY_BLOCK at a time.
 """
 
 from __future__ import annotations
