@@ -17,23 +17,25 @@ by a list of ops.
    into float where only float32 nodes read it (_movers_follow): each would cost Casts and
    round nothing of its own.
 4. The model is converted (convert.py) and its outputs judged against the exact result
-   (outputs.py): twice, where a weight has rows and there is a float64 reference, its weights
-   rounded keeping their rows' sums and to nearest (rounding.py), the rounding whose outputs
-   are nearer (within the bound, then by rms error) kept for what follows. Where they miss the
-   bound, by errors that each node kept within its own but that grow through the graph (an
-   ill-conditioned head: a difference of large terms), a float32 region grows back from the
-   outputs that missed it: their half-precision ancestors, nearest first (by their own error
-   among equals), as few as make the outputs meet the bound, found by bisection, within
-   REGION_FLOPS_SHARE of the model's FLOPs. Where none within it does, but keeping every
-   ancestor float32 would (a float32 interface: the outputs are then the float32 model's), the
-   error is spread through the model (a deep chain of convolutions, each layer's rounding
-   amplified by the next) and no cheap region removes it: the outputs are then judged against
-   the model with every value rounded to half (rounded_run.py) as well, whose error is what
-   half precision costs the model by itself, and a region grows, by the same bisection without
-   the share, only where they miss that bound too. Where that run puts an output further than
-   rounded_run.LOST_SHARE of its largest value, half precision loses it, and the region grows
-   as far as the float32 original's bound asks. (Before, such a model was kept float32 whole:
-   MobileOne-S0 with random weights, its 43 layers each 0.2-0.3 of their own bound.)
+   (outputs.py): where a weight has rows and there is a float64 reference, once with its
+   weights rounded each way (rounding.py: keeping their rows' sums, to nearest, and by their
+   inputs' second moments where any has them, input_moments.py), the rounding whose outputs are
+   nearer (within the bound, then by rms error; the moments' by MOMENTS_MARGIN) kept for what
+   follows. Where they miss the bound, by errors that each node kept within its own but that
+   grow through the graph (an ill-conditioned head: a difference of large terms), a float32
+   region grows back from the outputs that missed it: their half-precision ancestors, nearest
+   first (by their own error among equals), as few as make the outputs meet the bound, found by
+   bisection, within REGION_FLOPS_SHARE of the model's FLOPs. Where none within it does, but
+   keeping every ancestor float32 would (a float32 interface: the outputs are then the float32
+   model's), the error is spread through the model (a deep chain of convolutions, each layer's
+   rounding amplified by the next) and no cheap region removes it: the outputs are then judged
+   against the model with every value rounded to half (rounded_run.py) as well, whose error is
+   what half precision costs the model by itself, and a region grows, by the same bisection
+   without the share, only where they miss that bound too. Where that run puts an output
+   further than rounded_run.LOST_SHARE of its largest value, half precision loses it, and the
+   region grows as far as the float32 original's bound asks. (Before, such a model was kept
+   float32 whole: MobileOne-S0 with random weights, its 43 layers each 0.2-0.3 of their own
+   bound.)
 5. Where float32 is cheap and measurably closer, it is taken: the nodes nearest the outputs in
    FLOPs (each node's own and those on its cheapest path to an output: a detector's box
    decoding, whose distances float16 rounds to a 2048th of themselves before they are scaled to
