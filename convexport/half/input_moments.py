@@ -64,7 +64,7 @@ def input_moments(
         if len(read) != 1 or read[0][1] != 1 or read[0][0].input[0] not in values:
             continue
         node, shape = read[0][0], shapes[name]
-        row_count = shape[0] if node.op_type == "Conv" else _columns(node, shape)
+        row_count = rows[name].count(shape)
         width = math.prod(shape) // max(row_count, 1)
         work = row_count * width * width
         if work > MOMENT_WORK or spent + work > MODEL_MOMENT_WORK:
@@ -138,12 +138,6 @@ def _greedy_flips(exact: np.ndarray, half: np.dtype, second: np.ndarray) -> np.n
     unordered = np.empty_like(flipped)
     unordered[:, order] = flipped
     return unordered
-
-
-def _columns(node: onnx.NodeProto, shape: tuple[int, ...]) -> int:
-    """The output columns a Gemm's or MatMul's 2-D weight (input 1) has."""
-    transposed = any(a.name == "transB" and a.i for a in node.attribute) if node.op_type == "Gemm" else False
-    return shape[0] if transposed else shape[-1]
 
 
 def _patches(node: onnx.NodeProto, data: np.ndarray, shape: tuple[int, ...]) -> list[np.ndarray] | None:

@@ -26,6 +26,7 @@ different axes, is rounded to nearest.
 
 from __future__ import annotations
 
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,9 +48,11 @@ class Rows:
     kept: int
 
     def matrix(self, values: np.ndarray) -> np.ndarray:
-        moved = values.transpose(self.order)
-        rows = int(np.prod(moved.shape[: self.kept], dtype=np.int64))
-        return moved.reshape(rows, -1)
+        return values.transpose(self.order).reshape(self.count(values.shape), -1)
+
+    def count(self, shape: tuple[int, ...]) -> int:
+        """How many rows a weight of `shape` has."""
+        return math.prod(shape[axis] for axis in self.order[: self.kept])
 
     def original_positions(self, flat: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         """Flat positions in the matrix of an array of `shape`, as flat positions in the array."""
