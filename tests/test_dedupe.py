@@ -71,3 +71,43 @@ def test_a_subgraph_reading_the_copy_reads_the_first():
     deduplicated = deduplicate_initializers(model)
     assert deduplicated.merged == 1
     np.testing.assert_array_equal(run(deduplicated.model, {"c": np.array(True)})[0], WEIGHT)
+
+
+def branches_with_own(then_weight, else_weight, then_name="a", else_name="b"):
+    """If(c) whose branches each return Identity of an initializer of their own."""
+    shape = list(WEIGHT.shape)
+
+    def branch(name, weight, label):
+        return helper.make_graph([helper.make_node("Identity", [name], [label])], label, [],
+                                 [helper.make_tensor_value_info(label, onnx.TensorProto.FLOAT, shape)],
+                                 [numpy_helper.from_array(weight, name)])
+
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["z"], then_branch=branch(then_name, then_weight, "t"),
+                          else_branch=branch(else_name, else_weight, "e"))], "g",
+        [helper.make_tensor_value_info("c", onnx.TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, shape)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=IR_VERSION)
+
+
+def _branch_initializers(model):
+    return [[init.name for init in attribute.g.initializer] for attribute in model.graph.node[0].attribute]
+
+
+def test_equal_weights_of_two_branches_are_written_once_in_the_main_graph():
+    """The same fold made in both branches of an optimum merged decoder: neither branch sees
+    the other's, so the one kept moves to the main graph."""
+    for then_name, else_name in (("a", "b"), ("w", "w")):  # the same name in both: a new one in the main graph
+        model = branches_with_own(WEIGHT, WEIGHT.copy(), then_name, else_name)
+        deduplicated = deduplicate_initializers(model)
+        assert deduplicated.merged == 1 and deduplicated.bytes_saved == WEIGHT.nbytes
+        written = deduplicated.model
+        onnx.checker.check_model(written, full_check=True)
+        assert len(written.graph.initializer) == 1 and _branch_initializers(written) == [[], []]
+        for condition in (True, False):
+            np.testing.assert_array_equal(run(written, {"c": np.array(condition)})[0], WEIGHT)
+
+
+def test_branches_weights_of_one_name_but_other_values_stay_in_their_branches():
+    model = branches_with_own(WEIGHT, WEIGHT + 1, "w", "w")
+    assert deduplicate_initializers(model).merged == 0

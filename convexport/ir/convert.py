@@ -95,8 +95,10 @@ def export_graph(graph: gs.Graph, template: onnx.ModelProto) -> onnx.ModelProto:
         for node in scope.nodes:  # a Constant node's value, an attribute holding a tensor
             for value in node.attrs.values():
                 _owned_if_renamed(value)
+    shared = _constants_read_in_several_scopes(graph)
     with _weights_held_back(graph) as held_back:
         model = gs.export_onnx(graph, do_type_check=False, opset_imports=_opset_imports(graph, template))
+        _written_once(model.graph, shared)
         _write_held_back(model, held_back)
     input_names = {t.name for t in graph.inputs}
     model.graph.initializer.extend(init for init in overridable_initializers(template) if init.name in input_names)
@@ -110,6 +112,36 @@ def export_graph(graph: gs.Graph, template: onnx.ModelProto) -> onnx.ModelProto:
     if provenance is not None:
         provenance.restore(model)
     return model
+
+
+def _constants_read_in_several_scopes(graph: gs.Graph) -> set[str]:
+    """The names of the constants that nodes of more than one scope read (an optimum merged
+    decoder's weights, read by both of its If's branches; a weight read by a main-graph node
+    and inside a Loop body), each the name of one constant only. gs's exporter writes a
+    constant as an initializer of every scope whose nodes read it, and of no other: the main
+    graph drops a weight only its subgraphs read, and each branch gets a copy of its own."""
+    scopes: dict[int, int] = {}
+    owners: dict[str, set[int]] = {}
+    for scope in all_graphs(graph):
+        for tensor in scope.tensors().values():
+            if isinstance(tensor, gs.Constant):
+                scopes[id(tensor)] = scopes.get(id(tensor), 0) + 1
+                owners.setdefault(tensor.name, set()).add(id(tensor))
+    return {name for name, ids in owners.items() if len(ids) == 1 and scopes[next(iter(ids))] > 1}
+
+
+def _written_once(graph: onnx.GraphProto, shared: set[str]) -> None:
+    """Each of the `shared` constants (_constants_read_in_several_scopes) as one initializer of
+    the main graph, where every scope sees it, instead of one per scope that reads it."""
+    main = {init.name for init in graph.initializer}
+    for scope in proto_scopes(graph)[1:]:
+        for index in reversed(range(len(scope.initializer))):
+            initializer = scope.initializer[index]
+            if initializer.name in shared:
+                if initializer.name not in main:
+                    graph.initializer.add().CopyFrom(initializer)
+                    main.add(initializer.name)
+                del scope.initializer[index]
 
 
 # An array this large is written into the exported model's proto directly (_weights_held_back)
@@ -155,11 +187,13 @@ def _write_held_back(model: onnx.ModelProto, held: dict) -> None:
                 del values
 
 
-def _owned_if_renamed(tensor: gs.Tensor) -> None:
+def _owned_if_renamed(tensor) -> None:
     """gs's exporter gives a constant whose values were never read the imported proto itself,
     its name set in place to the tensor's: a renamed one, or an attribute's unnamed tensor
     (setting "" marks the field set), gets a copy of its proto first, so that the model
     import_graph read never changes."""
+    if not isinstance(tensor, gs.Constant):  # an attribute's subgraph: gs.Graph logs an error for getattr
+        return
     values = getattr(tensor, "_values", None)  # gs keeps unread values as LazyValues over the proto
     if not isinstance(values, gs.ir.tensor.LazyValues) or not isinstance(values.tensor, onnx.TensorProto):
         return

@@ -1,19 +1,22 @@
 """Equal initializers as one: exporters and folds leave copies of a weight (a constant shared
-by several nodes written once per use, the TorchScript exporter's copies of a tied weight), and
-each copy is as large in the written file as the first. Two initializers are equal when their
-type, dims and bytes are; readers of a copy read the first instead. An initializer that is also
-a graph input (a default the caller may override) stays as it is.
+by several nodes written once per use, the TorchScript exporter's copies of a tied weight, the
+same fold made in both branches of an optimum merged decoder's If), and each copy is as large in
+the written file as the first. Two initializers are equal when their type, dims and bytes are;
+readers of a copy read the first instead. Copies in different scopes (an If's branches, a Loop's
+body) are written once in the main graph, which every scope sees. An initializer that is also a
+graph input (a default the caller may override) stays as it is.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 from dataclasses import dataclass
 
 import onnx
 
 from .convert import overridable_initializers
-from .scopes import proto_scopes
+from .scopes import proto_scopes, proto_subgraphs
 
 
 @dataclass(frozen=True)
@@ -23,44 +26,118 @@ class Deduplicated:
     bytes_saved: int
 
 
+@dataclass(frozen=True)
+class _Placed:
+    """An initializer by where it is: its scope's index in proto_scopes order, and its name."""
+
+    scope: int
+    name: str
+
+
 def deduplicate_initializers(model: onnx.ModelProto) -> Deduplicated:
-    graph = model.graph
-    overridable = {init.name for init in overridable_initializers(model)}
-    first: dict[tuple, onnx.TensorProto] = {}
-    renamed: dict[str, str] = {}
-    saved = 0
-    for initializer in graph.initializer:
-        if initializer.name in overridable or initializer.data_location == onnx.TensorProto.EXTERNAL:
-            continue
-        content = _content(initializer)
-        key = (initializer.data_type, tuple(initializer.dims), hashlib.sha256(content).digest())
-        kept = first.setdefault(key, initializer)
-        if kept is not initializer and _content(kept) == content:
-            renamed[initializer.name] = kept.name
-            saved += len(content)
-    if not renamed:
+    copies, saved = _copies(model)
+    if not copies:
         return Deduplicated(model, 0, 0)
     result = onnx.ModelProto()
     result.CopyFrom(model)
-    _drop_named(result.graph.initializer, renamed)
-    _drop_named(result.graph.value_info, renamed)
-    outputs = {value.name for value in result.graph.output}
-    for scope in proto_scopes(result.graph):
-        defined_here = _defines(scope, renamed) if scope is not result.graph else set()
-        for node in scope.node:
-            for index, name in enumerate(node.input):
-                if name in renamed and name not in defined_here:
-                    node.input[index] = renamed[name]
-    _keep_graph_outputs(result.graph, renamed, outputs)
-    return Deduplicated(result, len(renamed), saved)
+    scopes = proto_scopes(result.graph)
+    taken = _defined_names(scopes)
+    kept_as: dict[_Placed, str] = {}  # a kept initializer -> its name where it is now
+    renamed: dict[int, dict[str, str]] = {}  # scope -> its reads to rename
+    for copy, kept in copies.items():
+        if kept not in kept_as:
+            kept_as[kept] = kept.name
+            if _spans_scopes(kept, copies):
+                kept_as[kept] = _hoisted(scopes, kept, taken)
+                if kept_as[kept] != kept.name:
+                    renamed.setdefault(kept.scope, {})[kept.name] = kept_as[kept]
+        _drop(scopes[copy.scope], copy.name)
+        renamed.setdefault(copy.scope, {})[copy.name] = kept_as[kept]
+    for index, names in renamed.items():
+        _redirect(scopes[index], names)
+    return Deduplicated(result, len(copies), saved)
 
 
-def _drop_named(entries, names) -> None:
-    """Delete the entries of a repeated field whose name is in `names`, in place (the others,
-    weights of any size, are not copied)."""
-    for index in reversed(range(len(entries))):
-        if entries[index].name in names:
-            del entries[index]
+def _copies(model: onnx.ModelProto) -> tuple[dict[_Placed, _Placed], int]:
+    """Each initializer that equals one before it (the main graph's first, then each scope's,
+    outermost first) -> that one; and the copies' bytes."""
+    overridable = {init.name for init in overridable_initializers(model)}
+    first: dict[tuple, tuple[_Placed, onnx.TensorProto]] = {}
+    copies: dict[_Placed, _Placed] = {}
+    saved = 0
+    for index, scope in enumerate(proto_scopes(model.graph)):
+        inputs = overridable if index == 0 else {value.name for value in scope.input}
+        for initializer in scope.initializer:
+            if initializer.name in inputs or initializer.data_location == onnx.TensorProto.EXTERNAL:
+                continue
+            content = _content(initializer)
+            key = (initializer.data_type, tuple(initializer.dims), hashlib.sha256(content).digest())
+            placed = _Placed(index, initializer.name)
+            kept, kept_proto = first.setdefault(key, (placed, initializer))
+            if kept != placed and _content(kept_proto) == content:
+                copies[placed] = kept
+                saved += len(content)
+    return copies, saved
+
+
+def _spans_scopes(kept: _Placed, copies: dict[_Placed, _Placed]) -> bool:
+    """Whether a copy of `kept`, a subgraph's initializer, is in another scope (which may not
+    see it: a sibling branch)."""
+    return kept.scope != 0 and any(k == kept and copy.scope != kept.scope for copy, k in copies.items())
+
+
+def _hoisted(scopes: list[onnx.GraphProto], kept: _Placed, taken: set[str]) -> str:
+    """`kept` moved from its subgraph into the main graph: its name there, a new one where
+    another scope defines its own (a name may not stand for two values where both are seen)."""
+    scope = scopes[kept.scope]
+    moved = onnx.TensorProto()
+    moved.CopyFrom(next(init for init in scope.initializer if init.name == kept.name))
+    _drop(scope, kept.name)
+    if any(kept.name in _own_names(other) for other in scopes):
+        moved.name = next(name for n in itertools.count() if (name := f"{kept.name}__shared{n}") not in taken)
+        taken.add(moved.name)
+    scopes[0].initializer.append(moved)
+    return moved.name
+
+
+def _drop(scope: onnx.GraphProto, name: str) -> None:
+    """The initializer `name` of `scope`, and its value_info, deleted in place (the other
+    entries, weights of any size, are not copied)."""
+    for entries in (scope.initializer, scope.value_info):
+        for index in reversed(range(len(entries))):
+            if entries[index].name == name:
+                del entries[index]
+
+
+def _redirect(scope: onnx.GraphProto, names: dict[str, str]) -> None:
+    """Reads of each old name of `names` in `scope`, and in the subgraphs under it that do not
+    define their own, read its new name; where an old name is an output of `scope`, an Identity
+    of the new gives it (an output keeps its name)."""
+    _rename_reads(scope, names)
+    for name in (value.name for value in scope.output if value.name in names):
+        scope.node.append(onnx.helper.make_node("Identity", [names[name]], [name], name=f"{name}_copy"))
+
+
+def _rename_reads(scope: onnx.GraphProto, names: dict[str, str]) -> None:
+    for node in scope.node:
+        for index, name in enumerate(node.input):
+            if name in names:
+                node.input[index] = names[name]
+        for sub in proto_subgraphs(node):
+            own = _own_names(sub)
+            inherited = {old: new for old, new in names.items() if old not in own}
+            if inherited:
+                _rename_reads(sub, inherited)
+
+
+def _own_names(scope: onnx.GraphProto) -> set[str]:
+    """The names `scope` defines itself (inputs, initializers, its nodes' outputs)."""
+    own = {value.name for value in scope.input} | {init.name for init in scope.initializer}
+    return own | {output for node in scope.node for output in node.output}
+
+
+def _defined_names(scopes: list[onnx.GraphProto]) -> set[str]:
+    return set().union(*(_own_names(scope) for scope in scopes))
 
 
 def _content(tensor: onnx.TensorProto) -> bytes:
@@ -71,16 +148,3 @@ def _content(tensor: onnx.TensorProto) -> bytes:
     unnamed.CopyFrom(tensor)
     unnamed.name = ""
     return unnamed.SerializeToString()
-
-
-def _defines(scope: onnx.GraphProto, names) -> set[str]:
-    """The names a subgraph defines itself (shadowing the outer scope's)."""
-    own = {value.name for value in scope.input} | {init.name for init in scope.initializer}
-    own |= {output for node in scope.node for output in node.output}
-    return own & set(names)
-
-
-def _keep_graph_outputs(graph: onnx.GraphProto, renamed: dict[str, str], outputs: set[str]) -> None:
-    """A copy that is itself a graph output keeps its name: an Identity of the first gives it."""
-    for name in sorted(set(renamed) & outputs):
-        graph.node.append(onnx.helper.make_node("Identity", [renamed[name]], [name], name=f"{name}_copy"))
