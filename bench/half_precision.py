@@ -301,6 +301,8 @@ def error_vs_exact(
         fed = {k: v.astype(np.float16) if kinds[k] == "tensor(float16)" else v for k, v in feeds.items()}
         for got, want in zip(session.run(None, fed), expected):
             got = np.asarray(got).astype(np.float64)
+            if got.size == 0:  # a merged decoder's present of the branch not taken
+                continue
             if not np.all(np.isfinite(got)):
                 return float("inf"), float("inf")
             scale = max(rms(want), 1e-300)

@@ -2,6 +2,7 @@
 convexport -> ONNX Runtime's transformer optimizer, against optimum's export -> the optimizer.
 
     PYTHONPATH=/path/to/hf/packages .venv/bin/python bench/transformer_pipeline.py [--only NAME] [--write FILE]
+    PYTHONPATH=/path/to/hf/packages:FP16_PACKAGES .venv/bin/python bench/transformer_pipeline.py --dtype fp16
 
 Needs transformers 4.57 and optimum-onnx 0.1 (installed with `pip install --no-deps --target`,
 not in convexport's environment; README "Benchmarks"). The models are small random configs
@@ -28,6 +29,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
@@ -156,6 +158,7 @@ def export(name: str, folder: Path) -> list[tuple[str, Path, str]]:
     """optimum's files for one model: (label, path, the optimizer's model type)."""
     from optimum.exporters.onnx import onnx_export_from_model
 
+    torch.manual_seed(0)  # the random config's own initialisation, before _perturbed's: a rerun gives the same model
     model, task, model_type = MODELS[name]()
     onnx_export_from_model(_perturbed(model), output=folder, task=task, do_validation=False)
     return [(f"{name}/{path.stem}", path, model_type) for path in sorted(folder.glob("*.onnx"))]
@@ -214,11 +217,106 @@ def latency(paths: list[Path], inputs: dict, rounds: int = 21, round_s: float = 
     return [statistics.median(t) for t in times]
 
 
+def casts(path: Path) -> int:
+    return sum(node.op_type == "Cast" for node in onnx.load(str(path), load_external_data=False).graph.node)
+
+
+def _right_padded(feeds: dict) -> dict:
+    """`feeds` with each attention mask's ones moved to the start of its row, as a tokenizer pads
+    on the right: the optimizer's fused Attention reads a BERT mask as each row's length (its
+    mask index), so a made-up mask of scattered ones puts the fused model 18% off (float32)."""
+    for name, mask in feeds.items():
+        if "attention_mask" in name and mask.ndim == 2:
+            lengths = np.maximum(mask.sum(axis=1, keepdims=True), 1)
+            feeds[name] = (np.arange(mask.shape[1])[None, :] < lengths).astype(mask.dtype)
+    return feeds
+
+
+def half_rows(names: list[str]) -> list[str]:
+    """--dtype fp16 (issue 52): per optimum file, convexport --dtype fp16 against the peers'
+    float16 of the export (onnxconverter-common's convert_float_to_float16, ONNX Runtime's
+    optimizer for the CPU then its float16 conversion, both keep_io_types): whether ONNX Runtime
+    runs it (CPU), its error against the export's float64 result on three input sets made up as
+    convexport makes them but from half_precision.py's held-out seeds (every dynamic dim 8; the
+    masks right-padded),
+    its Casts, and what the optimizer fuses (use_gpu=True: float16 is what it runs there) in the
+    float32 export and in convexport's file."""
+    from half_precision import HELD_OUT, RUNS, _quietly, error_vs_exact
+    from onnxconverter_common import float16
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    from convexport.float64 import Float64Evaluator
+
+    rows = ["| file | tool | runs | max error / rms | rms error / rms | Casts | fused (use_gpu=True) |",
+            "|---|---|---|---|---|---|---|"]  # fmt: skip
+
+    def gpu_fused(path: Path, model_type: str) -> str:
+        optimized = _quietly(lambda: optimize_model(str(path), model_type=model_type, use_gpu=True, opt_level=0))
+        counts = Counter(node.op_type for node in optimized.model.graph.node if node.op_type in FUSED)
+        return ", ".join(f"{n} {op}" for op, n in sorted(counts.items())) or "none"
+
+    def ort_route(path: Path, model_type: str) -> onnx.ModelProto:
+        optimized = _quietly(lambda: optimize_model(str(path), model_type=model_type, use_gpu=False))
+        optimized.convert_float_to_float16(keep_io_types=True)
+        return optimized.model
+
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in names:
+            for label, path, model_type in _quietly(lambda: export(name, Path(scratch) / name)):
+                specs = sized_by_running(onnx.load(str(path)), graph_input_specs(onnx.load(str(path))))
+                sets = [_right_padded(random_inputs(specs, seed=HELD_OUT + seed, dynamic_size=8)) for seed in range(RUNS)]
+                evaluator = Float64Evaluator(onnx.load(str(path)))
+                exact = [evaluator.run(feeds) for feeds in sets]
+                merged = "merged" in label  # an If over two graphs: the optimizer fuses inside neither
+                made = {}
+                out = path.with_name(path.stem + ".cx16.onnx")
+                result = _quietly(lambda: convexport.optimize(str(path), output=str(out), profile=False, dtype="fp16"))
+                made["convexport --dtype fp16"] = out
+                peers = (("onnxconverter-common fp16",
+                          lambda: float16.convert_float_to_float16(onnx.load(str(path)), keep_io_types=True)),
+                         ("ORT transformer optimizer fp16", lambda: ort_route(path, model_type)))  # fmt: skip
+                for tool, build in peers:
+                    if merged and tool.startswith("ORT"):
+                        continue
+                    try:
+                        target = path.with_name(f"{path.stem}.{len(made)}.onnx")
+                        onnx.save(_quietly(build), str(target))
+                        made[tool] = target
+                    except Exception as exc:  # the tool's own failure is the result
+                        made[tool] = f"fails: {type(exc).__name__}: {str(exc).splitlines()[0][:60]}"
+                rows.append(f"| {label} | float32 export | | | | {casts(path)} | "
+                            f"{'(If)' if merged else gpu_fused(path, model_type)} |")  # fmt: skip
+                for tool, made_path in made.items():
+                    if isinstance(made_path, str):
+                        rows.append(f"| {label} | {tool} | {made_path} | | | | |")
+                        continue
+                    try:
+                        worst, typical = error_vs_exact(made_path, sets, exact)
+                    except Exception as exc:
+                        rows.append(f"| {label} | {tool} | no: {str(exc).splitlines()[0][:60]} | | | | |")
+                        continue
+                    fused_here = "" if merged or tool != "convexport --dtype fp16" else gpu_fused(made_path, model_type)
+                    if tool == "convexport --dtype fp16" and result.report["precision"]["nodes_half"] == 0:
+                        fused_here = "kept float32: " + result.report["precision"]["kept_float32"][0]["reason"]
+                    rows.append(f"| {label} | {tool} | yes | {worst:.2e} | {typical:.2e} | {casts(made_path)} "
+                                f"| {fused_here} |")  # fmt: skip
+                print("\n".join(rows[-len(made) - 1 :]), flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", action="append")
     parser.add_argument("--write")
+    parser.add_argument("--dtype", choices=["fp16"], help="instead: convexport --dtype fp16 against the peers (needs "
+                        "onnxconverter-common on PYTHONPATH, bench/half_precision.py's)")  # fmt: skip
     args = parser.parse_args()
+    if args.dtype:
+        table = "\n".join(half_rows(args.only or list(MODELS)))
+        print(table)
+        if args.write:
+            Path(args.write).write_text(table + "\n")
+        return
     rows = [
         "| model | optimizer alone: fused | convexport then optimizer: fused | interface same | "
         "ms optimizer alone | ms convexport + optimizer | ratio |",
