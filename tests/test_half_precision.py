@@ -88,7 +88,7 @@ def test_a_conv_net_in_float16_keeps_a_float32_interface_and_casts_only_there(tm
     casts = [node for node in half.graph.node if node.op_type == "Cast"]
     assert len(casts) == precision["casts"] == 2  # the interface's: a float32 tail moves the last one, adds none
     assert half.graph.node[0].op_type == "Cast"
-    # the nodes after the second Cast are the float32 tail (choose.py, step 5), each listed with its reason
+    # the nodes after the second Cast are the float32 tail (half/tails.py, choose.py step 5), each listed with its reason
     tail = half.graph.node[[n.op_type for n in half.graph.node].index("Cast", 1) + 1 :]
     assert [kept["node"] for kept in precision["kept_float32"]] == [node.output[0] for node in tail]
     assert all("float32 tail" in kept["reason"] for kept in precision["kept_float32"])
@@ -479,13 +479,13 @@ def test_an_encoders_fusions_survive_float16(tmp_path, monkeypatch, tail):
     stop the fusions (optimum's BERT with LoRA lost both Attentions so)."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    from convexport.half import choose
+    from convexport.half import tails
     from test_transformer_pipeline import FUSED, export_encoder
 
     if tail == "any":
-        monkeypatch.setattr(choose, "TAIL_GAIN", float("inf"))
-        monkeypatch.setattr(choose, "TAIL_FLOPS_SHARE", 0.5)
-        monkeypatch.setattr(choose, "TAIL_CASTS_PER_OUTPUT", 1000)
+        monkeypatch.setattr(tails, "TAIL_GAIN", float("inf"))
+        monkeypatch.setattr(tails, "TAIL_FLOPS_SHARE", 0.5)
+        monkeypatch.setattr(tails, "TAIL_CASTS_PER_OUTPUT", 1000)
     path = export_encoder(tmp_path)
     convexport.optimize(path, output=str(tmp_path / "o32.onnx"), profile=False)
     result = convexport.optimize(path, output=str(tmp_path / "o16.onnx"), profile=False, dtype="fp16")
@@ -795,7 +795,7 @@ def test_a_detectors_box_distances_stay_float32_where_that_brings_its_boxes_near
     float64 after it (cast_chains.py), so it costs no Cast: the file has as many as the
     conversion with no tail. Checked against that conversion on fresh images."""
     import detectors
-    from convexport.half import choose
+    from convexport.half import tails
 
     path = tmp_path / "detector.onnx"
     torch.onnx.export(detectors.tiny_yolo(), (torch.rand(1, 3, 64, 64),), str(path), input_names=["x"], dynamo=False,
@@ -808,7 +808,7 @@ def test_a_detectors_box_distances_stay_float32_where_that_brings_its_boxes_near
         return result.report["precision"], out
 
     with_tail, tailed = written("tail.onnx")
-    monkeypatch.setattr(choose, "TAIL_FLOPS_SHARE", 0.0)
+    monkeypatch.setattr(tails, "TAIL_FLOPS_SHARE", 0.0)
     without, plain = written("plain.onnx")
     assert with_tail["validation"]["passed"] and without["kept_float32"] == []
     kept = with_tail["kept_float32"]
@@ -838,10 +838,10 @@ def test_a_float32_tail_that_costs_a_cast_per_branch_is_left_out(tmp_path, monke
     """The Concat in float32 brings the output nearer (taken where Casts are not counted), but
     costs four Casts where the output's one was: three over TAIL_CASTS_PER_OUTPUT, so the model
     stays float16 up to its output Cast."""
-    from convexport.half import choose
+    from convexport.half import tails
 
     if casts_per_output is not None:
-        monkeypatch.setattr(choose, "TAIL_CASTS_PER_OUTPUT", casts_per_output)
+        monkeypatch.setattr(tails, "TAIL_CASTS_PER_OUTPUT", casts_per_output)
     result, half = optimized_in_half(_four_branches(), tmp_path)
     precision = result.report["precision"]
     casts = Counter(node.op_type for node in half.graph.node)["Cast"]

@@ -17,7 +17,8 @@ from ..exact_check import ExactReference, exact_reference
 from ..float64 import Float64Evaluator, Float64Unavailable
 from ..inputs import InputSpec
 from ..runtime import checked_run, create_session
-from .choose import HalfPrecision, KeptFloat32, to_half_precision
+from .choose import HalfPrecision, to_half_precision
+from .kept import KeptFloat32
 from .outputs import HalfRuns
 from .slots import element_types
 

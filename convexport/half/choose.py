@@ -36,23 +36,13 @@ by a list of ops.
    region grows as far as the float32 original's bound asks. (Before, such a model was kept
    float32 whole: MobileOne-S0 with random weights, its 43 layers each 0.2-0.3 of their own
    bound.)
-5. Where float32 is cheap and measurably closer, it is taken: the nodes nearest the outputs in
-   FLOPs (each node's own and those on its cheapest path to an output: a detector's box
-   decoding, whose distances float16 rounds to a 2048th of themselves before they are scaled to
-   pixels) are tried float32 in growing sets, those within TAIL_FLOPS_SHARE of the model's
-   FLOPs over 4^k of an output, while the set's FLOPs stay within TAIL_FLOPS_SHARE. A set that
-   brings the outputs nearer (each output's error over its bound, the worst) by TAIL_GAIN or
-   more is first pruned: each part of it that only its own Casts feed (a classifier's scores
-   beside the boxes) goes back to half where that saves Casts and leaves the outputs within
-   TAIL_SLACK of as near. It is kept where it then adds at most TAIL_CASTS_PER_OUTPUT Casts per
-   output (none: it moves the output's Cast); no set reaches a runtime fusion's nodes or what
-   they read (step 3: a Cast there stops the fusion).
+5. Where float32 is cheap and measurably closer, it is taken: a float32 tail at the outputs
+   (tails.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -65,29 +55,17 @@ from ..stats import flops_by_node
 from .cast_chains import MOVES_VALUES
 from .convert import Converted, PrecisionPlan, with_precision
 from .input_moments import input_moments
+from .kept import KeptFloat32
 from .kernels import lacking_kernels
 from .measure import NodeError, node_errors
 from .on_disk import handed_over, on_disk
-from .outputs import HalfRuns, OutputJudgement, judge_outputs
+from .outputs import HalfRuns, OutputJudgement, judge_outputs, over_bound
 from .rounded_run import lost_outputs, rounded_runs
 from .rounding import ROUNDING_WAYS, WeightRounding, weight_shapes
 from .slots import HALF_TYPES, DataSlots, NoHalfForm, data_slots, element_types
+from .tails import closer_tail
 
 FLOAT = TensorProto.FLOAT
-# step 5 (module doc): the float32 tail may cost this share of the model's FLOPs, and is taken
-# where it brings the outputs' error to this fraction of what it is without it or less; its
-# sets are those within the share over 4^k of an output, k < TAIL_RUNGS (each rung one
-# conversion judged); a part of it goes back to half where the outputs stay within TAIL_SLACK
-# of the error with it, at most TAIL_PRUNES parts tried in all
-TAIL_FLOPS_SHARE = 0.01
-TAIL_GAIN = 0.8
-TAIL_RUNGS = 6
-TAIL_SLACK = 1.05
-TAIL_PRUNES = 4
-# the Casts a tail may add per output: none, it may only move the output's Cast (seed 000's
-# tail was 0.7x the largest error at a third Cast, one more than onnxconverter-common's file;
-# a Cast costs a kernel launch and a pass over its tensor on a GPU)
-TAIL_CASTS_PER_OUTPUT = 0
 # step 4: the rounding by input moments is kept only where its outputs are this much nearer
 # (rms) than the other two's: its H is measured on the first input set, which is judged too,
 # and with few output elements (a pooled classifier's) the rms on three sets is noisy; within
@@ -97,25 +75,6 @@ MOMENTS_MARGIN = 1 / 0.9
 # run faster; a region over a tenth of its FLOPs forfeits much of that for an error the model
 # has in half anyway (every real network measured needed 0-1% or 74-100%: bench/RESULTS.md)
 REGION_FLOPS_SHARE = 0.1
-
-
-@dataclass
-class KeptFloat32:
-    """A node with float data that stays float32, and why (its measured error where it has one)."""
-
-    node: str
-    op: str
-    reason: str
-    error: float | None = None
-    bound: float | None = None
-
-    @classmethod
-    def of(cls, node: onnx.NodeProto, reason: str, error: float | None = None, bound: float | None = None):
-        """The entry of `node`, named by its name or, where it has none, its first output."""
-        return cls(node.name or node.output[0], node.op_type, reason, error, bound)
-
-    def to_report(self) -> dict:
-        return dict(vars(self))
 
 
 @dataclass
@@ -188,15 +147,15 @@ def to_half_precision(
     choice = _Choice(model, HALF_TYPES[dtype], HALF_TYPES[dtype] if io_dtype == dtype else FLOAT, runs, device)
     kept = choice.kept_by_own_error(values, fused)
     converted, judged = choice.nearer_rounding(choice.attempt(kept), kept, values)
-    if _over(judged) and choice.out_of_range:
+    if over_bound(judged) and choice.out_of_range:
         del converted  # an attempt that misses the bound goes before the next (a large one's files: on_disk.py)
         nodes = choice.model.graph.node
         kept = choice.with_regions({**kept, **{i: _kept_for_range(nodes[i]) for i in choice.out_of_range}})
         converted, judged = choice.attempt(kept)
-    if _over(judged):
+    if over_bound(judged):
         del converted
         kept, (converted, judged) = choice.grown_to_bound(kept, judged)
-    tail = choice.closer_tail(kept, judged, converted.casts)
+    tail = closer_tail(choice, kept, judged, converted.casts)
     if tail is not None:
         kept, (converted, judged) = tail
     listed = [kept[i] for i in sorted(kept)]
@@ -329,7 +288,7 @@ class _Choice:
         if self.io_type != FLOAT:  # a half interface: the float32 model's outputs are not within reach
             everything = self._keeping(kept, ranked, len(ranked), judged)
             result = self.attempt(everything)
-            if _over(result[1]):
+            if over_bound(result[1]):
                 return everything, result
         rounded = replace(self.runs, rounded=self._rounded_runs())
         wanted = [exact or float32 for exact, float32 in zip(self.runs.exact, self.runs.float32)]
@@ -337,7 +296,7 @@ class _Choice:
             return self._bisected(kept, ranked, judged, len(ranked))
         self.bound_by, self.runs = "rounded", rounded
         result = self.attempt(kept)
-        if not _over(result[1]):
+        if not over_bound(result[1]):
             return kept, result
         ranked = self._ranked(kept, result[1])
         return self._bisected(kept, ranked, result[1], len(ranked))
@@ -360,13 +319,13 @@ class _Choice:
             if high == 0:
                 return None  # `failing` is the model without a region
             passing = self.attempt(self._keeping(kept, ranked, high, failing))
-            if _over(passing[1]):
+            if over_bound(passing[1]):
                 return None
         # keeping `low` of the ranked nodes float32 misses the bound; keeping `high` meets it
         while high - low > 1:
             middle = (low + high) // 2
             result = self.attempt(self._keeping(kept, ranked, middle, failing))
-            if _over(result[1]):
+            if over_bound(result[1]):
                 low, failing = middle, result[1]
             else:
                 high, passing = middle, result
@@ -377,76 +336,6 @@ class _Choice:
     def _rounded_runs(self) -> list[dict[str, np.ndarray]]:
         """The model's outputs with every value rounded to half (rounded_run.py) on each input set."""
         return rounded_runs(self.model, self.types, self.half, self.runs.feeds)
-
-    def closer_tail(
-        self, kept: dict[int, KeptFloat32], judged, casts: int
-    ) -> tuple[dict[int, KeptFloat32], Attempt] | None:
-        """Step 5: the float32 tail that brings the outputs nearest the exact result, where one
-        within the FLOPs and Casts allowed (`casts`, those without it, and TAIL_CASTS_PER_OUTPUT
-        more per output) does so by TAIL_GAIN or more, less its parts that do not pay for their Casts; None
-        where none does. No tail reaches a runtime fusion's nodes nor what they read: a Cast
-        there stops the fusion (a float32 residual stream between BERT's attentions does)."""
-        fused = set().union(*(members for _, members in self.regions))
-        feeding = {self.producer.get(name) for index in fused for name in self.model.graph.node[index].input}
-        half = self.half_nodes(kept) - fused - feeding
-        total = sum(self.flops)
-        cost = _flops_to_outputs(self.model, list(judged), self.flops)
-        allowed, casts_allowed = TAIL_FLOPS_SHARE * total, casts + TAIL_CASTS_PER_OUTPUT * len(judged)
-        best, best_error, tried, prunes = None, _worst_ratio(judged), set(), TAIL_PRUNES
-        for rung in reversed(range(TAIL_RUNGS)):
-            tail = frozenset(index for index in half if cost.get(index, math.inf) <= allowed / 4**rung)
-            if not tail or tail in tried:
-                continue
-            tried.add(tail)
-            trial = self._with_tail(kept, tail, total)
-            if sum(self.flops[i] for i in trial if i not in kept) > allowed:
-                break  # the set, or a fused kernel's nodes that came with it, cost too much
-            result = self.attempt(trial)
-            if _over(result[1]) or _worst_ratio(result[1]) > TAIL_GAIN * best_error:
-                continue
-            trial, result, prunes = self._without_idle_parts(kept, trial, result, total, prunes)
-            if result[0].casts <= casts_allowed:
-                best, best_error = (trial, result), _worst_ratio(result[1])
-        return best
-
-    def _without_idle_parts(self, kept, trial, result: Attempt, total: float, tries: int):
-        """`trial`'s tail less the parts (_tail_parts) that cost Casts and bring the outputs no
-        nearer: each given back to half where the Casts fall and the outputs stay within
-        TAIL_SLACK of `result`'s error, those with most nodes tried first, `tries` at most; the
-        tries left are returned with the tail and its attempt."""
-        error = _worst_ratio(result[1])
-        tail = {index for index in trial if index not in kept}
-        half = set(self.candidates) - set(trial)
-        now = _border_casts(self.model, self.candidates, self.producer, tail, half)
-        for part in sorted(_tail_parts(self.model, self.candidates, self.producer, tail, half), key=len, reverse=True):
-            smaller = tail - part
-            if not part <= tail or not smaller or tries == 0:
-                continue
-            fewer_crossings = _border_casts(self.model, self.candidates, self.producer, smaller, half | part)
-            if fewer_crossings >= now:
-                continue
-            candidate = self._with_tail(kept, frozenset(smaller), total)
-            if any(index in candidate for index in part):
-                continue  # a fused kernel's node: the part comes back with it
-            tries -= 1
-            outcome = self.attempt(candidate)
-            fewer = outcome[0].casts < result[0].casts
-            if fewer and not _over(outcome[1]) and _worst_ratio(outcome[1]) <= TAIL_SLACK * error:
-                tail, half, trial, result, now = smaller, half | part, candidate, outcome, fewer_crossings
-        return trial, result, tries
-
-    def _with_tail(self, kept, tail: frozenset[int], total: float) -> dict[int, KeptFloat32]:
-        share = sum(self.flops[index] for index in tail) / total if total else 0.0
-        nodes = self.model.graph.node
-        reason = (
-            f"in the outputs' float32 tail ({100 * share:.2g}% of the model's FLOPs), where float32 costs little and "
-            "brings the outputs nearer"
-        )
-        return self.with_regions({**kept, **{index: KeptFloat32.of(nodes[index], reason) for index in tail}})
-
-
-def _over(judged: dict[str, OutputJudgement]) -> bool:
-    return any(judgement.beyond for judgement in judged.values())
 
 
 def _candidates(model, types, half) -> tuple[dict[int, DataSlots], dict[int, KeptFloat32]]:
@@ -520,60 +409,6 @@ def _distances(model, producer: dict[str, int], outputs: list[str]) -> dict[int,
     return distance
 
 
-def _flops_to_outputs(model: onnx.ModelProto, outputs: list[str], flops: list[float]) -> dict[int, float]:
-    """Each node that `outputs` depend on: the FLOPs of the cheapest path from it to one of
-    them, its own included (the nodes are in topological order, so its readers come after it)."""
-    readers: dict[str, list[int]] = {}
-    for index, node in enumerate(model.graph.node):
-        for name in node.input:
-            readers.setdefault(name, []).append(index)
-    wanted, cost = set(outputs), {}
-    for index in reversed(range(len(model.graph.node))):
-        node = model.graph.node[index]
-        onward = [cost[reader] for name in node.output for reader in readers.get(name, ()) if reader in cost]
-        if wanted.intersection(node.output):
-            onward.append(0.0)
-        if onward:
-            cost[index] = flops[index] + min(onward)
-    return cost
-
-
-def _tail_parts(model, candidates: dict[int, DataSlots], producer, tail: set[int], half: set[int]) -> set[frozenset]:
-    """The parts of a float32 tail that may go back to half alone: for each set of tensors made
-    in half that the tail reads (its entries), the tail's nodes that depend on no other entry."""
-    nodes = model.graph.node
-    entries: dict[int, frozenset[str]] = {}
-    for index in sorted(tail):
-        reached = set()
-        for position in candidates[index].inputs:
-            name = nodes[index].input[position]
-            made_by = producer.get(name)
-            if made_by in tail:
-                reached |= entries[made_by]
-            elif made_by in half:
-                reached.add(name)
-        entries[index] = frozenset(reached)
-    every = frozenset().union(*entries.values())
-    return {
-        frozenset(index for index, own in entries.items() if own and own <= fed)
-        for fed in set(entries.values())
-        if fed and fed != every
-    }
-
-
-def _border_casts(model, candidates: dict[int, DataSlots], producer, tail: set[int], half: set[int]) -> int:
-    """The Casts where a float32 tail meets the half nodes: the float tensors that cross."""
-    nodes = model.graph.node
-    crossing = set()
-    for index in tail | half:
-        for position in candidates[index].inputs:
-            name = nodes[index].input[position]
-            made_by = producer.get(name)
-            if (index in tail and made_by in half) or (index in half and made_by in tail):
-                crossing.add(name)
-    return len(crossing)
-
-
 def _rounding_key(judged: dict[str, OutputJudgement], margin: float = 1.0) -> tuple[bool, float]:
     """How step 4 ranks a rounding of the weights: within the bound first, then by the worst
     output's rms error over its rms. Rounding moves every weight, and the rms over every
@@ -582,12 +417,7 @@ def _rounding_key(judged: dict[str, OutputJudgement], margin: float = 1.0) -> tu
     ranked the two roundings as they did on every one); the largest error is one element's draw
     (its choice was the further by rms on fresh sets on about one network in four:
     bench/RESULTS.md)."""
-    return _over(judged), margin * max((judgement.rms_ratio for judgement in judged.values()), default=0.0)
-
-
-def _worst_ratio(judged: dict[str, OutputJudgement]) -> float:
-    """The outputs' error, each over its bound: the worst."""
-    return max((j.error / j.bound if j.bound > 0 else float(j.error > 0) for j in judged.values()), default=0.0)
+    return over_bound(judged), margin * max((judgement.rms_ratio for judgement in judged.values()), default=0.0)
 
 
 def _kept_for_error(node: onnx.NodeProto, error: NodeError) -> KeptFloat32:

@@ -119,3 +119,13 @@ def judge_outputs(model: onnx.ModelProto, runs: HalfRuns, dtype: str, device: st
                 beyond = int(np.count_nonzero(~(errors <= bound)))
                 judged[name].add(float(np.nanmax(errors, initial=0.0)), 0.0, bound, beyond, orig.size, apart)
     return judged
+
+
+def over_bound(judged: dict[str, OutputJudgement]) -> bool:
+    """Whether any output has an element beyond its bound."""
+    return any(judgement.beyond for judgement in judged.values())
+
+
+def worst_ratio(judged: dict[str, OutputJudgement]) -> float:
+    """The outputs' error, each over its bound: the worst."""
+    return max((j.error / j.bound if j.bound > 0 else float(j.error > 0) for j in judged.values()), default=0.0)
