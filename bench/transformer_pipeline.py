@@ -218,7 +218,11 @@ def latency(paths: list[Path], inputs: dict, rounds: int = 21, round_s: float = 
 
 
 def casts(path: Path) -> int:
-    return sum(node.op_type == "Cast" for node in onnx.load(str(path), load_external_data=False).graph.node)
+    """The Casts in the model, those in its subgraphs (a merged decoder's If branches) included."""
+    from convexport.ir import proto_scopes
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return sum(node.op_type == "Cast" for scope in proto_scopes(graph) for node in scope.node)
 
 
 def _right_padded(feeds: dict) -> dict:

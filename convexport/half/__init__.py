@@ -4,7 +4,8 @@ node where the measured error allows (choose.py), and judged against the exact r
 
 The stage's inputs are validation's: the original's float32 runs and its float64 reference on
 the same input sets; the float64 run of the optimized graph on the first set gives the exact
-value of every tensor the nodes are measured on.
+value of every tensor the nodes are measured on. A model that is one If over two branches
+(optimum's merged decoder) is converted branch by branch (branches.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ..exact_check import ExactReference, exact_reference
 from ..float64 import Float64Evaluator, Float64Unavailable
 from ..inputs import InputSpec
 from ..runtime import checked_run, create_session
+from .branches import in_half_by_branch
 from .choose import HalfPrecision, to_half_precision
 from .kept import KeptFloat32
 from .outputs import HalfRuns
@@ -42,14 +44,28 @@ def in_half_precision(
     fused: list[tuple[str, frozenset[str]]],
     device: str,
     original_runs=None,
+    given: dict[str, tuple[onnx.TensorProto, str]] | None = None,
 ) -> HalfPrecision:
     """`optimized` in `dtype` (package doc), judged on the input sets validation used (`runs`
     made up from `inputs`, then `extra_feeds`) against `exact` (validation's float64 reference of
     `original`; computed here where validation did not run). `original_runs` are validation's
     runs of `original` on those sets (validate.ReferenceRuns): used where they were made on
-    `device`, rather than running the original again."""
+    `device`, rather than running the original again. The weights of `given` are rounded as
+    given (an If's other branch rounded them: branches.py)."""
     from ..validate import reference_runs
 
+    if io_dtype == "float32":
+
+        def branch_in_half(branch: onnx.ModelProto, specs: list[InputSpec], real: list[dict], rounded) -> HalfPrecision:
+            names = {node.name for node in branch.graph.node}
+            own_fused = [(kernel, members) for kernel, members in fused if members <= names]
+            return in_half_precision(
+                branch, branch, specs, runs, real, None, dtype, io_dtype, own_fused, device, given=rounded
+            )
+
+        by_branch = in_half_by_branch(optimized, inputs, extra_feeds, branch_in_half)
+        if by_branch is not None:
+            return by_branch
     if original_runs is not None and original_runs.device == device:
         names, feeds, float32 = original_runs.names, original_runs.feeds, original_runs.outputs
     else:
@@ -60,7 +76,7 @@ def in_half_precision(
     judged_on = HalfRuns(feeds, [dict(zip(names, run)) for run in float32], exact_outputs)
     heap.release_after(optimized)  # validation's float64 evaluators, in cycles: before this stage's own
     values = _exact_values(optimized, feeds[0], exact.available(0))
-    return to_half_precision(optimized, dtype, io_dtype, judged_on, values, fused, device)
+    return to_half_precision(optimized, dtype, io_dtype, judged_on, values, fused, device, given)
 
 
 def _exact_values(model: onnx.ModelProto, feeds: dict, float64: bool) -> dict[str, np.ndarray]:

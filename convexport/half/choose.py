@@ -53,7 +53,7 @@ from .. import heap, ir
 from ..ir import proto_subgraphs
 from ..stats import flops_by_node
 from .cast_chains import MOVES_VALUES
-from .convert import Converted, PrecisionPlan, with_precision
+from .convert import PrecisionPlan, with_precision
 from .input_moments import input_moments
 from .kept import KeptFloat32
 from .kernels import lacking_kernels
@@ -63,7 +63,7 @@ from .outputs import HalfRuns, OutputJudgement, judge_outputs, over_bound
 from .rounded_run import lost_outputs, rounded_runs
 from .rounding import ROUNDING_WAYS, WeightRounding, weight_shapes
 from .slots import HALF_TYPES, DataSlots, NoHalfForm, data_slots, element_types
-from .tails import closer_tail
+from .tails import Attempt, closer_tail
 
 FLOAT = TensorProto.FLOAT
 # step 4: the rounding by input moments is kept only where its outputs are this much nearer
@@ -97,6 +97,7 @@ class HalfPrecision:
     bound_by: str = "float32"
     # the folder of a large model's weights (on_disk.py): the caller's to close once it is written
     files: contextlib.ExitStack | None = None
+    rounding: WeightRounding | None = None  # how the weights were rounded (its way of each)
 
     @property
     def passed(self) -> bool:
@@ -140,11 +141,14 @@ def to_half_precision(
     values: dict[str, np.ndarray],
     fused: list[tuple[str, frozenset[str]]],
     device: str,
+    given: dict[str, tuple[onnx.TensorProto, str]] | None = None,
 ) -> HalfPrecision:
     """`model` (float32) with every node it can run in `dtype` within the bound (module doc):
     judged on `runs`, each node measured on `values` (the exact value of every tensor on the
-    first input set), the nodes of each of `fused` (kernel, node names) in one precision."""
-    choice = _Choice(model, HALF_TYPES[dtype], HALF_TYPES[dtype] if io_dtype == dtype else FLOAT, runs, device)
+    first input set), the nodes of each of `fused` (kernel, node names) in one precision, the
+    weights of `given` rounded as given (WeightRounding.given)."""
+    io_type = HALF_TYPES[dtype] if io_dtype == dtype else FLOAT
+    choice = _Choice(model, HALF_TYPES[dtype], io_type, runs, device, given)
     kept = choice.kept_by_own_error(values, fused)
     converted, judged = choice.nearer_rounding(choice.attempt(kept), kept, values)
     if over_bound(judged) and choice.out_of_range:
@@ -162,17 +166,14 @@ def to_half_precision(
     return HalfPrecision(
         converted.model, dtype, io_dtype, converted.half_nodes, converted.casts, listed, judged, runs.against,
         choice.attempts, len(choice.local), converted.weights_rounded, bound_by=choice.bound_by,
-        files=handed_over(converted),
+        files=handed_over(converted), rounding=choice.rounding,
     )  # fmt: skip
-
-
-Attempt = tuple[Converted, dict[str, OutputJudgement]]
 
 
 class _Choice:
     """The steps of the module doc on one model; `attempts` counts the conversions judged."""
 
-    def __init__(self, model: onnx.ModelProto, half: int, io_type: int, runs: HalfRuns, device: str):
+    def __init__(self, model: onnx.ModelProto, half: int, io_type: int, runs: HalfRuns, device: str, given=None):
         self.model, self.half, self.io_type, self.runs, self.device = model, half, io_type, runs, device
         inferred = ir.infer_shapes(model, "the model")
         self.types = element_types(model, inferred)
@@ -182,7 +183,7 @@ class _Choice:
             del self.candidates[index]
             self.refused[index] = KeptFloat32.of(model.graph.node[index], reason)
         self.producer = _producers(model)
-        self.rounding = WeightRounding(model.graph, half)  # each weight's rounding chosen once
+        self.rounding = WeightRounding(model.graph, half, given=given)  # each weight's rounding chosen once
         self.local: dict[int, NodeError] = {}
         self.regions: list[tuple[str, set[int]]] = []
         self.out_of_range: set[int] = set()  # step 2's nodes whose exact output half cannot hold

@@ -45,11 +45,19 @@ class WeightRounding:
     weight with rows keeping their sums where `keeping_sums`, the rest to nearest."""
 
     def __init__(
-        self, graph: onnx.GraphProto, half: int, keeping_sums: bool = True, moments: dict[str, list] | None = None
+        self,
+        graph: onnx.GraphProto,
+        half: int,
+        keeping_sums: bool = True,
+        moments: dict[str, list] | None = None,
+        given: dict[str, tuple[onnx.TensorProto, str]] | None = None,
     ):
         self.half = half
         self.rows = weight_rows(graph) if keeping_sums or moments else {}
         self.moments = moments or {}
+        # name -> its half tensor and way, rounded already where the weight is also read elsewhere
+        # (an If's other branch: branches.py), so that both read one weight
+        self.given = given or {}
         self._flipped: dict[str, np.ndarray] = {}  # name -> the flat positions at their other neighbour
         self._graph = graph
         self._keeping_sums = keeping_sums
@@ -57,6 +65,11 @@ class WeightRounding:
     def rounded(self, tensor: onnx.TensorProto, name: str | None = None) -> onnx.TensorProto:
         """`tensor` (the constant `name`, its own name where not given) in the half type."""
         name = name or tensor.name
+        if name in self.given:
+            own = onnx.TensorProto()
+            own.CopyFrom(self.given[name][0])
+            own.name = tensor.name
+            return own
         values = tensor_array(tensor)
         rows = self.rows.get(name)
         if rows is None or values.dtype != np.float32 or not values.size or not _all_in_range(values, self.half):
@@ -74,18 +87,20 @@ class WeightRounding:
     def way(self, name: str) -> str:
         """How the constant `name` was rounded: "by_input_moments", "keeping_row_sums" or
         "to_nearest" (the report's words)."""
+        if name in self.given:
+            return self.given[name][1]
         if name not in self._flipped:
             return "to_nearest"
         return "by_input_moments" if name in self.moments else "keeping_row_sums"
 
     def to_nearest(self) -> WeightRounding:
         """The same graph's constants, every one rounded to nearest."""
-        return WeightRounding(self._graph, self.half, keeping_sums=False)
+        return WeightRounding(self._graph, self.half, keeping_sums=False, given=self.given)
 
     def by_input_moments(self, moments: dict[str, list]) -> WeightRounding:
         """The same graph's constants, those of `moments` rounded by their input's second
         moments, the other weights with rows keeping their sums."""
-        return WeightRounding(self._graph, self.half, moments=moments)
+        return WeightRounding(self._graph, self.half, moments=moments, given=self.given)
 
 
 def weight_rows(graph: onnx.GraphProto) -> dict[str, Rows]:

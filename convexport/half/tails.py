@@ -15,16 +15,33 @@ they read (step 3: a Cast there stops the fusion).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import onnx
 
+from .convert import Converted
 from .kept import KeptFloat32
-from .outputs import over_bound, worst_ratio
+from .outputs import OutputJudgement, over_bound, worst_ratio
 from .slots import DataSlots
 
-if TYPE_CHECKING:
-    from .choose import Attempt, _Choice
+Attempt = tuple[Converted, dict[str, OutputJudgement]]  # a conversion, and its outputs judged
+
+
+class Choosing(Protocol):
+    """What the tail asks of choose.py's choice: its model and measurements, and its attempts."""
+
+    model: onnx.ModelProto
+    producer: dict[str, int]
+    candidates: dict[int, DataSlots]
+    regions: list[tuple[str, set[int]]]
+    flops: list[float]
+
+    def attempt(self, keep: dict[int, KeptFloat32]) -> Attempt: ...
+
+    def with_regions(self, kept: dict[int, KeptFloat32]) -> dict[int, KeptFloat32]: ...
+
+    def half_nodes(self, kept: dict[int, KeptFloat32]) -> set[int]: ...
+
 
 # the float32 tail (module doc) may cost this share of the model's FLOPs, and is taken
 # where it brings the outputs' error to this fraction of what it is without it or less; its
@@ -43,7 +60,7 @@ TAIL_CASTS_PER_OUTPUT = 0
 
 
 def closer_tail(
-    choice: _Choice, kept: dict[int, KeptFloat32], judged, casts: int
+    choice: Choosing, kept: dict[int, KeptFloat32], judged, casts: int
 ) -> tuple[dict[int, KeptFloat32], Attempt] | None:
     """Step 5: the float32 tail that brings the outputs nearest the exact result, where one
     within the FLOPs and Casts allowed (`casts`, those without it, and TAIL_CASTS_PER_OUTPUT
@@ -74,7 +91,7 @@ def closer_tail(
     return best
 
 
-def _without_idle_parts(choice: _Choice, kept, trial, result: Attempt, total: float, tries: int):
+def _without_idle_parts(choice: Choosing, kept, trial, result: Attempt, total: float, tries: int):
     """`trial`'s tail less the parts (_tail_parts) that cost Casts and bring the outputs no
     nearer: each given back to half where the Casts fall and the outputs stay within
     TAIL_SLACK of `result`'s error, those with most nodes tried first, `tries` at most; the
@@ -102,7 +119,7 @@ def _without_idle_parts(choice: _Choice, kept, trial, result: Attempt, total: fl
     return trial, result, tries
 
 
-def _with_tail(choice: _Choice, kept, tail: frozenset[int], total: float) -> dict[int, KeptFloat32]:
+def _with_tail(choice: Choosing, kept, tail: frozenset[int], total: float) -> dict[int, KeptFloat32]:
     share = sum(choice.flops[index] for index in tail) / total if total else 0.0
     nodes = choice.model.graph.node
     reason = (

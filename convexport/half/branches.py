@@ -1,0 +1,195 @@
+"""An If that is the whole model, converted branch by branch: optimum's merged decoder
+(`decoder_model_merged.onnx`: one If on `use_cache_branch` over the decoder without past and
+the decoder with it, both reading the weights of the main graph).
+
+choose.py converts the main graph's nodes; a node holding a subgraph stays float32 whole. Where
+the main graph is one If whose branches read nothing but the model's inputs and weights, each
+branch is a model of its own (those inputs, those weights, the branch's nodes and outputs),
+converted and judged as any model is, with a float32 interface, on input sets made up as the
+model's are; the converted graphs go back into the If, which reads and writes float32 as it
+did. The main graph's weights the first branch rounds are given to the second rounded so
+(WeightRounding.given: its own rounding by its inputs' moments would round them otherwise), so
+that both read one weight, written once in the main graph (ir.deduplicate_initializers); where
+the second then misses its bound, it is converted again rounding its own, and those weights are
+one per branch. Where either branch misses its bound, or the model is large enough to keep its
+attempts on disk (on_disk.py), the model goes through choose.py as it is (its If float32).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
+
+import onnx
+
+from .. import heap, ir
+from ..inputs import InputSpec
+from ..ir import proto_subgraphs
+from .choose import HalfPrecision
+from .slots import HALF_TYPES
+
+# a branch's model, its input specs, its real input sets and the weights rounded already
+# (WeightRounding.given) -> that model in half precision
+BranchConverter = Callable[[onnx.ModelProto, list[InputSpec], list[dict], dict | None], HalfPrecision]
+
+
+def merged_branches(model: onnx.ModelProto) -> list[str] | None:
+    """The attribute names of the branches of the model's one If (module doc); None where the
+    model is not one If whose branches read only the model's inputs and initializers."""
+    graph = model.graph
+    if len(graph.node) != 1 or graph.node[0].op_type != "If" or graph.sparse_initializer:
+        return None
+    if ir.kept_from_serialisation(model):
+        return None
+    known = {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
+    names = []
+    for attribute in graph.node[0].attribute:
+        if attribute.type != onnx.AttributeProto.GRAPH:
+            continue
+        if not _outer_reads(attribute.g) <= known or any(proto_subgraphs(node) for node in attribute.g.node):
+            return None
+        names.append(attribute.name)
+    return names if len(names) == 2 else None
+
+
+def branch_model(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    """The branch `name` of the model's If (merged_branches) as a model: the main graph's
+    inputs and weights it reads, its nodes, weights and outputs."""
+    graph = model.graph
+    branch = next(attribute.g for attribute in graph.node[0].attribute if attribute.name == name)
+    outer = _outer_reads(branch)
+    weights = [tensor for tensor in graph.initializer if tensor.name in outer]
+    inputs = [value for value in graph.input if value.name in outer and value.name not in {t.name for t in weights}]
+    own = onnx.helper.make_graph(
+        list(branch.node), f"{graph.name}_{name}", inputs, list(branch.output), weights + list(branch.initializer),
+        value_info=list(branch.value_info),
+    )  # fmt: skip
+    made = onnx.helper.make_model(own, opset_imports=list(model.opset_import))
+    made.ir_version = model.ir_version
+    return made
+
+
+def in_half_by_branch(
+    model: onnx.ModelProto, inputs: list[InputSpec], extra_feeds: list[dict], convert: BranchConverter
+) -> HalfPrecision | None:
+    """`model` (an If over two branches: merged_branches) with each branch converted by
+    `convert`; the main graph's weights the first branch rounded given to the second, rounded
+    so (converted again without them where the second then misses its bound); None where it
+    is not such a model or where a branch misses its bound."""
+    branches = merged_branches(model)
+    if branches is None:
+        return None
+    main_weights = {tensor.name for tensor in model.graph.initializer}
+    converted: list[tuple[str, HalfPrecision]] = []
+    given: dict[str, tuple[onnx.TensorProto, str]] = {}
+    for name in branches:
+        branch = branch_model(model, name)
+        reads = {value.name for value in branch.graph.input}
+        specs = [spec for spec in inputs if spec.name in reads]
+        real = [{k: v for k, v in feeds.items() if k in reads} for feeds in extra_feeds]
+        half = convert(branch, specs, real, given or None)
+        if given and half.files is None and not half.passed:
+            half = convert(branch, specs, real, None)
+        del branch  # its float32 weights: one branch's at a time
+        heap.release_after(model)  # the first branch's sessions and evaluators, before the second's
+        if half.files is not None:
+            half.files.close()
+            return None
+        if not half.passed:
+            return None
+        if not given:
+            given = _rounded_weights(half, main_weights)
+        converted.append((name, replace(half, rounding=None)))  # its rounding holds the branch's graph
+    return _assembled(model, converted, given)
+
+
+def _rounded_weights(half: HalfPrecision, names: set[str]) -> dict[str, tuple[onnx.TensorProto, str]]:
+    """The weights of `names` that `half` holds rounded: name -> (the tensor, its way)."""
+    return {
+        tensor.name: (tensor, half.rounding.way(tensor.name))
+        for tensor in half.model.graph.initializer
+        if tensor.name in names and tensor.data_type in HALF_TYPES.values() and half.rounding is not None
+    }
+
+
+def _assembled(model: onnx.ModelProto, converted: list[tuple[str, HalfPrecision]], given: dict) -> HalfPrecision:
+    """`model` with each branch's graph the converted one's, and what was chosen in both (a
+    weight of `given` counted once, in the first)."""
+    result = onnx.ModelProto()
+    result.CopyFrom(model)
+    node = result.graph.node[0]
+    main_weights = {tensor.name: tensor.data_type for tensor in result.graph.initializer}
+    for attribute in node.attribute:
+        for name, half in converted:
+            if attribute.name == name:
+                _replace_branch(attribute.g, half.model.graph, main_weights, name)
+    _drop_unread(result.graph)
+    result = ir.deduplicate_initializers(result).model
+    first, second = (half for _, half in converted)
+    judged = {}  # each If output: the worse of the branch outputs at its position
+    for position, output in enumerate(node.output):
+        pair = [half.outputs[half.model.graph.output[position].name] for half in (first, second)]
+        judged[output] = max(pair, key=lambda j: j.error / j.bound if j.bound > 0 else float(j.error > 0))
+    kept = [replace(entry, node=f"{node.name or node.output[0]}/{name}/{entry.node}")
+            for name, half in converted for entry in half.kept]  # fmt: skip
+    rounded = Counter(first.weights_rounded) + Counter(second.weights_rounded)
+    rounded -= Counter(way for name, (tensor, way) in given.items() if _holds(second.model.graph, tensor))
+    return HalfPrecision(
+        result, first.dtype, first.io_dtype, first.nodes_half + second.nodes_half, first.casts + second.casts,
+        kept, judged, first.against if first.against == second.against else "float32",
+        first.attempts + second.attempts, first.measured + second.measured, dict(rounded),
+        bound_by="rounded" if "rounded" in (first.bound_by, second.bound_by) else "float32",
+    )  # fmt: skip
+
+
+def _replace_branch(branch: onnx.GraphProto, converted: onnx.GraphProto, main_weights: dict[str, int], tag: str):
+    """`branch`'s nodes, weights and value infos the `converted` graph's (whose inputs are the
+    outer scope's). A weight of the main graph (`main_weights`: name -> type) the conversion
+    left as it was is read there; one it rounded is the branch's own, renamed (the other
+    branch may read the float32 one)."""
+    renamed = {}
+    del branch.initializer[:]
+    for tensor in converted.initializer:
+        if main_weights.get(tensor.name) == tensor.data_type:
+            continue  # the main graph's, as it is
+        if tensor.name in main_weights:
+            renamed[tensor.name] = f"{tensor.name}__{tag}"
+        copy = branch.initializer.add()
+        copy.CopyFrom(tensor)
+        copy.name = renamed.get(tensor.name, tensor.name)
+    del branch.node[:]
+    branch.node.extend(converted.node)
+    for node in branch.node:
+        for position, name in enumerate(node.input):
+            if name in renamed:
+                node.input[position] = renamed[name]
+    del branch.output[:]
+    branch.output.extend(converted.output)
+    del branch.value_info[:]
+    branch.value_info.extend(value for value in converted.value_info if value.name not in main_weights)
+
+
+def _holds(graph: onnx.GraphProto, tensor: onnx.TensorProto) -> bool:
+    """Whether `graph` holds `tensor` (by name, in its type): the second branch rounded it as given."""
+    return any(own.name == tensor.name and own.data_type == tensor.data_type for own in graph.initializer)
+
+
+def _drop_unread(graph: onnx.GraphProto) -> None:
+    """The main graph's weights that no scope reads any more (those each branch rounded)."""
+    read = {name for scope in ir.proto_scopes(graph) for node in scope.node for name in node.input}
+    for index in reversed(range(len(graph.initializer))):
+        if graph.initializer[index].name not in read:
+            del graph.initializer[index]
+
+
+def _outer_reads(graph: onnx.GraphProto) -> set[str]:
+    """The names `graph`'s nodes (and their subgraphs') read that `graph` does not define."""
+    defined = {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
+    defined |= {name for node in graph.node for name in node.output}
+    read = set()
+    for node in graph.node:
+        read.update(name for name in node.input if name)
+        for sub in proto_subgraphs(node):
+            read |= _outer_reads(sub)
+    return read - defined

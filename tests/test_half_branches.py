@@ -1,0 +1,92 @@
+"""--dtype fp16 on a model that is one If over two branches reading the main graph's weights
+(optimum's `decoder_model_merged.onnx`): each branch converted as a model of its own and put
+back (half/branches.py), the shared weights rounded once and written once; checked here by
+running both branches against the float64 result."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+import convexport
+from convexport.float64 import Float64Evaluator
+from convexport.half.branches import merged_branches
+from helpers import make_model, tensor
+
+FLOAT16, FLOAT = TensorProto.FLOAT16, TensorProto.FLOAT
+rng = np.random.default_rng(0)
+WEIGHTS = {
+    "w_in": rng.normal(0, 0.3, (16, 32)).astype(np.float32),
+    "w_out": rng.normal(0, 0.2, (32, 16)).astype(np.float32),
+    "bias": rng.normal(0, 0.1, 16).astype(np.float32),
+}
+
+
+def merged(before_if: bool = False) -> onnx.ModelProto:
+    """If(use_cache) over two small decoders sharing w_in and w_out: the then branch adds the
+    past to its input first, the else branch does not and adds a bias at the end. With
+    `before_if`, a Relu in the main graph makes what the branches read."""
+    source = "x_relu" if before_if else "x"
+    then_branch = helper.make_graph(
+        [helper.make_node("Add", [source, "past"], ["t0"]), helper.make_node("MatMul", ["t0", "w_in"], ["t1"]),
+         helper.make_node("Relu", ["t1"], ["t2"]), helper.make_node("MatMul", ["t2", "w_out"], ["t"])],
+        "then", [], [tensor("t", [2, 16])])  # fmt: skip
+    else_branch = helper.make_graph(
+        [helper.make_node("MatMul", [source, "w_in"], ["e1"]), helper.make_node("Tanh", ["e1"], ["e2"]),
+         helper.make_node("MatMul", ["e2", "w_out"], ["e3"]), helper.make_node("Add", ["e3", "bias"], ["e"])],
+        "else", [], [tensor("e", [2, 16])])  # fmt: skip
+    nodes = [helper.make_node("If", ["use_cache"], ["y"], then_branch=then_branch, else_branch=else_branch)]
+    if before_if:
+        nodes.insert(0, helper.make_node("Relu", ["x"], ["x_relu"]))
+    inputs = [tensor("x", [2, 16]), tensor("past", [2, 16]), tensor("use_cache", [], TensorProto.BOOL)]
+    return make_model(nodes, inputs, [tensor("y", [2, 16])], WEIGHTS)
+
+
+def branch_weights(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    return [t for attribute in model.graph.node[-1].attribute for t in attribute.g.initializer]
+
+
+def test_each_branch_runs_in_float16_and_the_shared_weights_are_written_once(tmp_path):
+    path = tmp_path / "merged.onnx"
+    original = merged()
+    onnx.save(original, path)
+    result = convexport.optimize(str(path), output=str(tmp_path / "half.onnx"), profile=False, dtype="fp16")
+    half = onnx.load(str(tmp_path / "half.onnx"))
+    onnx.checker.check_model(half, full_check=True)
+    precision = result.report["precision"]
+    assert precision["validation"]["passed"] and precision["nodes_half"] >= 6
+    # w_in, which both branches read (the rewrite folds w_out into the else branch's own), is
+    # rounded once and written once, in the main graph; no float32 copy is left
+    main = [(tuple(t.dims), t.data_type) for t in half.graph.initializer]
+    everywhere = main + [(tuple(t.dims), t.data_type) for t in branch_weights(half)]
+    assert main.count(((16, 32), FLOAT16)) == 1 and everywhere.count(((16, 32), FLOAT16)) == 1, everywhere
+    assert all(kind == FLOAT16 for _, kind in everywhere), everywhere
+    assert [v.type.tensor_type.elem_type for v in (*half.graph.input[:2], *half.graph.output)] == [FLOAT] * 3
+    # each way of rounding counted once, though both branches read the weights
+    assert sum(precision["weights_rounded"].values()) == 3
+    evaluator = Float64Evaluator(original)
+    session = ort.InferenceSession(half.SerializeToString(), providers=["CPUExecutionProvider"])
+    bound = precision["validation"]["outputs"]["y"]["bound"]
+    for seed, use_cache in ((10, True), (11, False)):
+        inputs = np.random.default_rng(seed)
+        feeds = {"x": inputs.standard_normal((2, 16)).astype(np.float32),
+                 "past": inputs.standard_normal((2, 16)).astype(np.float32), "use_cache": np.array(use_cache)}  # fmt: skip
+        exact = evaluator.run(feeds)[0]
+        got = session.run(None, feeds)[0].astype(np.float64)
+        float32 = ort.InferenceSession(original.SerializeToString()).run(None, feeds)[0]
+        assert 0 < np.abs(got - exact).max() <= 2 * bound, (use_cache, np.abs(got - exact).max(), bound)
+        assert np.abs(got - exact).max() > np.abs(float32 - exact).max()  # float16 was computed: worse than float32
+
+
+def test_an_if_after_other_nodes_stays_float32_whole(tmp_path):
+    """Where the branches read what a main-graph node makes, they are no model of their own
+    (their input would be that node's exact value): the If stays float32, saying why."""
+    model = merged(before_if=True)
+    assert merged_branches(model) is None and merged_branches(merged()) is not None
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    result = convexport.optimize(str(path), output=str(tmp_path / "h.onnx"), profile=False, dtype="fp16")
+    kept = result.report["precision"]["kept_float32"]
+    assert ("If", "it holds a subgraph") in [(entry["op"], entry["reason"]) for entry in kept]
