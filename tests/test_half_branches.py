@@ -82,9 +82,13 @@ def test_each_branch_runs_in_float16_and_the_shared_weights_are_written_once(tmp
 
 def test_an_if_after_other_nodes_stays_float32_whole(tmp_path):
     """Where the branches read what a main-graph node makes, they are no model of their own
-    (their input would be that node's exact value): the If stays float32, saying why."""
+    (their input would be that node's exact value), nor where they read a weight the caller may
+    override (it would be rounded into the branch): the If stays float32, saying why."""
     model = merged(before_if=True)
     assert merged_branches(model) is None and merged_branches(merged()) is not None
+    overridable = merged()  # w_in also a graph input: the caller may feed another
+    overridable.graph.input.append(tensor("w_in", [16, 32]))
+    assert merged_branches(overridable) is None
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
     result = convexport.optimize(str(path), output=str(tmp_path / "h.onnx"), profile=False, dtype="fp16")

@@ -43,11 +43,14 @@ def merged_branches(model: onnx.ModelProto) -> list[str] | None:
     if ir.kept_from_serialisation(model):
         return None
     known = {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
+    # a default the caller may override is an input, not a weight to round into the branch
+    overridable = {tensor.name for tensor in ir.overridable_initializers(model)}
     names = []
     for attribute in graph.node[0].attribute:
         if attribute.type != onnx.AttributeProto.GRAPH:
             continue
-        if not _outer_reads(attribute.g) <= known or any(proto_subgraphs(node) for node in attribute.g.node):
+        reads = _outer_reads(attribute.g)
+        if not reads <= known or reads & overridable or any(proto_subgraphs(node) for node in attribute.g.node):
             return None
         names.append(attribute.name)
     return names if len(names) == 2 else None
