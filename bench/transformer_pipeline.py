@@ -267,9 +267,10 @@ def half_rows(names: list[str]) -> list[str]:
     with tempfile.TemporaryDirectory() as scratch:
         for name in names:
             for label, path, model_type in _quietly(lambda: export(name, Path(scratch) / name)):
-                specs = sized_by_running(onnx.load(str(path)), graph_input_specs(onnx.load(str(path))))
+                exported = onnx.load(str(path))
+                specs = sized_by_running(exported, graph_input_specs(exported))
                 sets = [_right_padded(random_inputs(specs, seed=HELD_OUT + seed, dynamic_size=8)) for seed in range(RUNS)]
-                evaluator = Float64Evaluator(onnx.load(str(path)))
+                evaluator = Float64Evaluator(exported)
                 exact = [evaluator.run(feeds) for feeds in sets]
                 merged = "merged" in label  # an If over two graphs: the optimizer fuses inside neither
                 made = {}

@@ -133,7 +133,7 @@ def _assembled(model: onnx.ModelProto, converted: list[tuple[str, HalfPrecision]
     judged = {}  # each If output: the worse of the branch outputs at its position
     for position, output in enumerate(node.output):
         pair = [half.outputs[half.model.graph.output[position].name] for half in (first, second)]
-        judged[output] = max(pair, key=lambda j: j.error / j.bound if j.bound > 0 else float(j.error > 0))
+        judged[output] = max(pair, key=lambda judgement: judgement.ratio)
     kept = [replace(entry, node=f"{node.name or node.output[0]}/{name}/{entry.node}")
             for name, half in converted for entry in half.kept]  # fmt: skip
     rounded = Counter(first.weights_rounded) + Counter(second.weights_rounded)

@@ -173,7 +173,9 @@ def to_half_precision(
 class _Choice:
     """The steps of the module doc on one model; `attempts` counts the conversions judged."""
 
-    def __init__(self, model: onnx.ModelProto, half: int, io_type: int, runs: HalfRuns, device: str, given=None):
+    def __init__(
+        self, model: onnx.ModelProto, half: int, io_type: int, runs: HalfRuns, device: str, given: dict | None = None
+    ):
         self.model, self.half, self.io_type, self.runs, self.device = model, half, io_type, runs, device
         inferred = ir.infer_shapes(model, "the model")
         self.types = element_types(model, inferred)

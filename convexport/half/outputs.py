@@ -58,6 +58,11 @@ class OutputJudgement:
         self.squared_exact += float(np.sum(np.square(exact[finite])))
 
     @property
+    def ratio(self) -> float:
+        """The largest error over the bound (1 where an error meets a bound of 0)."""
+        return self.error / self.bound if self.bound > 0 else float(self.error > 0)
+
+    @property
     def rms_ratio(self) -> float:
         """The rms error over the exact result's rms, on the sets with a float64 reference: a
         steadier measure of a change to every weight than the largest error (choose.py)."""
@@ -128,4 +133,4 @@ def over_bound(judged: dict[str, OutputJudgement]) -> bool:
 
 def worst_ratio(judged: dict[str, OutputJudgement]) -> float:
     """The outputs' error, each over its bound: the worst."""
-    return max((j.error / j.bound if j.bound > 0 else float(j.error > 0) for j in judged.values()), default=0.0)
+    return max((judgement.ratio for judgement in judged.values()), default=0.0)

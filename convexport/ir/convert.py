@@ -89,13 +89,15 @@ def export_graph(graph: gs.Graph, template: onnx.ModelProto) -> onnx.ModelProto:
     """gs.Graph -> ModelProto with the template's IR version, opsets, producer, doc and
     metadata, the template's initializers for the inputs that have one, and the provenance
     import_graph recorded put back on its nodes, values and scopes."""
-    for scope in all_graphs(graph):
-        for tensor in scope.tensors().values():
+    scopes = all_graphs(graph)
+    tensor_maps = [scope.tensors() for scope in scopes]
+    for scope, tensors in zip(scopes, tensor_maps):
+        for tensor in tensors.values():
             _owned_if_renamed(tensor)
         for node in scope.nodes:  # a Constant node's value, an attribute holding a tensor
             for value in node.attrs.values():
                 _owned_if_renamed(value)
-    shared = _constants_read_in_several_scopes(graph)
+    shared = _constants_read_in_several_scopes(tensor_maps)
     with _weights_held_back(graph) as held_back:
         model = gs.export_onnx(graph, do_type_check=False, opset_imports=_opset_imports(graph, template))
         _written_once(model.graph, shared)
@@ -114,16 +116,17 @@ def export_graph(graph: gs.Graph, template: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _constants_read_in_several_scopes(graph: gs.Graph) -> set[str]:
-    """The names of the constants that nodes of more than one scope read (an optimum merged
+def _constants_read_in_several_scopes(tensor_maps: list[dict[str, gs.Tensor]]) -> set[str]:
+    """The names of the constants that nodes of more than one scope (`tensor_maps`: each
+    scope's tensors, gs.Graph.tensors) read (an optimum merged
     decoder's weights, read by both of its If's branches; a weight read by a main-graph node
     and inside a Loop body), each the name of one constant only. gs's exporter writes a
     constant as an initializer of every scope whose nodes read it, and of no other: the main
     graph drops a weight only its subgraphs read, and each branch gets a copy of its own."""
     scopes: dict[int, int] = {}
     owners: dict[str, set[int]] = {}
-    for scope in all_graphs(graph):
-        for tensor in scope.tensors().values():
+    for tensors in tensor_maps:
+        for tensor in tensors.values():
             if isinstance(tensor, gs.Constant):
                 scopes[id(tensor)] = scopes.get(id(tensor), 0) + 1
                 owners.setdefault(tensor.name, set()).add(id(tensor))

@@ -44,10 +44,13 @@ def deduplicate_initializers(model: onnx.ModelProto) -> Deduplicated:
     taken = _defined_names(scopes)
     kept_as: dict[_Placed, str] = {}  # a kept initializer -> its name where it is now
     renamed: dict[int, dict[str, str]] = {}  # scope -> its reads to rename
+    copies_in: dict[_Placed, set[int]] = {}  # a kept initializer -> the scopes of its copies
+    for copy, kept in copies.items():
+        copies_in.setdefault(kept, set()).add(copy.scope)
     for copy, kept in copies.items():
         if kept not in kept_as:
             kept_as[kept] = kept.name
-            if _spans_scopes(kept, copies):
+            if kept.scope != 0 and copies_in[kept] != {kept.scope}:  # a copy another scope may not see
                 kept_as[kept] = _hoisted(scopes, kept, taken)
                 if kept_as[kept] != kept.name:
                     renamed.setdefault(kept.scope, {})[kept.name] = kept_as[kept]
@@ -78,12 +81,6 @@ def _copies(model: onnx.ModelProto) -> tuple[dict[_Placed, _Placed], int]:
                 copies[placed] = kept
                 saved += len(content)
     return copies, saved
-
-
-def _spans_scopes(kept: _Placed, copies: dict[_Placed, _Placed]) -> bool:
-    """Whether a copy of `kept`, a subgraph's initializer, is in another scope (which may not
-    see it: a sibling branch)."""
-    return kept.scope != 0 and any(k == kept and copy.scope != kept.scope for copy, k in copies.items())
 
 
 def _hoisted(scopes: list[onnx.GraphProto], kept: _Placed, taken: set[str]) -> str:
