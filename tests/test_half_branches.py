@@ -5,6 +5,9 @@ running both branches against the float64 result."""
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -94,3 +97,59 @@ def test_an_if_after_other_nodes_stays_float32_whole(tmp_path):
     result = convexport.optimize(str(path), output=str(tmp_path / "h.onnx"), profile=False, dtype="fp16")
     kept = result.report["precision"]["kept_float32"]
     assert ("If", "it holds a subgraph") in [(entry["op"], entry["reason"]) for entry in kept]
+
+
+def test_a_large_merged_decoders_branches_keep_their_weights_on_disk_and_make_the_same_model(tmp_path, monkeypatch):
+    """Every model counted as large (ir.large's SERIALISED_MAX_BYTES at 256 bytes, a tensor of
+    16 bytes goes to a file): each branch's attempts keep their weights in folders beside the
+    output (half/on_disk.py), the weights the branches rounded go to the main graph (the writer
+    and ONNX Runtime find file-backed weights there only), and the model written computes what
+    the one made in memory does; once it is written no folder is left."""
+    from convexport.ir import large
+
+    in_memory = tmp_path / "in_memory"
+    in_memory.mkdir()
+    onnx.save(merged(), in_memory / "merged.onnx")
+    expected = convexport.optimize(str(in_memory / "merged.onnx"), output=str(in_memory / "half.onnx"), profile=False,
+                                   dtype="fp16")  # fmt: skip
+    monkeypatch.setattr(large, "SERIALISED_MAX_BYTES", 256)
+    monkeypatch.setattr(large, "EXTERNAL_TENSOR_MIN_BYTES", 16)
+    onnx.save(merged(), tmp_path / "merged.onnx")
+    result = convexport.optimize(str(tmp_path / "merged.onnx"), output=str(tmp_path / "half.onnx"), profile=False,
+                                 dtype="fp16")  # fmt: skip
+    assert result.report["precision"] == expected.report["precision"]
+    assert result.report["precision"]["nodes_half"] >= 6
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
+        ["in_memory", "merged.onnx", "half.onnx", Path(result.output_weights).name]
+    )
+    half = onnx.load(str(tmp_path / "half.onnx"), load_external_data=False)
+    assert branch_weights(half) == [] or all(t.data_location != TensorProto.EXTERNAL for t in branch_weights(half))
+    main = [(tuple(t.dims), t.data_type) for t in half.graph.initializer]
+    assert main.count(((16, 32), FLOAT16)) == 1 and ((16, 32), FLOAT) not in main, main
+    session = ort.InferenceSession(str(tmp_path / "half.onnx"), providers=["CPUExecutionProvider"])
+    reference = ort.InferenceSession(str(in_memory / "half.onnx"), providers=["CPUExecutionProvider"])
+    for use_cache in (True, False):
+        feeds = {"x": rng.standard_normal((2, 16)).astype(np.float32),
+                 "past": rng.standard_normal((2, 16)).astype(np.float32), "use_cache": np.array(use_cache)}  # fmt: skip
+        np.testing.assert_array_equal(session.run(None, feeds)[0], reference.run(None, feeds)[0])
+
+
+def test_a_branch_that_misses_its_bound_leaves_no_weights_folder_behind(tmp_path):
+    """Where the second branch misses its bound, the model is not converted by branch and every
+    folder the branches' attempts kept (the first's, which passed, among them) is removed."""
+    from convexport.half.branches import in_half_by_branch
+    from convexport.half.choose import HalfPrecision
+    from convexport.half.outputs import OutputJudgement
+
+    closed = []
+
+    def converted(branch, specs, real, given):
+        files = contextlib.ExitStack()
+        files.callback(closed.append, branch.graph.name)
+        passed = branch.graph.name.endswith("else_branch")  # the first converted (attributes are sorted)
+        judged = OutputJudgement(error=0.1 if passed else 2.0, bound=1.0, beyond=0 if passed else 3, elements=4)
+        outputs = {value.name: judged for value in branch.graph.output}
+        return HalfPrecision(branch, "float16", "float32", 1, 0, [], outputs, "float64", files=files)
+
+    assert in_half_by_branch(merged(), [], [], converted) is None
+    assert sorted(closed) == ["test_else_branch", "test_then_branch"], closed

@@ -9,14 +9,19 @@ converted and judged as any model is, with a float32 interface, on input sets ma
 model's are; the converted graphs go back into the If, which reads and writes float32 as it
 did. The main graph's weights the first branch rounds are given to the second rounded so
 (WeightRounding.given: its own rounding by its inputs' moments would round them otherwise), so
-that both read one weight, written once in the main graph (ir.deduplicate_initializers); where
-the second then misses its bound, it is converted again rounding its own, and those weights are
-one per branch. Where either branch misses its bound, or the model is large enough to keep its
-attempts on disk (on_disk.py), the model goes through choose.py as it is (its If float32).
+that both read one weight, written once in the main graph; where the second then misses its
+bound, it is converted again rounding its own, and those weights are one per branch. Every
+weight a branch rounded goes to the main graph under a name of its own (the float32 one is
+dropped once no branch reads it), as does a branch's own weight in a file: a large model's
+attempts keep their weights on disk (on_disk.py), and the writer and ONNX Runtime's sessions
+find file-backed weights in the main graph only. Where either branch misses its bound, the
+model goes through choose.py as it is (its If float32).
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
@@ -39,8 +44,6 @@ def merged_branches(model: onnx.ModelProto) -> list[str] | None:
     model is not one If whose branches read only the model's inputs and initializers."""
     graph = model.graph
     if len(graph.node) != 1 or graph.node[0].op_type != "If" or graph.sparse_initializer:
-        return None
-    if ir.kept_from_serialisation(model):
         return None
     known = {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
     # a default the caller may override is an input, not a weight to round into the branch
@@ -79,32 +82,64 @@ def in_half_by_branch(
     """`model` (an If over two branches: merged_branches) with each branch converted by
     `convert`; the main graph's weights the first branch rounded given to the second, rounded
     so (converted again without them where the second then misses its bound); None where it
-    is not such a model or where a branch misses its bound."""
+    is not such a model or where a branch misses its bound. A large model's branches keep their
+    weights in folders of their own (on_disk.py): the result's `files`, the caller's to close
+    once it is written."""
     branches = merged_branches(model)
     if branches is None:
         return None
+    files = contextlib.ExitStack()
+    try:
+        converted = _by_branch(model, branches, inputs, extra_feeds, convert, files)
+    except BaseException:
+        files.close()
+        raise
+    if converted is None:
+        files.close()
+    return converted
+
+
+def _by_branch(
+    model: onnx.ModelProto,
+    branches: list[str],
+    inputs: list[InputSpec],
+    extra_feeds: list[dict],
+    convert: BranchConverter,
+    files: contextlib.ExitStack,
+) -> HalfPrecision | None:
+    """in_half_by_branch's conversions, the folders of their weights entered into `files`."""  # fmt: skip
     main_weights = {tensor.name for tensor in model.graph.initializer}
     converted: list[tuple[str, HalfPrecision]] = []
     given: dict[str, tuple[onnx.TensorProto, str]] = {}
+    in_files = False
     for name in branches:
         branch = branch_model(model, name)
         reads = {value.name for value in branch.graph.input}
         specs = [spec for spec in inputs if spec.name in reads]
         real = [{k: v for k, v in feeds.items() if k in reads} for feeds in extra_feeds]
         half = convert(branch, specs, real, given or None)
-        if given and half.files is None and not half.passed:
+        if given and not half.passed:
+            _close(half)
+            given = {}
             half = convert(branch, specs, real, None)
         del branch  # its float32 weights: one branch's at a time
         heap.release_after(model)  # the first branch's sessions and evaluators, before the second's
         if half.files is not None:
-            half.files.close()
-            return None
+            files.enter_context(half.files)
+            in_files = True
         if not half.passed:
             return None
-        if not given:
+        if not converted:
             given = _rounded_weights(half, main_weights)
-        converted.append((name, replace(half, rounding=None)))  # its rounding holds the branch's graph
-    return _assembled(model, converted, given)
+        converted.append((name, replace(half, rounding=None, files=None)))  # its rounding holds the branch's graph
+    second = converted[1][1].model.graph
+    shared = {name: way for name, (tensor, way) in given.items() if _holds(second, tensor)}
+    return replace(_assembled(model, converted, shared), files=files if in_files else None)
+
+
+def _close(half: HalfPrecision) -> None:
+    if half.files is not None:
+        half.files.close()
 
 
 def _rounded_weights(half: HalfPrecision, names: set[str]) -> dict[str, tuple[onnx.TensorProto, str]]:
@@ -116,17 +151,20 @@ def _rounded_weights(half: HalfPrecision, names: set[str]) -> dict[str, tuple[on
     }
 
 
-def _assembled(model: onnx.ModelProto, converted: list[tuple[str, HalfPrecision]], given: dict) -> HalfPrecision:
-    """`model` with each branch's graph the converted one's, and what was chosen in both (a
-    weight of `given` counted once, in the first)."""
+def _assembled(
+    model: onnx.ModelProto, converted: list[tuple[str, HalfPrecision]], shared: dict[str, str]
+) -> HalfPrecision:
+    """`model` with each branch's graph the converted one's, and what was chosen in both. The
+    weights of `shared` (name -> its way of rounding) both branches read as the first rounded
+    them: written once, counted once."""
     result = onnx.ModelProto()
     result.CopyFrom(model)
     node = result.graph.node[0]
-    main_weights = {tensor.name: tensor.data_type for tensor in result.graph.initializer}
+    weights = _MainWeights(result.graph, shared)
     for attribute in node.attribute:
         for name, half in converted:
             if attribute.name == name:
-                _replace_branch(attribute.g, half.model.graph, main_weights, name)
+                _replace_branch(attribute.g, half.model.graph, weights, name)
     _drop_unread(result.graph)
     result = ir.deduplicate_initializers(result).model
     first, second = (half for _, half in converted)
@@ -136,8 +174,7 @@ def _assembled(model: onnx.ModelProto, converted: list[tuple[str, HalfPrecision]
         judged[output] = max(pair, key=lambda judgement: judgement.ratio)
     kept = [replace(entry, node=f"{node.name or node.output[0]}/{name}/{entry.node}")
             for name, half in converted for entry in half.kept]  # fmt: skip
-    rounded = Counter(first.weights_rounded) + Counter(second.weights_rounded)
-    rounded -= Counter(way for name, (tensor, way) in given.items() if _holds(second.model.graph, tensor))
+    rounded = Counter(first.weights_rounded) + Counter(second.weights_rounded) - Counter(shared.values())
     return HalfPrecision(
         result, first.dtype, first.io_dtype, first.nodes_half + second.nodes_half, first.casts + second.casts,
         kept, judged, first.against if first.against == second.against else "float32",
@@ -146,21 +183,55 @@ def _assembled(model: onnx.ModelProto, converted: list[tuple[str, HalfPrecision]
     )  # fmt: skip
 
 
-def _replace_branch(branch: onnx.GraphProto, converted: onnx.GraphProto, main_weights: dict[str, int], tag: str):
+class _MainWeights:
+    """The main graph's weights as the converted branches go back: the ones a branch rounded,
+    and a branch's own that are in a file (on_disk.py: the writer and ONNX Runtime's sessions
+    find file-backed weights in the main graph only), added there under names of their own."""
+
+    def __init__(self, graph: onnx.GraphProto, shared: dict[str, str]):
+        self.graph = graph
+        self.types = {tensor.name: tensor.data_type for tensor in graph.initializer}  # as the model has them
+        self.shared = shared
+        self._placed: dict[str, str] = {}  # a shared weight -> its name, once the first branch placed it
+        self._taken = {name for scope in ir.proto_scopes(graph) for name in _defined(scope)}
+
+    def as_is(self, tensor: onnx.TensorProto) -> bool:
+        """Whether `tensor` is the main graph's own, as the model has it."""
+        return self.types.get(tensor.name) == tensor.data_type
+
+    def placed(self, tensor: onnx.TensorProto, tag: str) -> str | None:
+        """The name the main graph reads `tensor` (of the branch `tag`) by; None for a weight
+        that stays in the branch (one of its own, held in memory)."""
+        if tensor.name in self._placed:
+            return self._placed[tensor.name]
+        if tensor.name not in self.types and not ir.is_file_backed(tensor):
+            return None
+        # the model's float32 weight may still be read by the other branch: a name of its own
+        base = f"{tensor.name}__{'half' if tensor.name in self.shared else tag}"
+        name = next(name for n in itertools.count() if (name := base if n == 0 else f"{base}{n}") not in self._taken)
+        self._taken.add(name)
+        copy = self.graph.initializer.add()
+        copy.CopyFrom(tensor)
+        copy.name = name
+        if tensor.name in self.shared:
+            self._placed[tensor.name] = name
+        return name
+
+
+def _replace_branch(branch: onnx.GraphProto, converted: onnx.GraphProto, weights: _MainWeights, tag: str):
     """`branch`'s nodes, weights and value infos the `converted` graph's (whose inputs are the
-    outer scope's). A weight of the main graph (`main_weights`: name -> type) the conversion
-    left as it was is read there; one it rounded is the branch's own, renamed (the other
-    branch may read the float32 one)."""
+    outer scope's). A weight of the main graph the conversion left as it was is read there; one
+    it rounded goes to the main graph (_MainWeights), as do the branch's own in files."""
     renamed = {}
     del branch.initializer[:]
     for tensor in converted.initializer:
-        if main_weights.get(tensor.name) == tensor.data_type:
-            continue  # the main graph's, as it is
-        if tensor.name in main_weights:
-            renamed[tensor.name] = f"{tensor.name}__{tag}"
-        copy = branch.initializer.add()
-        copy.CopyFrom(tensor)
-        copy.name = renamed.get(tensor.name, tensor.name)
+        if weights.as_is(tensor):
+            continue
+        name = weights.placed(tensor, tag)
+        if name is None:
+            branch.initializer.add().CopyFrom(tensor)
+        else:
+            renamed[tensor.name] = name
     del branch.node[:]
     branch.node.extend(converted.node)
     for node in branch.node:
@@ -170,12 +241,18 @@ def _replace_branch(branch: onnx.GraphProto, converted: onnx.GraphProto, main_we
     del branch.output[:]
     branch.output.extend(converted.output)
     del branch.value_info[:]
-    branch.value_info.extend(value for value in converted.value_info if value.name not in main_weights)
+    branch.value_info.extend(value for value in converted.value_info if value.name not in weights.types | renamed)
 
 
 def _holds(graph: onnx.GraphProto, tensor: onnx.TensorProto) -> bool:
     """Whether `graph` holds `tensor` (by name, in its type): the second branch rounded it as given."""
     return any(own.name == tensor.name and own.data_type == tensor.data_type for own in graph.initializer)
+
+
+def _defined(scope: onnx.GraphProto) -> set[str]:
+    """The names `scope` defines itself: its inputs, initializers and nodes' outputs."""
+    own = {value.name for value in scope.input} | {tensor.name for tensor in scope.initializer}
+    return own | {name for node in scope.node for name in node.output}
 
 
 def _drop_unread(graph: onnx.GraphProto) -> None:
