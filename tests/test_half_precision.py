@@ -849,3 +849,24 @@ def test_a_float32_tail_that_costs_a_cast_per_branch_is_left_out(tmp_path, monke
         assert precision["kept_float32"] == [] and casts == precision["casts"] == 5
     else:
         assert [entry["op"] for entry in precision["kept_float32"]] == ["Concat"] and casts == 8
+
+
+def test_each_cast_the_conversion_adds_is_shaped_and_the_flops_stay_counted(tmp_path):
+    """The Cast of a float32 input into float16 gets a value_info (its input's shape, the type it
+    makes): the model is not inferred again, and the report's FLOPs (read off value_info)
+    counted the MatMul after it as nothing: 'after' fell below 'before'."""
+    from convexport.stats import graph_stats
+
+    weights = {"w": np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    model = make_model(nodes, [tensor("x", [8, 64])], [tensor("y", [8, 256])], weights)
+    result, half = optimized_in_half(model, tmp_path)
+    shaped = {value.name: value.type.tensor_type for value in (*half.graph.value_info, *half.graph.output)}
+    casts = [node for node in half.graph.node if node.op_type == "Cast"]
+    assert casts and all(node.output[0] in shaped and shaped[node.output[0]].HasField("shape") for node in casts)
+    cast_in = next(node for node in casts if node.input[0] == "x")
+    assert shaped[cast_in.output[0]].elem_type == FLOAT16
+    assert [d.dim_value for d in shaped[cast_in.output[0]].shape.dim] == [8, 64]
+    assert graph_stats(half)["flops"] >= 2 * 8 * 64 * 256
+    assert result.report["after"]["flops"] == graph_stats(half)["flops"] >= 0.99 * result.report["before"]["flops"]
+    onnx.checker.check_model(half, full_check=True)

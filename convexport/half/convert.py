@@ -89,6 +89,7 @@ def with_precision(
     graph.node.extend(ordered)
     _retype_interface(graph, plan.io_type)
     _retype_value_info(graph, home, renamed)
+    _shape_casts(graph, casts)
     now = {**types, **home, **{cast.output[0]: want for (_, want), cast in casts.items()}}
     now.update({inner: home[name] for name, inner in renamed.items()})
     merged = merge_widening_casts(graph, now)
@@ -202,6 +203,22 @@ def _retype_interface(graph: onnx.GraphProto, io_type: int) -> None:
     for value in (*graph.input, *graph.output):
         if value.type.tensor_type.elem_type == FLOAT:
             value.type.tensor_type.elem_type = io_type
+
+
+def _shape_casts(graph: onnx.GraphProto, casts: dict[tuple[str, int], onnx.NodeProto]) -> None:
+    """A value_info for each added Cast's output: the shape of the tensor it casts, in the type
+    it makes. Shape inference is not run again on the converted model, and what reads shapes
+    from value_info (the report's FLOPs, later tools) would find the nodes after an input's
+    Cast unshaped."""
+    known = {value.name: value for value in (*graph.input, *graph.value_info, *graph.output)}
+    for (name, want), cast in casts.items():
+        source = known.get(name)
+        if source is None or not source.type.tensor_type.HasField("shape"):
+            continue
+        value = graph.value_info.add()
+        value.CopyFrom(source)
+        value.name = cast.output[0]
+        value.type.tensor_type.elem_type = want
 
 
 def _retype_value_info(graph: onnx.GraphProto, home: dict[str, int], renamed: dict[str, str]) -> None:
