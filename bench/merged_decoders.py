@@ -148,8 +148,9 @@ def rows_for(name: str, folder: Path) -> list[str]:
             ratio = written_bytes(peer) / path.stat().st_size
             rows.append(f"| {label} | onnxconverter-common fp16 | {seconds:.0f} | | {ratio:.2f}x | | | {worst:.2e} "
                         f"| {typical:.2e} |")  # fmt: skip
-        except Exception as exc:  # the tool's own failure is the result
-            rows.append(f"| {label} | onnxconverter-common fp16 | no: {str(exc).splitlines()[0][:70]} | | | | | | |")
+        except Exception as exc:  # the tool's own failure is the result: ONNX Runtime's reason for it
+            reason = str(exc).split("failed:")[-1].strip().splitlines()[0][:100]
+            rows.append(f"| {label} | onnxconverter-common fp16 | no: {reason} | | | | | | |")
         print(rows[-1], flush=True)
     return rows
 
