@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper
 
 import convexport
@@ -153,3 +154,70 @@ def test_a_branch_that_misses_its_bound_leaves_no_weights_folder_behind(tmp_path
 
     assert in_half_by_branch(merged(), [], [], converted) is None
     assert sorted(closed) == ["test_else_branch", "test_then_branch"], closed
+
+
+def run_against_float64(original: onnx.ModelProto, half: onnx.ModelProto, bound: float) -> None:
+    """Both branches of the half model, fed as its interface says, within twice the report's
+    bound of the original's float64 result on fresh inputs (the float16 interface's inputs
+    rounded first: that rounding is the caller's)."""
+    evaluator = Float64Evaluator(original)
+    session = ort.InferenceSession(half.SerializeToString(), providers=["CPUExecutionProvider"])
+    kinds = {value.name: value.type for value in session.get_inputs()}
+    for seed, use_cache in ((20, True), (21, False)):
+        inputs = np.random.default_rng(seed)
+        feeds = {"x": inputs.standard_normal((2, 16)).astype(np.float32),
+                 "past": inputs.standard_normal((2, 16)).astype(np.float32), "use_cache": np.array(use_cache)}  # fmt: skip
+        fed = {k: v.astype(np.float16) if kinds[k] == "tensor(float16)" else v for k, v in feeds.items()}
+        exact = evaluator.run({k: v.astype(np.float32) for k, v in fed.items()})[0]
+        got = session.run(None, fed)[0].astype(np.float64)
+        assert np.abs(got - exact).max() <= 2 * bound, (use_cache, np.abs(got - exact).max(), bound)
+
+
+def test_a_float16_interface_converts_each_branch_and_retypes_the_ifs_inputs_and_outputs(tmp_path):
+    """--io-dtype fp16 on a merged decoder: each branch converted with a float16 interface, and
+    the model's float inputs and outputs float16 as the branches read and make them (the If
+    kept float32 with float16 inputs was a model ONNX Runtime would not load)."""
+    onnx.save(merged(), tmp_path / "merged.onnx")
+    result = convexport.optimize(str(tmp_path / "merged.onnx"), output=str(tmp_path / "half.onnx"), profile=False,
+                                 dtype="fp16", io_dtype="fp16")  # fmt: skip
+    half = onnx.load(str(tmp_path / "half.onnx"))
+    onnx.checker.check_model(half, full_check=True)
+    precision = result.report["precision"]
+    assert precision["validation"]["passed"] and precision["nodes_half"] >= 6 and precision["kept_float32"] == []
+    kinds = [v.type.tensor_type.elem_type for v in (*half.graph.input, *half.graph.output)]
+    assert kinds == [FLOAT16, FLOAT16, TensorProto.BOOL, FLOAT16], kinds
+    run_against_float64(merged(), half, precision["validation"]["outputs"]["y"]["bound"])
+
+
+@pytest.mark.parametrize("io_dtype", ["fp32", "fp16"])
+def test_an_if_kept_float32_reads_what_it_reads_of_the_main_graph_in_float32(tmp_path, io_dtype):
+    """An If beside a MatMul in half whose weight one branch reads too: the If stays float32
+    whole, and what its branches read of the main graph (the weight, a float16 interface's
+    inputs) they read in float32, Casts made before the If; the weight stays one float32 tensor
+    (the MatMul reads a Cast of it). Before, a weight the main graph read in half was rounded
+    and the branch read it so, and a float16 interface's inputs went in as they were: models
+    ONNX Runtime would not load."""
+    weight = rng.normal(0, 0.3, (16, 16)).astype(np.float32)
+    then_branch = helper.make_graph([helper.make_node("MatMul", ["past", "w"], ["t"])], "then", [],
+                                    [tensor("t", [2, 16])])  # fmt: skip
+    else_branch = helper.make_graph([helper.make_node("Tanh", ["past"], ["e"])], "else", [], [tensor("e", [2, 16])])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("If", ["use_cache"], ["b"], then_branch=then_branch, else_branch=else_branch),
+             helper.make_node("Add", ["h", "b"], ["y"])]  # fmt: skip
+    inputs = [tensor("x", [2, 16]), tensor("past", [2, 16]), tensor("use_cache", [], TensorProto.BOOL)]
+    model = make_model(nodes, inputs, [tensor("y", [2, 16])], {"w": weight})
+    assert merged_branches(model) is None
+    onnx.save(model, tmp_path / "m.onnx")
+    result = convexport.optimize(str(tmp_path / "m.onnx"), output=str(tmp_path / "h.onnx"), profile=False,
+                                 dtype="fp16", io_dtype=io_dtype)  # fmt: skip
+    half = onnx.load(str(tmp_path / "h.onnx"))
+    onnx.checker.check_model(half, full_check=True)
+    precision = result.report["precision"]
+    assert [entry["op"] for entry in precision["kept_float32"]] == ["If"] and precision["nodes_half"] >= 2
+    assert [(t.name, t.data_type) for t in half.graph.initializer] == [("w", FLOAT)]
+    if_node = next(node for node in half.graph.node if node.op_type == "If")
+    branch_reads = {name for attribute in if_node.attribute for node in attribute.g.node for name in node.input}
+    cast_of = {node.input[0]: node.output[0] for node in half.graph.node if node.op_type == "Cast"}
+    assert branch_reads == ({"past__as_f32", "w"} if io_dtype == "fp16" else {"past", "w"}), branch_reads
+    run_against_float64(model, half, precision["validation"]["outputs"]["y"]["bound"])
+    assert "w" in cast_of  # the MatMul in float16 reads the float32 weight through a Cast

@@ -54,18 +54,16 @@ def in_half_precision(
     given (an If's other branch rounded them: branches.py)."""
     from ..validate import reference_runs
 
-    if io_dtype == "float32":
+    def branch_in_half(branch: onnx.ModelProto, specs: list[InputSpec], real: list[dict], rounded) -> HalfPrecision:
+        names = {node.name for node in branch.graph.node}
+        own_fused = [(kernel, members) for kernel, members in fused if members <= names]
+        return in_half_precision(
+            branch, branch, specs, runs, real, None, dtype, io_dtype, own_fused, device, given=rounded
+        )
 
-        def branch_in_half(branch: onnx.ModelProto, specs: list[InputSpec], real: list[dict], rounded) -> HalfPrecision:
-            names = {node.name for node in branch.graph.node}
-            own_fused = [(kernel, members) for kernel, members in fused if members <= names]
-            return in_half_precision(
-                branch, branch, specs, runs, real, None, dtype, io_dtype, own_fused, device, given=rounded
-            )
-
-        by_branch = in_half_by_branch(optimized, inputs, extra_feeds, branch_in_half)
-        if by_branch is not None:
-            return by_branch
+    by_branch = in_half_by_branch(optimized, inputs, extra_feeds, branch_in_half)
+    if by_branch is not None:
+        return by_branch
     if original_runs is not None and original_runs.device == device:
         names, feeds, float32 = original_runs.names, original_runs.feeds, original_runs.outputs
     else:

@@ -5,9 +5,9 @@ the decoder with it, both reading the weights of the main graph).
 choose.py converts the main graph's nodes; a node holding a subgraph stays float32 whole. Where
 the main graph is one If whose branches read nothing but the model's inputs and weights, each
 branch is a model of its own (those inputs, those weights, the branch's nodes and outputs),
-converted and judged as any model is, with a float32 interface, on input sets made up as the
-model's are; the converted graphs go back into the If, which reads and writes float32 as it
-did. The main graph's weights the first branch rounds are given to the second rounded so
+converted and judged as any model is, with the interface asked for (float32, or the half type
+with --io-dtype), on input sets made up as the model's are; the converted graphs go back into
+the If, and the model's inputs and outputs take the types the branches read and make. The main graph's weights the first branch rounds are given to the second rounded so
 (WeightRounding.given: its own rounding by its inputs' moments would round them otherwise), so
 that both read one weight, written once in the main graph; where the second then misses its
 bound, it is converted again rounding its own, and those weights are one per branch. Every
@@ -52,7 +52,7 @@ def merged_branches(model: onnx.ModelProto) -> list[str] | None:
     for attribute in graph.node[0].attribute:
         if attribute.type != onnx.AttributeProto.GRAPH:
             continue
-        reads = _outer_reads(attribute.g)
+        reads = ir.proto_outer_reads(attribute.g)
         if not reads <= known or reads & overridable or any(proto_subgraphs(node) for node in attribute.g.node):
             return None
         names.append(attribute.name)
@@ -64,7 +64,7 @@ def branch_model(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
     inputs and weights it reads, its nodes, weights and outputs."""
     graph = model.graph
     branch = next(attribute.g for attribute in graph.node[0].attribute if attribute.name == name)
-    outer = _outer_reads(branch)
+    outer = ir.proto_outer_reads(branch)
     weights = [tensor for tensor in graph.initializer if tensor.name in outer]
     inputs = [value for value in graph.input if value.name in outer and value.name not in {t.name for t in weights}]
     own = onnx.helper.make_graph(
@@ -166,6 +166,7 @@ def _assembled(
             if attribute.name == name:
                 _replace_branch(attribute.g, half.model.graph, weights, name)
     _drop_unread(result.graph)
+    _interface_as_branches(result.graph, [half.model.graph for _, half in converted])
     result = ir.deduplicate_initializers(result).model
     first, second = (half for _, half in converted)
     judged = {}  # each If output: the worse of the branch outputs at its position
@@ -244,6 +245,19 @@ def _replace_branch(branch: onnx.GraphProto, converted: onnx.GraphProto, weights
     branch.value_info.extend(value for value in converted.value_info if value.name not in weights.types | renamed)
 
 
+def _interface_as_branches(graph: onnx.GraphProto, branches: list[onnx.GraphProto]) -> None:
+    """The main graph's inputs and outputs in the types the converted branches read and make
+    them: a half interface's (--io-dtype fp16), float32's as before."""
+    read = {value.name: value.type.tensor_type.elem_type for branch in branches for value in branch.input}
+    made = {
+        produced: value.type.tensor_type.elem_type for produced, value in zip(graph.node[0].output, branches[0].output)
+    }
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        kind = read.get(value.name, made.get(value.name))
+        if kind is not None and value.type.HasField("tensor_type"):
+            value.type.tensor_type.elem_type = kind
+
+
 def _holds(graph: onnx.GraphProto, tensor: onnx.TensorProto) -> bool:
     """Whether `graph` holds `tensor` (by name, in its type): the second branch rounded it as given."""
     return any(own.name == tensor.name and own.data_type == tensor.data_type for own in graph.initializer)
@@ -261,15 +275,3 @@ def _drop_unread(graph: onnx.GraphProto) -> None:
     for index in reversed(range(len(graph.initializer))):
         if graph.initializer[index].name not in read:
             del graph.initializer[index]
-
-
-def _outer_reads(graph: onnx.GraphProto) -> set[str]:
-    """The names `graph`'s nodes (and their subgraphs') read that `graph` does not define."""
-    defined = {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
-    defined |= {name for node in graph.node for name in node.output}
-    read = set()
-    for node in graph.node:
-        read.update(name for name in node.input if name)
-        for sub in proto_subgraphs(node):
-            read |= _outer_reads(sub)
-    return read - defined

@@ -6,7 +6,10 @@ constant (an initializer or a Constant node's value) the half type when every no
 reads it in half: the float32 weight rounded once into the half type (rounding.py). A reader
 that needs the other type reads a Cast of it, one Cast per tensor and type, placed before its
 first reader; a graph output whose home differs from the interface's type is cast back under
-its own name. So Casts sit only at the edges between the two precisions and at the interface;
+its own name. A node holding subgraphs (an If, a Loop) stays float32 whole, and what they read
+of this scope is read in float32: a Cast of a tensor made in half (a half interface's input),
+which the subgraphs are renamed to read. So Casts sit only at the edges between the two
+precisions and at the interface;
 a Cast into float32 that the model casts on into float64 is one Cast (cast_chains.py).
 """
 
@@ -21,6 +24,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
+from ..ir import proto_outer_reads, proto_subgraphs, read_outer_as
 from .cast_chains import merge_widening_casts
 from .rounding import WeightRounding, rounded
 from .slots import TYPE_ATTRIBUTES, TYPE_TAGS, DataSlots
@@ -60,7 +64,8 @@ def with_precision(
     nodes = list(graph.node)
     plan = _readers_follow_their_inputs(graph, nodes, plan)
     wanted = _wanted_types(nodes, plan, types)
-    home = _home_types(graph, nodes, plan, types, wanted)
+    outer = _outer_float_reads(nodes, types)
+    home = _home_types(graph, nodes, plan, types, wanted, outer)
     for index in plan.nodes:
         retype_attributes(nodes[index], plan.half)
     stored = _retype_constants(graph, nodes, home, rounding)
@@ -68,19 +73,26 @@ def with_precision(
     renamed = _renamed_outputs(nodes, home, outputs, plan.io_type, stored)
     casts: dict[tuple[str, int], onnx.NodeProto] = {}
     ordered: list[onnx.NodeProto] = []
+
+    def read_as(name: str, want: int | None) -> str:
+        """The name a reader of `name` wanting it in `want` reads: a Cast of it where its home
+        is another type (made before its first reader), else the tensor."""
+        source = renamed.get(name, name)
+        if want is None or home.get(name, want) == want:
+            return source
+        if (name, want) not in casts:
+            cast = onnx.helper.make_node("Cast", [source], [f"{name}__as_{TYPE_TAGS[want]}"], to=want)
+            cast.name = f"{cast.output[0]}__cast"
+            casts[(name, want)] = cast
+            ordered.append(cast)
+        return casts[(name, want)].output[0]
+
     for index, node in enumerate(nodes):
         for position, name in enumerate(node.input):
-            source = renamed.get(name, name)
-            want = wanted.get((index, position))
-            if want is None or home.get(name, want) == want:
-                node.input[position] = source
-                continue
-            if (name, want) not in casts:
-                cast = onnx.helper.make_node("Cast", [source], [f"{name}__as_{TYPE_TAGS[want]}"], to=want)
-                cast.name = f"{cast.output[0]}__cast"
-                casts[(name, want)] = cast
-                ordered.append(cast)
-            node.input[position] = casts[(name, want)].output[0]
+            node.input[position] = read_as(name, wanted.get((index, position)))
+        inside = {name: read_as(name, FLOAT) for name in outer.get(index, ())}
+        for sub in proto_subgraphs(node):
+            read_outer_as(sub, {name: read for name, read in inside.items() if read != name})
         ordered.append(node)
     for name, inner in renamed.items():
         cast = onnx.helper.make_node("Cast", [inner], [name], to=plan.io_type, name=f"{name}__cast")
@@ -131,8 +143,21 @@ def _wanted_types(nodes, plan: PrecisionPlan, types: dict[str, int]) -> dict[tup
     return wanted
 
 
-def _home_types(graph, nodes, plan: PrecisionPlan, types, wanted) -> dict[str, int]:
-    """The type each float tensor is made in (module doc)."""
+def _outer_float_reads(nodes, types: dict[str, int]) -> dict[int, list[str]]:
+    """The float tensors of this scope each node's subgraphs read (an If's branches, a Loop's
+    body): node index -> names. Such a node stays float32 whole (choose.py), and its subgraphs
+    read them in float32: a Cast of each one made in half, which they are renamed to read."""
+    reads = {}
+    for index, node in enumerate(nodes):
+        names = {name for sub in proto_subgraphs(node) for name in proto_outer_reads(sub) if types.get(name) == FLOAT}
+        if names:
+            reads[index] = sorted(names)
+    return reads
+
+
+def _home_types(graph, nodes, plan: PrecisionPlan, types, wanted, outer: dict[int, list[str]]) -> dict[str, int]:
+    """The type each float tensor is made in (module doc); what subgraphs read (`outer`) is
+    read in float32."""
     home = {value.name: plan.io_type for value in graph.input if types.get(value.name) == FLOAT}
     for index, node in enumerate(nodes):
         slots = plan.nodes.get(index)
@@ -144,6 +169,9 @@ def _home_types(graph, nodes, plan: PrecisionPlan, types, wanted) -> dict[str, i
     readers: dict[str, set[int]] = {}
     for (index, position), want in wanted.items():
         readers.setdefault(nodes[index].input[position], set()).add(want)
+    for names in outer.values():
+        for name in names:
+            readers.setdefault(name, set()).add(FLOAT)
     constants = [t.name for t in graph.initializer if t.data_type == FLOAT]
     constants += [node.output[0] for node in nodes if node.op_type == "Constant" and types.get(node.output[0]) == FLOAT]
     outputs = {value.name for value in graph.output}

@@ -56,7 +56,17 @@ from .query import (
     onnx_opset,
     tensor_dtype,
 )
-from .scopes import all_graphs, cleaned_up, node_subgraphs, proto_scopes, proto_subgraphs, tensor_map, toposort
+from .scopes import (
+    all_graphs,
+    cleaned_up,
+    node_subgraphs,
+    proto_outer_reads,
+    proto_scopes,
+    proto_subgraphs,
+    read_outer_as,
+    tensor_map,
+    toposort,
+)
 from .shapes import carry_dim_names, fully_shaped, infer_shapes
 from .weight_files import counting_bytes, is_file_backed, moved_weights, point_at_files, relative_to, tensor_array
 
@@ -112,8 +122,10 @@ __all__ = [
     "all_graphs",
     "cleaned_up",
     "node_subgraphs",
+    "proto_outer_reads",
     "proto_scopes",
     "proto_subgraphs",
+    "read_outer_as",
     "tensor_map",
     "toposort",
     "fully_shaped",

@@ -29,6 +29,33 @@ def proto_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     ]
 
 
+def proto_outer_reads(graph: onnx.GraphProto) -> set[str]:
+    """The names `graph`'s nodes (and their subgraphs') read that `graph` does not define:
+    what it reads from the scopes around it."""
+    defined = {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
+    defined |= {name for node in graph.node for name in node.output}
+    read = set()
+    for node in graph.node:
+        read.update(name for name in node.input if name)
+        for sub in proto_subgraphs(node):
+            read |= proto_outer_reads(sub)
+    return read - defined
+
+
+def read_outer_as(graph: onnx.GraphProto, renamed: dict[str, str]) -> None:
+    """`graph`'s reads of the outer scope's tensors (proto_outer_reads) renamed as `renamed`
+    says, in place, in its subgraphs too (a name a scope defines itself is its own there)."""
+    defined = {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
+    defined |= {name for node in graph.node for name in node.output}
+    outer = {old: new for old, new in renamed.items() if old not in defined}
+    for node in graph.node if outer else ():
+        for position, name in enumerate(node.input):
+            if name in outer:
+                node.input[position] = outer[name]
+        for sub in proto_subgraphs(node):
+            read_outer_as(sub, outer)
+
+
 def all_graphs(graph: gs.Graph) -> list[gs.Graph]:
     """The graph and every subgraph, recursively, outermost first."""
     found = [graph]
