@@ -6,13 +6,14 @@ convexport keeps a model's attempts on disk), beside optimum's decoder without p
 
     PYTHONPATH=/path/to/hf/packages:FP16_PACKAGES .venv/bin/python bench/merged_decoders.py [--only t5|whisper]
 
-Per file: `convexport optimize --dtype fp16 --no-profile` in a process of its own (its time and
-peak RSS), the bytes written, the nodes in float16 and float32, and the error against the
-export's float64 result on held-out input sets (half_precision.py's seeds, every dynamic dim 8,
-masks right-padded) taking each branch (use_cache_branch false and true: two sets each), as
-max error / rms and rms error / rms; onnxconverter-common's convert_float_to_float16
-(keep_io_types) beside it, the one peer that takes a merged decoder at all (ONNX Runtime's
-optimizer fuses nothing inside an If).
+Per file: `convexport optimize --dtype fp16 --no-profile`, with a float32 interface and with
+`--io-dtype fp16`, in a process of its own (its time and peak RSS), the bytes written, the nodes
+in float16 and float32, and the error against the export's float64 result on held-out input
+sets (half_precision.py's seeds, every dynamic dim 8, masks right-padded) taking each branch
+(use_cache_branch false and true: two sets each), as max error / rms and rms error / rms (a
+float16 interface's inputs rounded to float16 as a caller's would be: that rounding counts);
+onnxconverter-common's convert_float_to_float16 (keep_io_types) beside it, the one peer that
+takes a merged decoder at all (ONNX Runtime's optimizer fuses nothing inside an If).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ _CONVERT = """
 import json, os, resource, sys, time
 import convexport
 began = time.perf_counter()
-result = convexport.optimize(sys.argv[1], output=sys.argv[2], profile=False, dtype="fp16")
+result = convexport.optimize(sys.argv[1], output=sys.argv[2], profile=False, dtype="fp16", io_dtype=sys.argv[3])
 precision = result.report["precision"]
 # VmHWM: ru_maxrss carries over the parent's peak across exec (Linux), here a float64 evaluator's
 status = open("/proc/self/status").read().splitlines() if os.path.exists("/proc/self/status") else []
@@ -99,8 +100,9 @@ def held_out_sets(path: Path) -> list[dict]:
     return sets
 
 
-def converted(path: Path, out: Path) -> dict:
-    run = subprocess.run([sys.executable, "-c", _CONVERT, str(path), str(out)], capture_output=True, text=True)
+def converted(path: Path, out: Path, io_dtype: str) -> dict:
+    command = [sys.executable, "-c", _CONVERT, str(path), str(out), io_dtype]
+    run = subprocess.run(command, capture_output=True, text=True)
     if run.returncode != 0:
         return {"failed": (run.stderr.strip().splitlines() or ["?"])[-1][:80]}
     return json.loads(run.stdout.strip().splitlines()[-1])
@@ -124,18 +126,20 @@ def rows_for(name: str, folder: Path) -> list[str]:
         evaluator = Float64Evaluator(onnx.load(str(path)))
         exact = [evaluator.run(feeds) for feeds in sets]
         del evaluator
-        out = path.with_name(path.stem + ".cx16.onnx")
-        made = converted(path, out)
-        if "failed" in made:
-            rows.append(f"| {label} | convexport --dtype fp16 | no: {made['failed']} | | | | | | |")
-        else:
-            worst, typical = error_vs_exact(out, sets, exact)
-            rows.append(
-                f"| {label} | convexport --dtype fp16 | {made['s']:.0f} | {made['peak'] / 2**30:.2f} | "
-                f"{written_bytes(out) / path.stat().st_size:.2f}x | {made['half']} / {made['float32']} | "
-                f"{made['against']} | {worst:.2e} | {typical:.2e} |"
-            )
-        print(rows[-1], flush=True)
+        for io_dtype in ("fp32", "fp16"):
+            tool = "convexport --dtype fp16" + (" --io-dtype fp16" if io_dtype == "fp16" else "")
+            out = path.with_name(f"{path.stem}.cx16.{io_dtype}.onnx")
+            made = converted(path, out, io_dtype)
+            if "failed" in made:
+                rows.append(f"| {label} | {tool} | no: {made['failed']} | | | | | | |")
+            else:
+                worst, typical = error_vs_exact(out, sets, exact)
+                rows.append(
+                    f"| {label} | {tool} | {made['s']:.0f} | {made['peak'] / 2**30:.2f} | "
+                    f"{written_bytes(out) / path.stat().st_size:.2f}x | {made['half']} / {made['float32']} | "
+                    f"{made['against']} | {worst:.2e} | {typical:.2e} |"
+                )
+            print(rows[-1], flush=True)
         began = time.perf_counter()
         peer = path.with_name(path.stem + ".occ16.onnx")
         try:

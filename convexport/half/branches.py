@@ -7,7 +7,8 @@ the main graph is one If whose branches read nothing but the model's inputs and 
 branch is a model of its own (those inputs, those weights, the branch's nodes and outputs),
 converted and judged as any model is, with the interface asked for (float32, or the half type
 with --io-dtype), on input sets made up as the model's are; the converted graphs go back into
-the If, and the model's inputs and outputs take the types the branches read and make. The main graph's weights the first branch rounds are given to the second rounded so
+the If, and the model's inputs and outputs take the types the branches read and make. The
+main graph's weights the first branch rounds are given to the second rounded so
 (WeightRounding.given: its own rounding by its inputs' moments would round them otherwise), so
 that both read one weight, written once in the main graph; where the second then misses its
 bound, it is converted again rounding its own, and those weights are one per branch. Every
