@@ -108,7 +108,7 @@ def _by_branch(
     convert: BranchConverter,
     files: contextlib.ExitStack,
 ) -> HalfPrecision | None:
-    """in_half_by_branch's conversions, the folders of their weights entered into `files`."""  # fmt: skip
+    """in_half_by_branch's conversions, the folders of their weights entered into `files`."""
     main_weights = {tensor.name for tensor in model.graph.initializer}
     converted: list[tuple[str, HalfPrecision]] = []
     given: dict[str, tuple[onnx.TensorProto, str]] = {}
@@ -195,7 +195,7 @@ class _MainWeights:
         self.types = {tensor.name: tensor.data_type for tensor in graph.initializer}  # as the model has them
         self.shared = shared
         self._placed: dict[str, str] = {}  # a shared weight -> its name, once the first branch placed it
-        self._taken = {name for scope in ir.proto_scopes(graph) for name in _defined(scope)}
+        self._taken = set().union(*map(ir.proto_own_names, ir.proto_scopes(graph)))
 
     def as_is(self, tensor: onnx.TensorProto) -> bool:
         """Whether `tensor` is the main graph's own, as the model has it."""
@@ -243,7 +243,8 @@ def _replace_branch(branch: onnx.GraphProto, converted: onnx.GraphProto, weights
     del branch.output[:]
     branch.output.extend(converted.output)
     del branch.value_info[:]
-    branch.value_info.extend(value for value in converted.value_info if value.name not in weights.types | renamed)
+    weight_names = set(weights.types) | set(renamed)
+    branch.value_info.extend(value for value in converted.value_info if value.name not in weight_names)
 
 
 def _interface_as_branches(graph: onnx.GraphProto, branches: list[onnx.GraphProto]) -> None:
@@ -262,12 +263,6 @@ def _interface_as_branches(graph: onnx.GraphProto, branches: list[onnx.GraphProt
 def _holds(graph: onnx.GraphProto, tensor: onnx.TensorProto) -> bool:
     """Whether `graph` holds `tensor` (by name, in its type): the second branch rounded it as given."""
     return any(own.name == tensor.name and own.data_type == tensor.data_type for own in graph.initializer)
-
-
-def _defined(scope: onnx.GraphProto) -> set[str]:
-    """The names `scope` defines itself: its inputs, initializers and nodes' outputs."""
-    own = {value.name for value in scope.input} | {tensor.name for tensor in scope.initializer}
-    return own | {name for node in scope.node for name in node.output}
 
 
 def _drop_unread(graph: onnx.GraphProto) -> None:

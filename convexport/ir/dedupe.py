@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import onnx
 
 from .convert import overridable_initializers
-from .scopes import proto_scopes, proto_subgraphs
+from .scopes import proto_own_names, proto_scopes, proto_subgraphs
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def _hoisted(scopes: list[onnx.GraphProto], kept: _Placed, taken: set[str]) -> s
     moved = onnx.TensorProto()
     moved.CopyFrom(next(init for init in scope.initializer if init.name == kept.name))
     _drop(scope, kept.name)
-    if any(kept.name in _own_names(other) for other in scopes):
+    if any(kept.name in proto_own_names(other) for other in scopes):
         moved.name = next(name for n in itertools.count() if (name := f"{kept.name}__shared{n}") not in taken)
         taken.add(moved.name)
     scopes[0].initializer.append(moved)
@@ -121,20 +121,14 @@ def _rename_reads(scope: onnx.GraphProto, names: dict[str, str]) -> None:
             if name in names:
                 node.input[index] = names[name]
         for sub in proto_subgraphs(node):
-            own = _own_names(sub)
+            own = proto_own_names(sub)
             inherited = {old: new for old, new in names.items() if old not in own}
             if inherited:
                 _rename_reads(sub, inherited)
 
 
-def _own_names(scope: onnx.GraphProto) -> set[str]:
-    """The names `scope` defines itself (inputs, initializers, its nodes' outputs)."""
-    own = {value.name for value in scope.input} | {init.name for init in scope.initializer}
-    return own | {output for node in scope.node for output in node.output}
-
-
 def _defined_names(scopes: list[onnx.GraphProto]) -> set[str]:
-    return set().union(*(_own_names(scope) for scope in scopes))
+    return set().union(*(proto_own_names(scope) for scope in scopes))
 
 
 def _content(tensor: onnx.TensorProto) -> bytes:

@@ -29,11 +29,16 @@ def proto_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     ]
 
 
+def proto_own_names(graph: onnx.GraphProto) -> set[str]:
+    """The names `graph` defines itself: its inputs, initializers and nodes' outputs."""
+    own = {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
+    return own | {name for node in graph.node for name in node.output}
+
+
 def proto_outer_reads(graph: onnx.GraphProto) -> set[str]:
     """The names `graph`'s nodes (and their subgraphs') read that `graph` does not define:
     what it reads from the scopes around it."""
-    defined = {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
-    defined |= {name for node in graph.node for name in node.output}
+    defined = proto_own_names(graph)
     read = set()
     for node in graph.node:
         read.update(name for name in node.input if name)
@@ -45,8 +50,7 @@ def proto_outer_reads(graph: onnx.GraphProto) -> set[str]:
 def read_outer_as(graph: onnx.GraphProto, renamed: dict[str, str]) -> None:
     """`graph`'s reads of the outer scope's tensors (proto_outer_reads) renamed as `renamed`
     says, in place, in its subgraphs too (a name a scope defines itself is its own there)."""
-    defined = {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
-    defined |= {name for node in graph.node for name in node.output}
+    defined = proto_own_names(graph)
     outer = {old: new for old, new in renamed.items() if old not in defined}
     for node in graph.node if outer else ():
         for position, name in enumerate(node.input):
