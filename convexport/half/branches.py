@@ -236,10 +236,7 @@ def _replace_branch(branch: onnx.GraphProto, converted: onnx.GraphProto, weights
             renamed[tensor.name] = name
     del branch.node[:]
     branch.node.extend(converted.node)
-    for node in branch.node:
-        for position, name in enumerate(node.input):
-            if name in renamed:
-                node.input[position] = renamed[name]
+    ir.read_outer_as(branch, renamed)
     del branch.output[:]
     branch.output.extend(converted.output)
     del branch.value_info[:]

@@ -90,9 +90,9 @@ def with_precision(
     for index, node in enumerate(nodes):
         for position, name in enumerate(node.input):
             node.input[position] = read_as(name, wanted.get((index, position)))
-        inside = {name: read_as(name, FLOAT) for name in outer.get(index, ())}
-        for sub in proto_subgraphs(node):
-            read_outer_as(sub, {name: read for name, read in inside.items() if read != name})
+        inside = {name: read for name in outer.get(index, ()) if (read := read_as(name, FLOAT)) != name}
+        for sub in proto_subgraphs(node) if inside else ():
+            read_outer_as(sub, inside)
         ordered.append(node)
     for name, inner in renamed.items():
         cast = onnx.helper.make_node("Cast", [inner], [name], to=plan.io_type, name=f"{name}__cast")

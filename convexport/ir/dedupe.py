@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import onnx
 
 from .convert import overridable_initializers
-from .scopes import proto_own_names, proto_scopes, proto_subgraphs
+from .scopes import proto_own_names, proto_scopes, proto_subgraphs, read_outer_as
 
 
 @dataclass(frozen=True)
@@ -121,10 +121,7 @@ def _rename_reads(scope: onnx.GraphProto, names: dict[str, str]) -> None:
             if name in names:
                 node.input[index] = names[name]
         for sub in proto_subgraphs(node):
-            own = proto_own_names(sub)
-            inherited = {old: new for old, new in names.items() if old not in own}
-            if inherited:
-                _rename_reads(sub, inherited)
+            read_outer_as(sub, names)
 
 
 def _defined_names(scopes: list[onnx.GraphProto]) -> set[str]:

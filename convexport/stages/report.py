@@ -29,9 +29,9 @@ def base_report(
     before = _stats(exported.reference)
     # FLOPs are counted from the shapes the value_info holds: a Reshape whose target a Shape
     # chain computes leaves what follows unshaped, and uncounted, until constant folding makes
-    # the target a constant (in a merged decoder ONNX's inference cannot propagate it: 28.7M
-    # FLOPs before, 528M after, for whisper-small's). The folded model the rules ran on is the
-    # same computation: each count misses only what its shapes do not give, so the larger.
+    # the target a constant (in a merged decoder ONNX's inference cannot propagate it). The
+    # folded model the rules ran on is the same computation: each count misses only what its
+    # shapes do not give, so the larger.
     before["flops"] = max(before["flops"], graph_stats(rewritten.folded)["flops"])
     after = before if model is exported.reference else _stats(model)
     larger, growth = _against(before, after)
