@@ -462,6 +462,29 @@ def test_operands_that_are_not_data_keep_their_type(tmp_path):
     judged_again(model, half, result.report)
 
 
+def test_a_constant_resized_to_sizes_read_from_the_input_is_measured(tmp_path):
+    """BEiT's relative position bias: a constant table Resized to sizes computed from the
+    input's shape. ONNX Runtime read such a `sizes`, fed to the measured node without a
+    declared shape, as empty and refused the model ("Number of elements of input 'sizes' (0)")."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"], start=2),
+        helper.make_node("Concat", ["lead", "shape"], ["sizes"], axis=0),
+        helper.make_node("Resize", ["table", "", "", "sizes"], ["bias"], mode="linear"),
+        helper.make_node("Add", ["x", "bias"], ["y"]),
+    ]
+    weights = {"table": rng.normal(0, 1, (1, 4, 7, 7)).astype(np.float32), "lead": np.array([1, 4], np.int64)}
+    model = make_model(nodes, [tensor("x", [1, 4, "h", "w"])], [tensor("y", [1, 4, "h", "w"])], weights)
+    result, half = optimized_in_half(model, tmp_path)
+    assert result.report["precision"]["validation"]["passed"]
+    assert result.report["precision"]["nodes_half"] > 0
+    x = rng.normal(0, 1, (1, 4, 13, 13)).astype(np.float32)
+    session = ort.InferenceSession(half.SerializeToString(), providers=["CPUExecutionProvider"])
+    exact = Float64Evaluator(model).run({"x": x})[0]
+    bound = result.report["precision"]["validation"]["outputs"]["y"]["bound"]
+    assert np.abs(session.run(None, {"x": x})[0] - exact).max() <= 2 * bound
+
+
 def test_a_value_beyond_float16s_range_stands_for_an_infinity():
     """finfo(float32).min becomes half float16's largest value, not -inf: times a mask's zero
     it stays zero, and a score added to it stays finite."""

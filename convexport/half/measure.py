@@ -178,6 +178,8 @@ def _run_exploded(
             is_float = value.dtype == np.float64
             elem_type = elem if in_data else (FLOAT if is_float else None)
             fed = f"{name}@{TYPE_TAGS.get(elem_type, 'as_is')}"
+            # each input declared with the shape it is fed: ONNX Runtime's inference reads a
+            # Resize's `sizes` of unknown shape beside a constant X as empty, and refuses the model
             if fed not in inputs:  # (keyed by the name the node reads)
                 with np.errstate(over="ignore"):  # beyond half's range: an infinity, as the model would make
                     rounded = value.astype(NUMPY_TYPES[inputs_in]) if in_data and inputs_in is not None else value
@@ -185,10 +187,10 @@ def _run_exploded(
                 if elem_type in CAST_AT_EDGES:
                     nodes.append(onnx.helper.make_node("Cast", [f"{fed}@f32"], [fed], to=elem_type))
                     feeds[f"{fed}@f32"] = array.astype(np.float32)
-                    inputs[fed] = onnx.helper.make_tensor_value_info(f"{fed}@f32", FLOAT, None)
+                    inputs[fed] = onnx.helper.make_tensor_value_info(f"{fed}@f32", FLOAT, array.shape)
                 else:
                     feeds[fed] = array
-                    inputs[fed] = onnx.helper.make_tensor_value_info(fed, _elem_of(array), None)
+                    inputs[fed] = onnx.helper.make_tensor_value_info(fed, _elem_of(array), array.shape)
             node.input[position] = fed
         for position, name in enumerate(node.output):
             if name:
