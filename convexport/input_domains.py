@@ -19,12 +19,16 @@ The sizes of an image's dynamic dims are read the same way (sized_for_data): a f
 Conv reads takes the Conv's input channels (weight in-channels x groups), and dynamic spatial
 dims, where the model does not run at the made-up size of 1, the smallest multiple of the
 Conv's stride at which it runs (a ViT's position table fixes the number of patches: optimum's
-ViT export names all four dims of `pixel_values`). Those sizes are for made-up data only; the
-model written keeps its dims as they are.
+ViT export names all four dims of `pixel_values`). A waveform is read the same way: Wav2Vec2's
+and HuBERT's `input_values` (batch x samples) reach their first Conv through an Unsqueeze that
+adds the channel, and their stack of strided convs runs on no fewer than 400 samples, so past
+MAX_PATCHES_PER_SIDE multiples the multiples grow by a quarter at a time. Those sizes are for
+made-up data only; the model written keeps its dims as they are.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import onnx
@@ -116,8 +120,19 @@ def _is_integer(element: int) -> bool:
     return element in _INTEGER_TYPES
 
 
-# Multiples of the Conv's stride tried for an image's dynamic spatial dims (ViT-L/14 at 518 is 37).
+# Multiples of the Conv's stride tried one by one for an image's dynamic spatial dims (ViT-L/14
+# at 518 is 37); past them, for a signal of one spatial dim alone, a quarter more each time up
+# to MAX_SIGNAL_MULTIPLE (a waveform's 400 samples at Wav2Vec2's first stride of 5 are 80; an
+# image that large would be gigabytes of made-up data).
 MAX_PATCHES_PER_SIDE = 64
+MAX_SIGNAL_MULTIPLE = 4096
+
+
+def _multiples(spatial_dims: int) -> list[int]:
+    tried = list(range(1, MAX_PATCHES_PER_SIDE + 1))
+    while spatial_dims == 1 and tried[-1] < MAX_SIGNAL_MULTIPLE:
+        tried.append(min(MAX_SIGNAL_MULTIPLE, tried[-1] + tried[-1] // 4))
+    return tried
 
 
 @dataclass(frozen=True)
@@ -131,9 +146,11 @@ class ConvRead:
 
 def conv_reads(model: onnx.ModelProto) -> dict[str, ConvRead]:
     """{input name: ConvRead} for each float input a Conv reads as its data (directly or
-    through a Cast or an Identity), with a constant weight."""
+    through a Cast, an Identity or an Unsqueeze that adds leading dims: a waveform's channel),
+    with a constant weight. The input's last dims are the Conv's spatial dims either way."""
     graph = model.graph
     weights, readers = _constant_shapes(graph), _readers(graph)
+    constants = _small_constants(graph)
     found = {}
     for value in graph.input:
         pending, seen = [value.name], set()
@@ -144,9 +161,36 @@ def conv_reads(model: onnx.ModelProto) -> dict[str, ConvRead]:
                 if node.op_type == "Conv" and node.input[0] == tensor and len(weights.get(node.input[1], ())) >= 3:
                     found[value.name] = _conv_read(node, weights[node.input[1]])
                     break
-                if node.op_type in ("Cast", "Identity") and node.output[0] not in seen:
+                moves = node.op_type in ("Cast", "Identity") or _adds_leading_dims(node, constants)
+                if moves and node.input[0] == tensor and node.output[0] not in seen:
                     pending.append(node.output[0])
     return found
+
+
+def _small_constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """The graph's constant tensors of a few elements (an Unsqueeze's axes), initializers and
+    Constant nodes', by name."""
+    tensors = {init.name: init for init in graph.initializer}
+    for node in graph.node:
+        value = next((a for a in node.attribute if a.name == "value"), None) if node.op_type == "Constant" else None
+        if value is not None and value.type == onnx.AttributeProto.TENSOR:
+            tensors[node.output[0]] = value.t
+    return {name: tensor for name, tensor in tensors.items() if math.prod(tensor.dims) <= 8}
+
+
+def _adds_leading_dims(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) -> bool:
+    """Whether `node` is an Unsqueeze whose new dims are among the first two of its output
+    (batch and channel), so that the dims after them are its input's last dims."""
+    if node.op_type != "Unsqueeze":
+        return False
+    if len(node.input) > 1:
+        axes = constants.get(node.input[1])
+        if axes is None:
+            return False
+        axes = onnx.numpy_helper.to_array(axes).reshape(-1).tolist()
+    else:  # before opset 13 the axes are an attribute
+        axes = next((list(a.ints) for a in node.attribute if a.name == "axes"), [])
+    return bool(axes) and all(0 <= axis < 2 for axis in axes)
 
 
 def _conv_read(conv: onnx.NodeProto, weight: tuple[int, ...]) -> ConvRead:
@@ -164,10 +208,10 @@ def sized_for_data(model: onnx.ModelProto, specs: list[InputSpec], run) -> list[
     has dynamic spatial dims."""
     reads = conv_reads(model)
     sized = [_with_channels(spec, reads.get(spec.name)) for spec in specs]
-    images = [i for i, spec in enumerate(sized) if spec.name in reads and _spatial_dynamic(spec)]
+    images = [i for i, spec in enumerate(sized) if spec.name in reads and _spatial_dynamic(spec, reads[spec.name])]
     if not images or _runs(run, sized):
         return sized
-    for multiple in range(1, MAX_PATCHES_PER_SIDE + 1):
+    for multiple in _multiples(max(len(reads[sized[index].name].strides) for index in images)):
         tried = list(sized)
         for index in images:
             tried[index] = _spatial_sized(sized[index], reads[sized[index].name], multiple)
@@ -182,16 +226,19 @@ def _with_channels(spec: InputSpec, read: ConvRead | None) -> InputSpec:
     return replace(spec, dims=(spec.dims[0], read.channels, *spec.dims[2:]))
 
 
-def _spatial_dynamic(spec: InputSpec) -> bool:
-    return any(isinstance(dim, str) for dim in spec.dims[2:])
+def _spatial_dynamic(spec: InputSpec, read: ConvRead) -> bool:
+    spatial = len(read.strides)
+    return len(spec.dims) >= spatial and any(isinstance(dim, str) for dim in spec.dims[-spatial:])
 
 
 def _spatial_sized(spec: InputSpec, read: ConvRead, multiple: int) -> InputSpec:
+    """`spec` with its dynamic spatial dims (its last, one per Conv stride) set from `multiple`."""
+    lead = len(spec.dims) - len(read.strides)
     spatial = [
         dim if isinstance(dim, int) else max(extent, stride * multiple)
-        for dim, stride, extent in zip(spec.dims[2:], read.strides, read.extents)
+        for dim, stride, extent in zip(spec.dims[lead:], read.strides, read.extents)
     ]
-    return replace(spec, dims=(*spec.dims[:2], *spatial))
+    return replace(spec, dims=(*spec.dims[:lead], *spatial))
 
 
 def _runs(run, specs: list[InputSpec]) -> bool:
