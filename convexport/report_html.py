@@ -18,6 +18,7 @@ from .report import (
     tracer_warning,
 )
 from .report_types import OptimizeReport
+from .transformer_fusions import not_tried_text
 
 BEFORE, AFTER = "#9aa5b1", "#2f7de1"
 STYLE = """
@@ -372,9 +373,11 @@ def _transformer_fusions(entry: dict) -> str:
             f"<tr><td><code>{_e(model_type)}</code></td><td>{_e(kernels(counts['original']))}</td>"
             f"<td>{_e(optimized)}</td><td>{verdict}</td></tr>"
         )
+    untried = not_tried_text(entry)
     note = (
         f"<p class=sub><code>optimize_model(path, model_type=...)</code> run on both files by convexport "
-        f"({_e(entry['checked_with'])}); the nodes of each kernel it makes of the original are kept whole.</p>"
+        f"({_e(entry['checked_with'])}); the nodes of each kernel it makes of the original are kept whole"
+        f"{'; ' + _e(untried) if untried else ''}.</p>"
     )
     head = "<tr><th>model type</th><th>original</th><th>optimized graph</th><th>verdict</th></tr>"
     return f"{note}<table>{head}{body}</table>"

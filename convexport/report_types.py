@@ -19,7 +19,7 @@ added, its major number for one removed, renamed or retyped.
 
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
-SCHEMA_VERSION = "1.3"
+SCHEMA_VERSION = "1.4"
 
 
 # -- what several sections share ------------------------------------------------------------
@@ -122,6 +122,15 @@ class TransformerModelType(TypedDict):
     optimized: Annotated[dict[str, int] | None, "of the optimized graph (null but for the type checked)"]
 
 
+class NotTriedForTime(TypedDict):
+    """The optimizer's runs beyond the check's two left out: one took too long."""
+
+    model_types: Annotated[list[str], "model types not run on the original graph"]
+    shape_arithmetic_kept: Annotated[bool, "the rewrite with the shape arithmetic unfolded was not tried"]
+    longest_run_s: Annotated[float, "the optimizer's longest run on this model, seconds"]
+    budget_s: Annotated[float, "its seconds on one model past which no further run starts"]
+
+
 class TransformerFusions(TypedDict):
     """What ONNX Runtime's transformer optimizer fuses before and after the rewrite."""
 
@@ -129,6 +138,7 @@ class TransformerFusions(TypedDict):
     shape_arithmetic_kept: Annotated[bool, "the rules ran with the shape arithmetic left unfolded"]
     model_types: Annotated[dict[str, TransformerModelType], "per model type that fuses anything"]
     lost: Annotated[dict[str, dict[str, int]], "per model type, the kernels the optimized graph no longer gets"]
+    not_tried_for_time: NotRequired[Annotated[NotTriedForTime, "where a run took too long for the others"]]
 
 
 class ConstantFolding(TypedDict):

@@ -25,12 +25,20 @@ by Shape), which constant folding would turn into constants. So for a model with
 (a Softmax) whose fusions the optimizer finds, the rewrite runs twice, once with that shape
 arithmetic folded and once with it kept (rewrite_keeping_fusions), and the result the
 optimizer fuses more of is taken; where both fuse the same, the folded one.
+
+Two runs of the optimizer are the check itself: the original as the first model type, the
+result as the type checked. The others (more model types, the rewrite with the shape
+arithmetic kept) are tried while the optimizer's time stays within OPTIONAL_RUNS_BUDGET_S: a
+run takes a second or a few on BERT, GPT-2 or ViT, and over a minute on Swin or BEiT, whose
+image dims left dynamic make the optimizer's symbolic shape inference slow; the report says
+what was not tried.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +56,9 @@ MODEL_TYPES = ("bert", "gpt2", "t5", "bart")
 _NO_FILE = "convexport-weights-left-out"
 # Where a model holds none of these, it has no attention or normalisation to fuse.
 _TRANSFORMER_OPS = {"Softmax", "LayerNormalization", "SimplifiedLayerNormalization", "ReduceMean"}
+# The optimizer's seconds, all runs on one model, past which no run beyond the check's two is
+# started (module doc; bench/RESULTS.md: Swin-T took 440 s with every run, 85 s a run).
+OPTIONAL_RUNS_BUDGET_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -60,10 +71,32 @@ class FusedKernel:
 
 @dataclass
 class TransformerFusions:
-    """The optimizer's fused kernels by model type: their counts, and the kernels themselves."""
+    """The optimizer's fused kernels by model type: their counts, and the kernels themselves;
+    the model types not run for time (OPTIONAL_RUNS_BUDGET_S)."""
 
     counts: dict[str, dict[str, int]] = field(default_factory=dict)  # model type -> op -> count
     kernels: list[FusedKernel] = field(default_factory=list)
+    not_tried: list[str] = field(default_factory=list)
+
+
+@dataclass
+class OptimizerClock:
+    """The optimizer's time on one model: all its runs, and the longest (what one more costs)."""
+
+    spent: float = 0.0
+    longest: float = 0.0
+
+    def timed(self, run: Callable):
+        began = time.perf_counter()
+        try:
+            return run()
+        finally:
+            took = time.perf_counter() - began
+            self.spent += took
+            self.longest = max(self.longest, took)
+
+    def affords_another(self) -> bool:
+        return self.spent + self.longest <= OPTIONAL_RUNS_BUDGET_S
 
 
 def applies(model: onnx.ModelProto) -> bool:
@@ -71,12 +104,13 @@ def applies(model: onnx.ModelProto) -> bool:
     return any(node.op_type in _TRANSFORMER_OPS for node in model.graph.node)
 
 
-def measure(model: onnx.ModelProto, model_types=None) -> TransformerFusions:
+def measure(model: onnx.ModelProto, model_types=None, clock: OptimizerClock | None = None) -> TransformerFusions:
     """The optimizer's fusions in `model` for each model type given, or for MODEL_TYPES in
     turn where it finds any, up to the first that fuses every attention of the model (BERT's
     `bert`: the type such a model is optimized as; each run is a cost, bench/RESULTS.md), none
     after `bert` where it fuses nothing or the model has no attention (FastViT's Gelus: every
-    type fuses them alike); nothing where the model holds nothing to fuse."""
+    type fuses them alike), none after the first where `clock` affords no other run;
+    nothing where the model holds nothing to fuse."""
     if not applies(model):
         return TransformerFusions()
     light, stripped = skeleton(model)  # the weights' values decide no fusion (_zeros_for_stripped_weights)
@@ -84,8 +118,13 @@ def measure(model: onnx.ModelProto, model_types=None) -> TransformerFusions:
         entry = tensor.external_data.add()
         entry.key, entry.value = "location", _NO_FILE
     found = TransformerFusions()
-    for model_type in model_types or MODEL_TYPES:
-        optimized = _optimized(light, model_type)
+    clock = clock or OptimizerClock()
+    types = list(model_types or MODEL_TYPES)
+    for number, model_type in enumerate(types):
+        if number and not model_types and not clock.affords_another():
+            found.not_tried = types[number:]
+            break
+        optimized = clock.timed(lambda: _optimized(light, model_type))  # noqa: B023 (called at once)
         if optimized is None:
             continue
         counts = {op: n for op, n in optimized.get_fused_operator_statistics().items() if n}
@@ -240,6 +279,13 @@ def report_entry(stage: FusionAwareRewrite) -> dict:
         "checked_with": f"onnxruntime.transformers.optimizer (ONNX Runtime {onnxruntime.__version__})",
         "shape_arithmetic_kept": stage.shape_arithmetic_kept,
     }
+    if before.not_tried or stage.shape_arithmetic_untried:
+        entry["not_tried_for_time"] = {
+            "model_types": before.not_tried,
+            "shape_arithmetic_kept": stage.shape_arithmetic_untried,
+            "longest_run_s": round(stage.clock.longest, 1),
+            "budget_s": OPTIONAL_RUNS_BUDGET_S,
+        }
     entry["model_types"] = {
         model_type: {"original": counts, "optimized": (after.counts.get(model_type, {}) if after else None)}
         for model_type, counts in before.counts.items()
@@ -261,7 +307,25 @@ def summary_line(entry: dict) -> str | None:
     gained = {op: after[op] - before[op] for op in after if after[op] > before[op]}
     if gained and not lost_here:
         verdict += f", and {_kernel_list(gained)} more in the optimized graph"
-    return f"ONNX Runtime's transformer optimizer (as {model_type}) fuses {_kernel_list(before)}: {verdict}"
+    line = f"ONNX Runtime's transformer optimizer (as {model_type}) fuses {_kernel_list(before)}: {verdict}"
+    untried = not_tried_text(entry)
+    return f"{line} ({untried})" if untried else line
+
+
+def not_tried_text(entry: dict) -> str | None:
+    """What the check left out for time, in words, or None where it left nothing out."""
+    skipped = entry.get("not_tried_for_time")
+    if not skipped:
+        return None
+    parts = []
+    if skipped["model_types"]:
+        parts.append("as " + ", ".join(skipped["model_types"]))
+    if skipped["shape_arithmetic_kept"]:
+        parts.append("with the shape arithmetic kept")
+    return (
+        f"not run {' nor '.join(parts)}: one run of the optimizer took {skipped['longest_run_s']:.0f} s, "
+        f"past the check's {skipped['budget_s']:.0f} s"
+    )
 
 
 def _kernel_list(counts) -> str:
@@ -295,7 +359,9 @@ class FusionAwareRewrite:
     decided: dict
     before: TransformerFusions
     after: TransformerFusions | None
+    clock: OptimizerClock
     shape_arithmetic_kept: bool = False
+    shape_arithmetic_untried: bool = False  # the attempt with it kept was not run, for time
 
 
 def rewrite_keeping_fusions(
@@ -304,16 +370,20 @@ def rewrite_keeping_fusions(
     """Constant folding and the rules (`rewrite(folded, kept, decided)`, the engine's outcome),
     with the optimizer's kernels kept whole (but under --strategy all), the dims `reference`
     named carried over, and, for a model with attention, the better of two (module doc)."""
-    before = measure(model)
+    clock = OptimizerClock()
+    before = measure(model, clock=clock)
     kept = [] if strategy == "all" else [(kernel.kind, kernel.nodes) for kernel in before.kernels]
     keep = frozenset(name for _, names in kept for name in names)
-    chosen = _attempt(model, reference, source, rewrite, before, kept, keep)
+    chosen = _attempt(model, reference, source, rewrite, before, kept, keep, clock)
     if strategy == "all" or not before.counts or _attention_kernels(chosen.after) >= _softmaxes(model):
         return chosen  # (every attention fused already: keeping shape arithmetic cannot add one)
     with_shapes = keep | shape_arithmetic(model)
     if with_shapes == keep:
         return chosen
-    other = _attempt(model, reference, source, rewrite, before, kept, with_shapes)
+    if not clock.affords_another():
+        chosen.shape_arithmetic_untried = True
+        return chosen
+    other = _attempt(model, reference, source, rewrite, before, kept, with_shapes, clock)
     other.shape_arithmetic_kept = True
     return other if _fuses_more(other.after, chosen.after) else chosen
 
@@ -328,13 +398,13 @@ def _attention_kernels(found: TransformerFusions | None) -> int:
     return max((sum(counts.get(op, 0) for op in _ATTENTION) for counts in found.counts.values()), default=0)
 
 
-def _attempt(model, reference, source, rewrite, before, kept, keep) -> FusionAwareRewrite:
+def _attempt(model, reference, source, rewrite, before, kept, keep, clock: OptimizerClock) -> FusionAwareRewrite:
     folded = ir.fold_to_fixed_point(model, source, keep)  # the rules see constants as constants
     decided: dict = {}
     outcome = rewrite(folded, kept, decided)
     outcome.model = ir.carry_dim_names(outcome.model, reference, same_outputs=True)  # its dims, named as it names them
-    after = measure(outcome.model, [checked_type(before)]) if before.counts else None
-    return FusionAwareRewrite(folded, outcome, kept, decided, before, after)
+    after = measure(outcome.model, [checked_type(before)], clock) if before.counts else None
+    return FusionAwareRewrite(folded, outcome, kept, decided, before, after, clock)
 
 
 def _fuses_more(one: TransformerFusions | None, other: TransformerFusions | None) -> bool:

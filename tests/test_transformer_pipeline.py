@@ -167,6 +167,28 @@ def test_a_merged_lora_lets_the_optimizer_fuse_the_attention_it_could_not(tmp_pa
     assert sum(entry["rule"] == "linear-region" for entry in report["rewrites"]) == 2
 
 
+def test_where_a_run_of_the_optimizer_is_slow_only_the_check_runs_and_the_report_says_so(tmp_path, monkeypatch):
+    """Swin-T's runs take 85 s each (dynamic image dims): past the budget only the check's two
+    runs are made (the original as bert, the result as bert), what was left out is said in the
+    report and on the terminal, and the rewrite is still checked."""
+    from convexport import transformer_fusions
+
+    monkeypatch.setattr(transformer_fusions, "OPTIONAL_RUNS_BUDGET_S", 0.0)
+    runs = []
+    optimized_once = transformer_fusions._optimized
+    monkeypatch.setattr(transformer_fusions, "_optimized", lambda *a: runs.append(a[1]) or optimized_once(*a))
+    adapted = export_encoder(tmp_path, lora=True)
+    out, report = optimized(adapted, tmp_path)
+    assert runs == ["bert", "bert"]
+    entry = report["transformer_fusions"]
+    assert entry["not_tried_for_time"]["model_types"] == ["gpt2", "t5", "bart"]
+    assert entry["not_tried_for_time"]["shape_arithmetic_kept"] is True and entry["shape_arithmetic_kept"] is False
+    assert entry["model_types"]["bert"]["optimized"] is not None and entry["lost"] == {}
+    assert fused(out)["Attention"] == 0  # the attempt that lets the merged LoRA fuse was the one left out
+    shown = CliRunner().invoke(app, ["optimize", adapted, "-o", str(tmp_path / "again.onnx"), "--no-profile"])
+    assert "not run as gpt2, t5, bart nor with the shape arithmetic kept" in shown.output, shown.output
+
+
 def test_under_strategy_all_what_breaks_a_fusion_is_made_and_reported(exported, tmp_path):
     out, report = optimized(exported, tmp_path, "--strategy", "all")
     lost = report["transformer_fusions"]["lost"]
