@@ -36,8 +36,11 @@ by a list of ops.
    region grows as far as the float32 original's bound asks. (Before, such a model was kept
    float32 whole: MobileOne-S0 with random weights, its 43 layers each 0.2-0.3 of their own
    bound.)
-5. Where float32 is cheap and measurably closer, it is taken: a float32 tail at the outputs
-   (tails.py).
+5. Where float32 is cheap and measurably closer, it is taken: the model's own float32
+   islands (islands.py: what its code casts into float32 and back, a Llama RMSNorm's
+   statistics, a rotary embedding's angles), exempt from step 3 (their Casts are the model's
+   own, where a fusion's pattern has them), where its outputs come ISLAND_GAIN nearer (rms);
+   then a float32 tail at the outputs (tails.py).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from ..stats import flops_by_node
 from .cast_chains import MOVES_VALUES
 from .convert import PrecisionPlan, with_precision
 from .input_moments import input_moments
+from .islands import closed_islands
 from .kept import KeptFloat32
 from .kernels import lacking_kernels
 from .measure import NodeError, node_errors
@@ -75,6 +79,9 @@ MOMENTS_MARGIN = 1 / 0.9
 # run faster; a region over a tenth of its FLOPs forfeits much of that for an error the model
 # has in half anyway (every real network measured needed 0-1% or 74-100%: bench/RESULTS.md)
 REGION_FLOPS_SHARE = 0.1
+# step 5: the model's float32 islands are kept where the outputs' worst rms error is this share
+# of it with them in half, or less (optimum's Llama: 0.41)
+ISLAND_GAIN = 0.95
 
 
 @dataclass
@@ -159,6 +166,10 @@ def to_half_precision(
     if over_bound(judged):
         del converted
         kept, (converted, judged) = choice.grown_to_bound(kept, judged)
+    islands = choice.with_islands(kept, judged)
+    if islands is not None:
+        del converted
+        kept, (converted, judged) = islands
     tail = closer_tail(choice, kept, judged, converted.casts)
     if tail is not None:
         kept, (converted, judged) = tail
@@ -189,6 +200,7 @@ class _Choice:
         self.local: dict[int, NodeError] = {}
         self.regions: list[tuple[str, set[int]]] = []
         self.out_of_range: set[int] = set()  # step 2's nodes whose exact output half cannot hold
+        self.islands: set[int] = set()  # step 5's float32 islands' nodes and their Casts in, once kept
         self.attempts = 0
         self.bound_by = "float32"  # HalfPrecision.bound_by: "rounded" once step 4 judges by the rounded run
 
@@ -267,10 +279,35 @@ class _Choice:
         kernel with it, and a kernel kept float32 may leave a Transpose after it to follow)."""
         while True:
             count = len(kept)
-            _keep_regions(self.model, self.regions, self.candidates, kept)
+            _keep_regions(self.model, self.regions, self.candidates, kept, self.islands)
             _movers_follow(self.model, self.candidates, self.producer, self.io_type != self.half, kept)
             if len(kept) == count:
                 return kept
+
+    def with_islands(self, kept: dict[int, KeptFloat32], judged) -> tuple[dict[int, KeptFloat32], Attempt] | None:
+        """Step 5's islands (module doc): `kept` with the model's own float32 islands, and its
+        attempt, where that brings the outputs ISLAND_GAIN nearer within the bound; else None."""
+        nodes = self.model.graph.node
+        islands = closed_islands(self.model, self.candidates, self.types, self.flops)
+        members = {index for island in islands for index in island.nodes if index not in kept}
+        if not members or self.runs.against != "float64":
+            return None
+        self.islands = members | {index for island in islands for index in island.entries}
+        trial = dict(kept)
+        for index in members:
+            trial[index] = KeptFloat32.of(nodes[index], "")
+        result = self.attempt(self.with_regions(trial))
+        gain = _rounding_key(result[1])[1] / max(_rounding_key(judged)[1], 1e-300)
+        if over_bound(result[1]) or gain > ISLAND_GAIN:
+            self.islands = set()
+            return None
+        reason = (
+            f"the model computes it in float32 (its own Casts into float32 and back around it); in half the "
+            f"outputs are {1 / gain:.2g}x as far from the exact result (rms)"
+        )
+        for index in members:
+            trial[index] = KeptFloat32.of(nodes[index], reason)
+        return self.with_regions(trial), result
 
     def half_nodes(self, kept) -> set[int]:
         return {index for index in self.candidates if index not in kept and index in self.local}
@@ -490,11 +527,12 @@ def _regions(model: onnx.ModelProto, fused: list[tuple[str, frozenset[str]]]) ->
     return [(kind, {positions[name] for name in names if name in positions}) for kind, names in fused]
 
 
-def _keep_regions(model, regions, candidates, kept: dict[int, KeptFloat32]) -> None:
-    """A fused kernel's nodes float32 together where one of them is (module doc, step 3)."""
+def _keep_regions(model, regions, candidates, kept: dict[int, KeptFloat32], exempt: set[int]) -> None:
+    """A fused kernel's nodes float32 together where one of them is (module doc, step 3), but
+    for the nodes of the model's own float32 islands (`exempt`, step 5)."""
     nodes = model.graph.node
     for kind, members in regions:
-        first = next((index for index in sorted(members) if index in kept), None)
+        first = next((index for index in sorted(members) if index in kept and index not in exempt), None)
         if first is None:
             continue
         for index in members:

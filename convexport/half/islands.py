@@ -1,0 +1,113 @@
+"""The model's own float32 islands: what its code casts to float32 and back around.
+
+Transformers' code upcasts where half precision is known to lose: Llama's RMSNorm (and
+Mistral's, Qwen2's, Gemma's, Phi-3's) computes `hidden_states.to(torch.float32)`, its variance
+and the normalised value in float32, then `.to(input_dtype)`; a rotary embedding computes its
+angles from `position_ids.float()`, casting cos and sin back to the activations' type.
+Exported in float32 these are Casts to float32 of float32 values, no-ops, and converted node
+by node they go to half with everything else: the variance is summed in half, positions past
+2048 are rounded, and ONNX Runtime's level-2 fusion of such a norm into one kernel reads an
+epsilon stored in half as its default 1e-5 (it reads the Add's constant only where it is
+float32), where the model's is 1e-6. Optimum's Llama came out 2.4x further from the exact
+result than ONNX Runtime's own float16 route so (bench/RESULTS.md); with its islands float32,
+nearer than it.
+
+An island starts at the readers of a Cast into float32 (float32 values of a float or an
+integer input) and takes in each node whose float inputs are all the island's or constants,
+up to the Casts into float32 that read it (the casts back: they become the casts into half).
+It is closed where every value it makes is read by the island or by those Casts alone: then
+keeping it float32 adds one Cast at its entry and none inside an ONNX Runtime fusion's pattern
+(the model's own Casts are where the exporter wrote them). An island whose value is read
+elsewhere (BERT's mask arithmetic, added to the attention scores; T5's rsqrt, multiplied by
+the activations in half) would need a Cast where a fusion's pattern has none: left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+from onnx import TensorProto
+
+from .slots import DataSlots
+
+FLOAT = TensorProto.FLOAT
+# The FLOPs an island may cost, as a share of the model's: a norm's statistics and a rotary
+# embedding's angles are a few elementwise ops per activation; a Cast into float32 at the
+# model's input would make an island of all of it
+ISLAND_FLOPS_SHARE = 0.01
+
+
+def closed_islands(
+    model: onnx.ModelProto, candidates: dict[int, DataSlots], types: dict[str, int], flops: list[float]
+) -> list[Island]:
+    """The closed islands (module doc) among `candidates` of ISLAND_FLOPS_SHARE of the model's
+    FLOPs or less each, as their nodes' positions. A Cast into float32 that reads an island's
+    value is its cast back, never the start of another."""
+    nodes = model.graph.node
+    constants = {tensor.name for tensor in model.graph.initializer}
+    constants |= {name for node in nodes if node.op_type == "Constant" for name in node.output}
+    readers: dict[str, list[int]] = {}
+    for index, node in enumerate(nodes):
+        for name in node.input:
+            readers.setdefault(name, []).append(index)
+    outputs = {value.name for value in model.graph.output}
+    casts_in = {index for index, node in enumerate(nodes) if _casts_to_float(node) and index in candidates}
+    upcast = {name for index in casts_in for name in nodes[index].output}
+    islands, taken, made_by_islands = [], set(), set()
+    allowed = ISLAND_FLOPS_SHARE * sum(flops)
+    for start in sorted(casts_in):
+        if nodes[start].input[0] in made_by_islands:
+            continue  # a cast back
+        island = _grown(nodes, start, casts_in, candidates, constants, types, upcast)
+        if not island or island & taken or sum(flops[index] for index in island) > allowed:
+            continue
+        made = {name for index in island for name in nodes[index].output if types.get(name) == FLOAT}
+        exits = {reader for name in made for reader in readers.get(name, ()) if reader not in island}
+        if made & outputs or not all(reader in casts_in or nodes[reader].op_type == "Shape" for reader in exits):
+            continue
+        islands.append(Island(frozenset(island), _entry_casts(nodes, island, upcast)))
+        taken |= island
+        made_by_islands |= made
+    return islands
+
+
+@dataclass(frozen=True)
+class Island:
+    """An island's nodes, and the Casts that bring its inputs into float32 (the model's, and
+    the Casts those read: a position's Cast from int64, then to float32), which keep the
+    precision the island's readers and the fusions around them give them."""
+
+    nodes: frozenset[int]
+    entries: frozenset[int]
+
+
+def _entry_casts(nodes, island: set[int], upcast: set[str]) -> frozenset[int]:
+    producer = {name: index for index, node in enumerate(nodes) for name in node.output}
+    pending = [producer[name] for index in island for name in nodes[index].input if name in upcast]
+    entries: set[int] = set()
+    while pending:
+        index = pending.pop()
+        if index not in entries and nodes[index].op_type == "Cast":
+            entries.add(index)
+            pending += [producer[name] for name in nodes[index].input if name in producer]
+    return frozenset(entries)
+
+
+def _grown(nodes, start: int, casts_in: set[int], candidates, constants, types, upcast: set[str]) -> set[int]:
+    """The island from the Cast at `start`: in node order (a node's inputs are made before
+    it), each node reading one of its values whose other float inputs are its values,
+    constants, or other Casts into float32."""
+    inside, island = set(nodes[start].output), set()
+    for index in range(start + 1, len(nodes)):
+        if index in casts_in or index not in candidates:
+            continue
+        floats = [name for name in nodes[index].input if name and types.get(name) == FLOAT and name not in constants]
+        if any(name in inside for name in floats) and all(name in inside or name in upcast for name in floats):
+            island.add(index)
+            inside |= {*floats, *nodes[index].output}
+    return island
+
+
+def _casts_to_float(node: onnx.NodeProto) -> bool:
+    return node.op_type == "Cast" and any(a.name == "to" and a.i == FLOAT for a in node.attribute)

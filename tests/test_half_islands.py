@@ -1,0 +1,129 @@
+"""The model's own float32 islands under --dtype fp16 (half/islands.py): what its code casts into
+float32 and back (transformers' Llama RMSNorm) stays float32 where that brings the outputs
+nearer, and what only looks like one (a mask added to scores, T5's rsqrt times the
+activations) is left to the other steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto
+
+import convexport
+from convexport import ir
+from convexport.float64 import Float64Evaluator
+from convexport.half import choose
+from convexport.half.islands import closed_islands
+from convexport.half.slots import element_types
+from convexport.stats import flops_by_node
+
+
+class LlamaRMSNorm(torch.nn.Module):
+    """transformers' LlamaRMSNorm: its statistics in float32 whatever the activations' type."""
+
+    def __init__(self, width: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight, self.eps = torch.nn.Parameter(1 + 0.05 * torch.randn(width)), eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(variance + self.eps)).to(dtype)
+
+
+class T5LayerNorm(LlamaRMSNorm):
+    """transformers' T5LayerNorm: the variance in float32, multiplied into the activations as they are."""
+
+    def forward(self, x):
+        variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(variance + self.eps))
+
+
+class Decoder(torch.nn.Module):
+    """An embedding (at a random initialisation's scale), two norm -> projection blocks with a
+    residual each, a final norm and a head."""
+
+    def __init__(self, norm=LlamaRMSNorm, width: int = 64):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(50, width)
+        torch.nn.init.normal_(self.embed.weight, std=0.02)
+        self.norms = torch.nn.ModuleList([norm(width) for _ in range(3)])
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(width, width) for _ in range(2)])
+        self.head = torch.nn.Linear(width, 50)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        for norm, block in zip(self.norms, self.blocks):
+            h = h + block(norm(h))
+        return self.head(self.norms[-1](h))
+
+
+def exported(tmp_path, norm=LlamaRMSNorm) -> str:
+    path = str(tmp_path / f"{norm.__name__}.onnx")
+    torch.onnx.export(Decoder(norm).eval(), (torch.randint(0, 50, (1, 16)),), path, dynamo=False, opset_version=17,
+                      input_names=["ids"], output_names=["logits"])  # fmt: skip
+    return path
+
+
+def islands_of(path: str) -> list[set[str]]:
+    model = onnx.load(path)
+    inferred = ir.infer_shapes(model, "the model")
+    types = element_types(model, inferred)
+    candidates, _ = choose._candidates(model, types, TensorProto.FLOAT16)
+    found = closed_islands(model, candidates, types, flops_by_node(inferred))
+    return [{model.graph.node[index].op_type for index in island.nodes} for island in found]
+
+
+def test_a_llama_norms_statistics_are_an_island_and_t5s_are_not(tmp_path):
+    islands = islands_of(exported(tmp_path))
+    assert islands == [{"Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul"}] * 3
+    # T5's rsqrt is multiplied into the activations in half: keeping it float32 would need a
+    # Cast where ONNX Runtime's fusion pattern has none
+    assert islands_of(exported(tmp_path, T5LayerNorm)) == []
+
+
+def _error_on_onnx_runtime(path: str, original: str) -> float:
+    """The largest error of the file as ONNX Runtime runs it by default (its fusions on), over
+    the exact result's rms, on fresh token ids."""
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    evaluator = Float64Evaluator(onnx.load(original))
+    worst = 0.0
+    for seed in range(3):
+        ids = np.random.default_rng(100 + seed).integers(0, 50, (1, 16))
+        (got,), (exact,) = session.run(None, {"ids": ids}), evaluator.run({"ids": ids})
+        worst = max(worst, float(np.abs(got - exact).max() / np.sqrt((exact**2).mean())))
+    return worst
+
+
+def test_the_islands_stay_float32_and_onnx_runtimes_fused_norm_keeps_the_models_epsilon(tmp_path, monkeypatch):
+    """ONNX Runtime fuses the norm into one kernel when it loads the model, and reads its
+    epsilon from the Add only where that is float32 (else 1e-5: the variance of a 0.02-scale
+    embedding is 4e-4, so 1e-5 for 1e-6 puts the norm 1% off)."""
+    path = exported(tmp_path)
+    result = convexport.optimize(path, output=str(tmp_path / "islands.onnx"), profile=False, dtype="fp16")
+    kept = [entry for entry in result.report["precision"]["kept_float32"] if "its own Casts" in entry["reason"]]
+    assert {entry["op"] for entry in kept} == {"Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul"} and len(kept) == 18
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "as_loaded.onnx")
+    ort.InferenceSession(str(tmp_path / "islands.onnx"), options, providers=["CPUExecutionProvider"])
+    fused = [node for node in onnx.load(options.optimized_model_filepath).graph.node if "LayerNorm" in node.op_type]
+    assert len(fused) == 3
+    assert all(abs(a.f - 1e-6) < 1e-9 for node in fused for a in node.attribute if a.name == "epsilon")
+
+    monkeypatch.setattr(choose, "closed_islands", lambda *args: [])
+    convexport.optimize(path, output=str(tmp_path / "no_islands.onnx"), profile=False, dtype="fp16")
+    with_islands, without = (_error_on_onnx_runtime(str(tmp_path / f), path) for f in ("islands.onnx", "no_islands.onnx"))
+    assert with_islands < without / 2, (with_islands, without)
+
+
+@pytest.mark.parametrize("norm", [T5LayerNorm])
+def test_a_model_without_closed_islands_converts_as_before(tmp_path, norm):
+    path = exported(tmp_path, norm)
+    result = convexport.optimize(path, output=str(tmp_path / "half.onnx"), profile=False, dtype="fp16")
+    assert result.report["precision"]["validation"]["passed"]
+    assert not any("its own Casts" in entry["reason"] for entry in result.report["precision"]["kept_float32"])
