@@ -1,7 +1,7 @@
 """The model's own float32 islands: what its code casts to float32 and back around.
 
 Transformers' code upcasts where half precision is known to lose: Llama's RMSNorm (and
-Mistral's, Qwen2's, Gemma's, Phi-3's) computes `hidden_states.to(torch.float32)`, its variance
+Mistral's, Qwen2's, Phi-3's) computes `hidden_states.to(torch.float32)`, its variance
 and the normalised value in float32, then `.to(input_dtype)`; a rotary embedding computes its
 angles from `position_ids.float()`, casting cos and sin back to the activations' type.
 Exported in float32 these are Casts to float32 of float32 values, no-ops, and converted node
@@ -13,8 +13,9 @@ result than ONNX Runtime's own float16 route so (bench/RESULTS.md); with its isl
 0.65x.
 
 An island starts at the readers of a Cast into float32 (float32 values of a float or an
-integer input) and takes in each node whose float inputs are all the island's or constants,
-up to the Casts into float32 that read it (the casts back: they become the casts into half).
+integer input) and takes in each node whose float inputs are all the island's or constants
+and that reads no weight of two dims or more, up to the Casts into float32 that read it (the
+casts back: they become the casts into half).
 It is closed where every value it makes is read by the island or by those Casts alone: then
 keeping it float32 adds one Cast at its entry and none inside an ONNX Runtime fusion's pattern
 (the model's own Casts are where the exporter wrote them). An island whose value is read
