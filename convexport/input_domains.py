@@ -28,7 +28,6 @@ made-up data only; the model written keeps its dims as they are.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 import onnx
@@ -99,15 +98,20 @@ def _readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     return readers
 
 
-def _constant_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
-    """The shapes of the graph's initializers and Constant nodes' tensors, by name."""
-    shapes = {init.name: tuple(init.dims) for init in graph.initializer}
+def _constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """The graph's initializers and Constant nodes' tensors, by name."""
+    tensors = {init.name: init for init in graph.initializer}
     for node in graph.node:
         if node.op_type == "Constant" and node.output:
             value = next((a for a in node.attribute if a.name == "value"), None)
             if value is not None and value.type == onnx.AttributeProto.TENSOR:
-                shapes[node.output[0]] = tuple(value.t.dims)
-    return shapes
+                tensors[node.output[0]] = value.t
+    return tensors
+
+
+def _constant_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
+    """The shapes of the graph's initializers and Constant nodes' tensors, by name."""
+    return {name: tuple(tensor.dims) for name, tensor in _constant_tensors(graph).items()}
 
 
 _INTEGER_TYPES = {
@@ -149,8 +153,8 @@ def conv_reads(model: onnx.ModelProto) -> dict[str, ConvRead]:
     through a Cast, an Identity or an Unsqueeze that adds leading dims: a waveform's channel),
     with a constant weight. The input's last dims are the Conv's spatial dims either way."""
     graph = model.graph
-    weights, readers = _constant_shapes(graph), _readers(graph)
-    constants = _small_constants(graph)
+    constants, readers = _constant_tensors(graph), _readers(graph)
+    weights = {name: tuple(tensor.dims) for name, tensor in constants.items()}
     found = {}
     for value in graph.input:
         pending, seen = [value.name], set()
@@ -165,17 +169,6 @@ def conv_reads(model: onnx.ModelProto) -> dict[str, ConvRead]:
                 if moves and node.input[0] == tensor and node.output[0] not in seen:
                     pending.append(node.output[0])
     return found
-
-
-def _small_constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
-    """The graph's constant tensors of a few elements (an Unsqueeze's axes), initializers and
-    Constant nodes', by name."""
-    tensors = {init.name: init for init in graph.initializer}
-    for node in graph.node:
-        value = next((a for a in node.attribute if a.name == "value"), None) if node.op_type == "Constant" else None
-        if value is not None and value.type == onnx.AttributeProto.TENSOR:
-            tensors[node.output[0]] = value.t
-    return {name: tensor for name, tensor in tensors.items() if math.prod(tensor.dims) <= 8}
 
 
 def _adds_leading_dims(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) -> bool:

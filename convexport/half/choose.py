@@ -293,10 +293,8 @@ class _Choice:
         if not members or self.runs.against != "float64":
             return None
         self.islands = members | {index for island in islands for index in island.entries}
-        trial = dict(kept)
-        for index in members:
-            trial[index] = KeptFloat32.of(nodes[index], "")
-        result = self.attempt(self.with_regions(trial))
+        trial = self.with_regions({**kept, **{index: KeptFloat32.of(nodes[index], "") for index in members}})
+        result = self.attempt(trial)
         gain = _rounding_key(result[1])[1] / max(_rounding_key(judged)[1], 1e-300)
         if over_bound(result[1]) or gain > ISLAND_GAIN:
             self.islands = set()
@@ -305,9 +303,9 @@ class _Choice:
             f"the model computes it in float32 (its own Casts into float32 and back around it); in half the "
             f"outputs are {1 / gain:.2g}x as far from the exact result (rms)"
         )
-        for index in members:
+        for index in members:  # (their reason known once the attempt is judged)
             trial[index] = KeptFloat32.of(nodes[index], reason)
-        return self.with_regions(trial), result
+        return trial, result
 
     def half_nodes(self, kept) -> set[int]:
         return {index for index in self.candidates if index not in kept and index in self.local}
