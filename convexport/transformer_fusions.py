@@ -28,10 +28,9 @@ optimizer fuses more of is taken; where both fuse the same, the folded one.
 
 Two runs of the optimizer are the check itself: the original as the first model type, the
 result as the type checked. The others (more model types, the rewrite with the shape
-arithmetic kept) are tried while the optimizer's time stays within OPTIONAL_RUNS_BUDGET_S: a
-run takes a second or a few on BERT, GPT-2 or ViT, and over a minute on Swin or BEiT, whose
-image dims left dynamic make the optimizer's symbolic shape inference slow; the report says
-what was not tried.
+arithmetic kept) are tried while the optimizer's time stays within OPTIONAL_RUNS_BUDGET_S:
+where image dims are left dynamic (Swin, BEiT) its symbolic shape inference makes one run
+cost many times a BERT's; the report says what was not tried.
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ _NO_FILE = "convexport-weights-left-out"
 # Where a model holds none of these, it has no attention or normalisation to fuse.
 _TRANSFORMER_OPS = {"Softmax", "LayerNormalization", "SimplifiedLayerNormalization", "ReduceMean"}
 # The optimizer's seconds, all runs on one model, past which no run beyond the check's two is
-# started (module doc; bench/RESULTS.md: Swin-T took 440 s with every run, 85 s a run).
+# started (module doc; what a run costs on which models: bench/RESULTS.md).
 OPTIONAL_RUNS_BUDGET_S = 30.0
 
 

@@ -80,7 +80,7 @@ MOMENTS_MARGIN = 1 / 0.9
 # has in half anyway (every real network measured needed 0-1% or 74-100%: bench/RESULTS.md)
 REGION_FLOPS_SHARE = 0.1
 # step 5: the model's float32 islands are kept where the outputs' worst rms error is this share
-# of it with them in half, or less (optimum's Llama: 0.41)
+# of it with them in half, or less
 ISLAND_GAIN = 0.95
 
 

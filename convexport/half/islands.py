@@ -8,9 +8,9 @@ Exported in float32 these are Casts to float32 of float32 values, no-ops, and co
 by node they go to half with everything else: the variance is summed in half, positions past
 2048 are rounded, and ONNX Runtime's level-2 fusion of such a norm into one kernel reads an
 epsilon stored in half as its default 1e-5 (it reads the Add's constant only where it is
-float32), where the model's is 1e-6. Optimum's Llama came out 2.6x further from the exact
-result than ONNX Runtime's own float16 route so (bench/RESULTS.md); with its islands float32,
-0.65x.
+float32), where the model's is 1e-6: optimum's Llama came out further from the exact result
+than ONNX Runtime's own float16 route so, and nearer with its islands float32
+(bench/RESULTS.md).
 
 An island starts at the readers of a Cast into float32 (float32 values of a float or an
 integer input) and takes in each node whose float inputs are all the island's or constants
@@ -35,9 +35,8 @@ from .slots import DataSlots
 
 FLOAT = TensorProto.FLOAT
 # The FLOPs an island may cost, as a share of the model's: a norm's statistics and a rotary
-# embedding's angles are a few elementwise ops per activation (under 0.5% of a 2-layer Llama
-# of width 64, 1% of a test's norm between two projections); a Cast into float32 at the
-# model's input would make an island of all of it
+# embedding's angles are a few elementwise ops per activation, where a Cast into float32 at
+# the model's input would make an island of all of it
 ISLAND_FLOPS_SHARE = 0.05
 
 
