@@ -11,7 +11,8 @@ LayerNorm is the identity, exported by optimum as users export them: BERT, Disti
 (feature-extraction), GPT-2 with past (text-generation-with-past), T5 and Whisper with past
 (their encoders, decoders, decoders with past and merged decoders); and BERT with an unmerged
 LoRA (peft's form, rank 4) in its query and value; Llama with past (grouped-query attention),
-BART with past, Swin, BEiT (relative position bias) and Wav2Vec2 (a waveform input). Every file through
+BART with past, Swin, BEiT (relative position bias), Wav2Vec2 (a waveform input) and Gemma with
+past (its RMSNorm's scale applied in float32). Every file through
 convexport with its default made-up inputs (no --input).
 
 Per model: the fused kernels `optimize_model(path, model_type=...)` makes of optimum's file and
@@ -152,6 +153,14 @@ def _llama():
     return LlamaForCausalLM(config), "text-generation-with-past", "bert"
 
 
+def _gemma():
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    # RMS norms scaled by (1 + weight) in float32 before the projections, GeLU-gated MLP
+    config = GemmaConfig(vocab_size=100, max_position_embeddings=64, num_key_value_heads=2, head_dim=16, **SMALL)
+    return GemmaForCausalLM(config), "text-generation-with-past", "bert"
+
+
 def _bart():
     from transformers import BartConfig, BartForConditionalGeneration
 
@@ -197,6 +206,8 @@ MODELS = {
     "swin": _swin,
     "beit": _beit,
     "wav2vec2": _wav2vec2,
+    # stop 68: Gemma's norm, open at its scale (half/islands.py)
+    "gemma": _gemma,
 }
 
 

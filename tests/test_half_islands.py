@@ -1,7 +1,7 @@
 """The model's own float32 islands under --dtype fp16 (half/islands.py): what its code casts into
-float32 and back (transformers' Llama RMSNorm) stays float32 where that brings the outputs
-nearer, and what only looks like one (a mask added to scores, T5's rsqrt times the
-activations) is left to the other steps."""
+float32 (transformers' Llama, T5 and Gemma RMSNorms) stays float32 where that brings the outputs
+nearer, and what would put a Cast inside a fused kernel (a mask added to the scores inside
+the Attention ONNX Runtime's optimizer fuses) is left to the other steps."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 import convexport
 from convexport.float64 import Float64Evaluator
 from convexport.half import choose
-from convexport.half.islands import closed_islands
+from convexport.half.islands import float32_islands
 
 
 class LlamaRMSNorm(torch.nn.Module):
@@ -81,26 +81,53 @@ def islands_of(path: str, tmp_path, monkeypatch) -> list[set[str]]:
     found = []
 
     def spied(model, *args):
-        islands = closed_islands(model, *args)
+        islands = float32_islands(model, *args)
         found.extend({model.graph.node[index].op_type for index in island.nodes} for island in islands)
         return islands
 
-    monkeypatch.setattr(choose, "closed_islands", spied)
+    monkeypatch.setattr(choose, "float32_islands", spied)
     convexport.optimize(path, output=str(tmp_path / "spied.onnx"), profile=False, dtype="fp16")
     return found
 
 
-def test_a_llama_norms_statistics_are_an_island_and_t5s_are_not(tmp_path, monkeypatch):
-    islands = islands_of(exported(tmp_path), tmp_path, monkeypatch)
-    assert islands == [{"Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul"}] * 3
-    # T5's normalised value is scaled and read by the projection with no cast back
-    assert islands_of(exported(tmp_path, T5LayerNorm), tmp_path, monkeypatch) == []
+NORM = ["Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul"]
 
 
-def test_gemmas_norm_has_no_cast_back_before_its_projections_and_is_no_island(tmp_path, monkeypatch):
-    """Gemma applies its scale in float32 and casts back only with `type_as`, a no-op in a
-    float32 export that the tracer leaves out: the scale's Mul feeds the projections."""
-    assert islands_of(exported(tmp_path, GemmaRMSNorm), tmp_path, monkeypatch) == []
+@pytest.mark.parametrize(
+    ("norm", "ops"),
+    [
+        # on through the cast back: the scale multiplies in float32 and the norm's pattern
+        # holds no Cast into half
+        (LlamaRMSNorm, {*NORM, "Cast"}),
+        # the scale's Mul feeds the projection: the island's value cast into half there
+        (T5LayerNorm, set(NORM)),
+        (GemmaRMSNorm, set(NORM)),
+    ],
+)
+def test_each_rms_norm_is_an_island_to_its_scale(tmp_path, monkeypatch, norm, ops):
+    islands = islands_of(exported(tmp_path, norm), tmp_path, monkeypatch)
+    assert islands == [ops] * 3
+
+
+def test_a_mask_added_to_the_scores_inside_a_fused_attention_is_no_island(tmp_path, monkeypatch):
+    """BERT's `(1 - mask.to(float)) * min`, added to the scores: an island by its arithmetic,
+    but its Cast into half would fall inside the Attention ONNX Runtime's optimizer fuses."""
+    from test_transformer_pipeline import export_encoder
+
+    path = export_encoder(tmp_path)
+    mask = {"Sub", "Mul"}
+    assert mask not in islands_of(path, tmp_path, monkeypatch)  # (the scale's Sqrt of a dim is one)
+    # without the kernels to keep whole it would be one: the kernels are what leave it out
+    taken = []
+
+    def without_kernels(model, candidates, types, flops, kernels):
+        found = float32_islands(model, candidates, types, flops, [])
+        taken.extend({model.graph.node[index].op_type for index in island.nodes} for island in found)
+        return []
+
+    monkeypatch.setattr(choose, "float32_islands", without_kernels)
+    convexport.optimize(path, output=str(tmp_path / "masked.onnx"), profile=False, dtype="fp16")
+    assert mask in taken
 
 
 def _error_on_onnx_runtime(path: str, original: str) -> float:
@@ -116,30 +143,29 @@ def _error_on_onnx_runtime(path: str, original: str) -> float:
     return worst
 
 
-def test_the_islands_stay_float32_and_onnx_runtimes_fused_norm_keeps_the_models_epsilon(tmp_path, monkeypatch):
+@pytest.mark.parametrize("norm", [LlamaRMSNorm, T5LayerNorm, GemmaRMSNorm])
+def test_the_islands_stay_float32_and_onnx_runtimes_fused_norm_keeps_the_models_epsilon(tmp_path, monkeypatch, norm):
     """ONNX Runtime fuses the norm into one kernel when it loads the model, and reads its
     epsilon from the Add only where that is float32 (else 1e-5: the variance of a 0.02-scale
-    embedding is 4e-4, so 1e-5 for 1e-6 puts the norm 1% off)."""
-    path = exported(tmp_path)
+    embedding is 4e-4, so 1e-5 for 1e-6 puts the norm 1% off). Its transformer optimizer
+    fuses each norm of the float16 file too."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    path = exported(tmp_path, norm)
     result = convexport.optimize(path, output=str(tmp_path / "islands.onnx"), profile=False, dtype="fp16")
     kept = [entry for entry in result.report["precision"]["kept_float32"] if "its own Casts" in entry["reason"]]
-    assert {entry["op"] for entry in kept} == {"Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul"} and len(kept) == 18
+    assert set(NORM) <= {entry["op"] for entry in kept}
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "as_loaded.onnx")
     ort.InferenceSession(str(tmp_path / "islands.onnx"), options, providers=["CPUExecutionProvider"])
     fused = [node for node in onnx.load(options.optimized_model_filepath).graph.node if "LayerNorm" in node.op_type]
     assert len(fused) == 3
     assert all(abs(a.f - 1e-6) < 1e-9 for node in fused for a in node.attribute if a.name == "epsilon")
+    optimized = optimize_model(str(tmp_path / "islands.onnx"), model_type="bert", use_gpu=True, opt_level=0)
+    assert sum("SimplifiedLayerNormalization" in node.op_type for node in optimized.model.graph.node) == 3
 
-    monkeypatch.setattr(choose, "closed_islands", lambda *args: [])
+    monkeypatch.setattr(choose, "float32_islands", lambda *args: [])
     convexport.optimize(path, output=str(tmp_path / "no_islands.onnx"), profile=False, dtype="fp16")
-    with_islands, without = (_error_on_onnx_runtime(str(tmp_path / f), path) for f in ("islands.onnx", "no_islands.onnx"))
+    files = ("islands.onnx", "no_islands.onnx")
+    with_islands, without = (_error_on_onnx_runtime(str(tmp_path / name), path) for name in files)
     assert with_islands < without / 2, (with_islands, without)
-
-
-@pytest.mark.parametrize("norm", [T5LayerNorm])
-def test_a_model_without_closed_islands_converts_as_before(tmp_path, norm):
-    path = exported(tmp_path, norm)
-    result = convexport.optimize(path, output=str(tmp_path / "half.onnx"), profile=False, dtype="fp16")
-    assert result.report["precision"]["validation"]["passed"]
-    assert not any("its own Casts" in entry["reason"] for entry in result.report["precision"]["kept_float32"])

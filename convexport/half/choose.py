@@ -37,10 +37,10 @@ by a list of ops.
    float32 whole: MobileOne-S0 with random weights, its 43 layers each 0.2-0.3 of their own
    bound.)
 5. Where float32 is cheap and measurably closer, it is taken: the model's own float32
-   islands (islands.py: what its code casts into float32 and back, a Llama RMSNorm's
-   statistics, a rotary embedding's angles), exempt from step 3 (their Casts are the model's
-   own, where a fusion's pattern has them), where its outputs come ISLAND_GAIN nearer (rms);
-   then a float32 tail at the outputs (tails.py).
+   islands (islands.py: what its code casts into float32, a Llama RMSNorm, a rotary
+   embedding's angles), exempt from step 3 (islands.py takes none that would put a Cast
+   inside a fused kernel), where its outputs come ISLAND_GAIN nearer (rms); then a float32
+   tail at the outputs (tails.py).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from ..stats import flops_by_node
 from .cast_chains import MOVES_VALUES
 from .convert import PrecisionPlan, with_precision
 from .input_moments import input_moments
-from .islands import closed_islands
+from .islands import float32_islands
 from .kept import KeptFloat32
 from .kernels import lacking_kernels
 from .measure import NodeError, node_errors
@@ -288,11 +288,14 @@ class _Choice:
         """Step 5's islands (module doc): `kept` with the model's own float32 islands, and its
         attempt, where that brings the outputs ISLAND_GAIN nearer within the bound; else None."""
         nodes = self.model.graph.node
-        islands = closed_islands(self.model, self.candidates, self.types, self.flops)
+        islands = float32_islands(self.model, self.candidates, self.types, self.flops, [m for _, m in self.regions])
         members = {index for island in islands for index in island.nodes if index not in kept}
         if not members or self.runs.against != "float64":
             return None
         self.islands = members | {index for island in islands for index in island.entries}
+        # their Casts in float32 too: each then casts into float32 once, where its other
+        # readers read what it casts (convert._no_op_casts)
+        members |= {index for island in islands for index in island.entries if index in self.candidates} - kept.keys()
         trial = self.with_regions({**kept, **{index: KeptFloat32.of(nodes[index], "") for index in members}})
         result = self.attempt(trial)
         gain = _rounding_key(result[1])[1] / max(_rounding_key(judged)[1], 1e-300)
@@ -300,7 +303,7 @@ class _Choice:
             self.islands = set()
             return None
         reason = (
-            f"the model computes it in float32 (its own Casts into float32 and back around it); in half the "
+            f"the model computes it in float32 (its own Casts into float32 before it); in half the "
             f"outputs are {1 / gain:.2g}x as far from the exact result (rms)"
         )
         for index in members:  # (their reason known once the attempt is judged)

@@ -5,17 +5,21 @@ outputs of a node chosen to run in half), the interface's for a graph input, and
 constant (an initializer or a Constant node's value) the half type when every node reading it
 reads it in half: the float32 weight rounded once into the half type (rounding.py). A reader
 that needs the other type reads a Cast of it, one Cast per tensor and type, placed before its
-first reader; a graph output whose home differs from the interface's type is cast back under
-its own name. A node holding subgraphs (an If, a Loop) stays float32 whole, and what they read
-of this scope is read in float32: a Cast of a tensor made in half (a half interface's input),
-which the subgraphs are renamed to read. So Casts sit only at the edges between the two
-precisions and at the interface;
-a Cast into float32 that the model casts on into float64 is one Cast (cast_chains.py).
+first reader (a single-valued constant, a copy of it in half instead: _half_copies); a Cast
+reads its input in whatever type it is made; a Cast the model wrote from float32 into float32
+(a no-op) is read past where its input is made in the type the reader wants, and goes where
+nothing then reads it (_no_op_casts); a graph output whose home differs from the interface's
+type is cast back under its own name. A node holding subgraphs (an If, a Loop) stays float32
+whole, and what they read of this scope is read in float32: a Cast of a tensor made in half
+(a half interface's input), which the subgraphs are renamed to read. So Casts sit only at
+the edges between the two precisions and at the interface; a Cast into float32 that the
+model casts on into float64 is one Cast (cast_chains.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
@@ -30,6 +34,10 @@ from .rounding import WeightRounding, rounded
 from .slots import TYPE_ATTRIBUTES, TYPE_TAGS, DataSlots
 
 FLOAT = TensorProto.FLOAT
+# The largest stored constant a node reading it in half gets a copy of (_half_copies) where
+# others read it in float32: a fusion pattern's constants (a Gelu's 0.5 and 1, a norm's
+# epsilon) are single values, where a copy of a weight would cost its bytes again
+COPIED_CONSTANT_ELEMENTS = 1
 
 
 @dataclass
@@ -66,20 +74,30 @@ def with_precision(
     wanted = _wanted_types(nodes, plan, types)
     outer = _outer_float_reads(nodes, types)
     home = _home_types(graph, nodes, plan, types, wanted, outer)
+    passed_through = _no_op_casts(nodes, types)  # (before the Casts in half are retyped)
     for index in plan.nodes:
         retype_attributes(nodes[index], plan.half)
     stored = _retype_constants(graph, nodes, home, rounding)
+    copies = _half_copies(graph, nodes, home, wanted, plan.half)
     outputs = {value.name: value for value in graph.output}
     renamed = _renamed_outputs(nodes, home, outputs, plan.io_type, stored)
     casts: dict[tuple[str, int], onnx.NodeProto] = {}
     ordered: list[onnx.NodeProto] = []
 
     def read_as(name: str, want: int | None) -> str:
-        """The name a reader of `name` wanting it in `want` reads: a Cast of it where its home
-        is another type (made before its first reader), else the tensor."""
+        """The name a reader of `name` wanting it in `want` reads: the input of a Cast that
+        changed nothing in float32 where that is made in `want`; the tensor where it is; else
+        a single-valued constant's copy in `want`, or a Cast of it (made before its first
+        reader)."""
         source = renamed.get(name, name)
-        if want is None or home.get(name, want) == want:
+        if want is None:
             return source
+        if name in passed_through and home.get(passed_through[name]) == want:
+            return read_as(passed_through[name], want)
+        if home.get(name, want) == want:
+            return source
+        if (name, want) in copies:
+            return copies[(name, want)]
         if (name, want) not in casts:
             cast = onnx.helper.make_node("Cast", [source], [f"{name}__as_{TYPE_TAGS[want]}"], to=want)
             cast.name = f"{cast.output[0]}__cast"
@@ -97,8 +115,10 @@ def with_precision(
     for name, inner in renamed.items():
         cast = onnx.helper.make_node("Cast", [inner], [name], to=plan.io_type, name=f"{name}__cast")
         ordered.append(cast)
+    unread = _unread(ordered, passed_through, graph)
     del graph.node[:]
-    graph.node.extend(ordered)
+    graph.node.extend(node for node in ordered if node.op_type != "Cast" or node.output[0] not in unread)
+    _drop_value_info(graph, unread)
     _retype_interface(graph, plan.io_type)
     _retype_value_info(graph, home, renamed)
     _shape_casts(graph, casts)
@@ -129,12 +149,14 @@ def _readers_follow_their_inputs(graph, nodes, plan: PrecisionPlan) -> Precision
 
 
 def _wanted_types(nodes, plan: PrecisionPlan, types: dict[str, int]) -> dict[tuple[int, int], int]:
-    """The type each float operand is read in: (node index, input position) -> element type."""
+    """The type each float operand is read in: (node index, input position) -> element type;
+    none for a Cast's input, which it reads in whatever type it is made (a Cast into half of a
+    float32 value is the conversion itself, not a Cast of a Cast)."""
     wanted = {}
     for index, node in enumerate(nodes):
         slots = plan.nodes.get(index)
         for position, name in enumerate(node.input):
-            if not name:
+            if not name or node.op_type == "Cast":
                 continue
             if slots is not None and position in slots.inputs:
                 wanted[(index, position)] = plan.half
@@ -212,6 +234,62 @@ def _retype_constants(graph, nodes, home: dict[str, int], rounding: WeightRoundi
                         values.astype(np.float32)), half)))  # fmt: skip
             stored.add(node.output[0])
     return stored
+
+
+def _half_copies(graph, nodes, home, wanted, half: int) -> dict[tuple[str, int], str]:
+    """A copy in `half`, rounded to nearest, of each stored float32 constant of
+    COPIED_CONSTANT_ELEMENTS that a node reads in half: (name, half) -> the copy's name. A
+    Cast of a constant stands where a fusion's pattern has the constant (FastGelu's `1 +
+    tanh`, its 1 shared with a rotary embedding's float32 arithmetic) and stops the fusion;
+    ONNX Runtime would fold it into such a copy when it loads the model anyway."""
+    read_in_half = {nodes[index].input[position] for (index, position), want in wanted.items() if want == half}
+    values = {tensor.name: tensor for tensor in graph.initializer}
+    for node in nodes:
+        if node.op_type == "Constant":
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if value is not None:
+                values[node.output[0]] = value
+    copies = {}
+    for name in sorted(read_in_half):
+        tensor = values.get(name)
+        if tensor is None or home.get(name) != FLOAT or tensor.data_type != FLOAT or tensor.external_data:
+            continue
+        if math.prod(tensor.dims) > COPIED_CONSTANT_ELEMENTS:
+            continue
+        copy = rounded(tensor, half)
+        copy.name = f"{name}__as_{TYPE_TAGS[half]}"
+        graph.initializer.append(copy)
+        copies[(name, half)] = copy.name
+    return copies
+
+
+def _no_op_casts(nodes, types: dict[str, int]) -> dict[str, str]:
+    """The Casts into float32 of float32 values (a no-op the model's code wrote: Llama's
+    `hidden_states.to(torch.float32)` exported in float32): output -> input. A reader wanting
+    the type the input is made in reads the input: the same value, where a Cast of the Cast
+    would be one more node, and one between two float32 nodes a node in the middle of a
+    pattern ONNX Runtime fuses (it drops such Casts itself when it loads the model)."""
+    return {
+        node.output[0]: node.input[0]
+        for node in nodes
+        if node.op_type == "Cast"
+        and types.get(node.input[0]) == FLOAT
+        and any(a.name == "to" and a.i == FLOAT for a in node.attribute)
+    }
+
+
+def _unread(ordered: list[onnx.NodeProto], passed_through: dict[str, str], graph) -> set[str]:
+    """The outputs of the no-op Casts every reader now reads past (_no_op_casts)."""
+    read = {name for node in ordered for name in node.input}
+    read |= {name for node in ordered for sub in proto_subgraphs(node) for name in proto_outer_reads(sub)}
+    read |= {value.name for value in graph.output}
+    return {name for name in passed_through if name not in read}
+
+
+def _drop_value_info(graph: onnx.GraphProto, names: set[str]) -> None:
+    kept = [value for value in graph.value_info if value.name not in names]
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
 
 
 def _renamed_outputs(nodes, home, outputs: dict, io_type: int, stored: set[str]) -> dict[str, str]:

@@ -14,14 +14,15 @@ than ONNX Runtime's own float16 route so, and nearer with its islands float32
 
 An island starts at the readers of a Cast into float32 (float32 values of a float or an
 integer input) and takes in each node whose float inputs are all the island's or constants
-and that reads no weight of two dims or more, up to the Casts into float32 that read it (the
-casts back: they become the casts into half).
-It is closed where every value it makes is read by the island or by those Casts alone: then
-keeping it float32 adds one Cast at its entry and none inside an ONNX Runtime fusion's pattern
-(the model's own Casts are where the exporter wrote them). An island whose value is read
-elsewhere (BERT's mask arithmetic, added to the attention scores; T5's and Gemma's norms,
-whose scale's Mul feeds the projections with no cast back) would need a Cast where a fusion's
-pattern may have none: left out.
+and that reads no weight of two dims or more, on through the Casts into float32 that read it
+(its casts back, a no-op in float32: Llama's scale then multiplies in float32, and the
+norm's pattern has no Cast inside), or up to them where going on would split a kernel.
+Kept float32, its values are cast into half where the rest reads them: where the model has
+a cast back, and where a node outside reads one (Gemma's and T5's norms, whose scale's Mul
+feeds the projections). An island is taken only where no such Cast falls inside a kernel
+that ONNX Runtime's transformer optimizer fuses (BERT's mask arithmetic, added to the
+scores inside the Attention it fuses, is left to the other steps): a Cast there would stop
+the fusion.
 """
 
 from __future__ import annotations
@@ -40,12 +41,17 @@ FLOAT = TensorProto.FLOAT
 ISLAND_FLOPS_SHARE = 0.05
 
 
-def closed_islands(
-    model: onnx.ModelProto, candidates: dict[int, DataSlots], types: dict[str, int], flops: list[float]
+def float32_islands(
+    model: onnx.ModelProto,
+    candidates: dict[int, DataSlots],
+    types: dict[str, int],
+    flops: list[float],
+    kernels: list[set[int]],
 ) -> list[Island]:
-    """The closed islands (module doc) among `candidates` of ISLAND_FLOPS_SHARE of the model's
-    FLOPs or less each. A Cast into float32 that reads an island's value is its cast back,
-    never the start of another."""
+    """The islands (module doc) among `candidates` of ISLAND_FLOPS_SHARE of the model's FLOPs
+    or less each whose every exit lies outside each of `kernels` (fused kernels' node indices).
+    A Cast into float32 that reads an island's value is its cast back, never the start of
+    another."""
     nodes = model.graph.node
     constants = {tensor.name: len(tensor.dims) for tensor in model.graph.initializer}
     for node in (node for node in nodes if node.op_type == "Constant"):
@@ -63,17 +69,32 @@ def closed_islands(
     for start in sorted(casts_in):
         if nodes[start].input[0] in made_by_islands:
             continue  # a cast back
-        island = _grown(nodes, start, casts_in, candidates, constants, types, upcast)
-        if not island or island & taken or sum(flops[index] for index in island) > allowed:
-            continue
-        made = {name for index in island for name in nodes[index].output if types.get(name) == FLOAT}
-        exits = {reader for name in made for reader in readers.get(name, ()) if reader not in island}
-        if made & outputs or not all(reader in casts_in or nodes[reader].op_type == "Shape" for reader in exits):
-            continue
-        islands.append(Island(frozenset(island), _entry_casts(nodes, island, upcast)))
-        taken |= island
-        made_by_islands |= made
+        for through in (True, False):
+            island = _grown(nodes, start, casts_in, candidates, constants, types, upcast, through)
+            if not island or island & taken or sum(flops[index] for index in island) > allowed:
+                continue
+            made = {name: index for index in island for name in nodes[index].output if types.get(name) == FLOAT}
+            if made.keys() & outputs or _splits_a_kernel(made, island, readers, casts_in, nodes, kernels):
+                continue
+            islands.append(Island(frozenset(island), _entry_casts(nodes, island, upcast)))
+            taken |= island
+            made_by_islands |= made.keys()
+            break
     return islands
+
+
+def _splits_a_kernel(made: dict[str, int], island: set[int], readers, casts_in, nodes, kernels) -> bool:
+    """Whether a value the island makes (name -> its node) is read outside it, other than by
+    its casts back or a Shape, by a node in one fused kernel with the node that makes it: in
+    half that reader takes a Cast the kernel's pattern has no place for (BERT's mask, added to
+    the scores inside its Attention)."""
+    for name, maker in made.items():
+        for reader in readers.get(name, ()):
+            if reader in island or reader in casts_in or nodes[reader].op_type == "Shape":
+                continue
+            if any(maker in kernel and reader in kernel for kernel in kernels):
+                return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -98,13 +119,20 @@ def _entry_casts(nodes, island: set[int], upcast: set[str]) -> frozenset[int]:
     return frozenset(entries)
 
 
-def _grown(nodes, start: int, casts_in: set[int], candidates, constants, types, upcast: set[str]) -> set[int]:
-    """The island from the Cast at `start`: in node order (a node's inputs are made before
-    it), each node reading one of its values whose other float inputs are its values,
-    constants, or other Casts into float32; no node with a weight of two dims or more (a
-    projection after a norm is the model's, not the island's arithmetic)."""
+def _grown(nodes, start: int, casts_in: set[int], candidates, constants, types, upcast: set[str], through: bool):
+    """The island from the Cast at `start` (node indices): in node order (a node's inputs are
+    made before it), each node reading one of its values whose other float inputs are its
+    values, constants, or other Casts into float32; no node with a weight of two dims or more
+    (a projection after a norm is the model's, not the island's arithmetic). `through`: on
+    past its casts back (a no-op in float32), so that what the model then does in half
+    before a projection (Llama's scale, `weight * x.to(dtype)`) is the island's too, and the
+    pattern ONNX Runtime's optimizer fuses as a norm has no Cast into half inside."""
     inside, island = set(nodes[start].output), set()
     for index in range(start + 1, len(nodes)):
+        if index in casts_in and through and nodes[index].input[0] in inside:
+            island.add(index)
+            inside.update(nodes[index].output)
+            continue
         if index in casts_in or index not in candidates:
             continue
         if any(constants.get(name, 0) >= 2 for name in nodes[index].input):
