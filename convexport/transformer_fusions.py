@@ -364,15 +364,21 @@ class FusionAwareRewrite:
 
 
 def rewrite_keeping_fusions(
-    model: onnx.ModelProto, reference: onnx.ModelProto, source: str, strategy: str, rewrite: Callable
+    model: onnx.ModelProto,
+    reference: onnx.ModelProto,
+    source: str,
+    strategy: str,
+    rewrite: Callable,
+    unfolded: frozenset[str] = frozenset(),
 ) -> FusionAwareRewrite:
     """Constant folding and the rules (`rewrite(folded, kept, decided)`, the engine's outcome),
-    with the optimizer's kernels kept whole (but under --strategy all), the dims `reference`
-    named carried over, and, for a model with attention, the better of two (module doc)."""
+    with the optimizer's kernels kept whole (but under --strategy all) and the nodes of
+    `unfolded` (names, or ir.scoped_name) left unfolded, the dims `reference` named carried
+    over, and, for a model with attention, the better of two (module doc)."""
     clock = OptimizerClock()
     before = measure(model, clock=clock)
     kept = [] if strategy == "all" else [(kernel.kind, kernel.nodes) for kernel in before.kernels]
-    keep = frozenset(name for _, names in kept for name in names)
+    keep = frozenset(name for _, names in kept for name in names) | unfolded
     chosen = _attempt(model, reference, source, rewrite, before, kept, keep, clock)
     if strategy == "all" or not before.counts or _attention_kernels(chosen.after) >= _softmaxes(model):
         return chosen  # (every attention fused already: keeping shape arithmetic cannot add one)

@@ -169,3 +169,72 @@ def test_the_islands_stay_float32_and_onnx_runtimes_fused_norm_keeps_the_models_
     files = ("islands.onnx", "no_islands.onnx")
     with_islands, without = (_error_on_onnx_runtime(str(tmp_path / name), path) for name in files)
     assert with_islands < without / 2, (with_islands, without)
+
+
+def merged_decoder(tmp_path) -> str:
+    """The Llama-norm decoder twice, as the two branches of an If on `use_cache` reading the
+    main graph's weights, their node and tensor names repeated as optimum's merged decoders
+    repeat theirs."""
+    model = onnx.load(exported(tmp_path))
+    graph = model.graph
+
+    def branch(name: str) -> onnx.GraphProto:
+        nodes = [onnx.NodeProto() for _ in graph.node]
+        for copy, node in zip(nodes, graph.node):
+            copy.CopyFrom(node)
+            copy.output[:] = [f"{output}_b" if output == "logits" else output for output in node.output]
+        out = onnx.helper.make_tensor_value_info("logits_b", onnx.TensorProto.FLOAT, None)
+        return onnx.helper.make_graph(nodes, name, [], [out])
+
+    use_cache = onnx.helper.make_tensor_value_info("use_cache", onnx.TensorProto.BOOL, [])
+    choice = onnx.helper.make_node("If", ["use_cache"], ["logits"], then_branch=branch("with_past"),
+                                   else_branch=branch("no_past"))  # fmt: skip
+    merged = onnx.helper.make_graph([choice], "merged", [*graph.input, use_cache], list(graph.output),
+                                    list(graph.initializer))  # fmt: skip
+    path = str(tmp_path / "merged.onnx")
+    onnx.save(onnx.helper.make_model(merged, opset_imports=model.opset_import, ir_version=model.ir_version), path)
+    return path
+
+
+def test_a_merged_decoders_branches_have_their_islands(tmp_path, monkeypatch):
+    """In an If's branches no fused kernel keeps the norms' no-op Casts into float32 from
+    constant folding: under --dtype they are kept so (by their graph's name with theirs, which
+    the two branches repeat), and each branch's norms are islands as the decoder's own are."""
+    from convexport.stages import rewrite
+
+    path = merged_decoder(tmp_path)
+    assert islands_of(path, tmp_path, monkeypatch) == [{*NORM, "Cast"}] * 6  # three norms in each branch
+    float32 = convexport.optimize(path, output=str(tmp_path / "float32.onnx"), profile=False)
+    assert float32.report["validation"]["passed"]  # (in float32 they fold away as before)
+    branches = [a.g for a in onnx.load(str(tmp_path / "float32.onnx")).graph.node[0].attribute]
+    assert not any(node.op_type == "Cast" for branch in branches for node in branch.node)
+    monkeypatch.setattr(rewrite, "no_op_casts_in_subgraphs", lambda model: frozenset())
+    assert islands_of(path, tmp_path, monkeypatch) == []
+
+
+def test_only_the_no_op_casts_of_activations_in_subgraphs_are_kept_from_folding():
+    """x's Cast into float32 in a branch is one; the same Cast of a value made from x's
+    Shape (a mask's or a scale's arithmetic, which folding should take) and a Cast from an
+    integer are not, nor is the main graph's (its kernels keep what matters there)."""
+    from onnx import TensorProto, helper
+
+    from convexport.half.islands import no_op_casts_in_subgraphs
+    from convexport.ir import scoped_name
+
+    def branch(name):
+        nodes = [helper.make_node("Cast", ["x"], ["a"], to=TensorProto.FLOAT, name="activation"),
+                 helper.make_node("Shape", ["x"], ["s"], name="shape"),
+                 helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT, name="from_int"),
+                 helper.make_node("Cast", ["sf"], ["sff"], to=TensorProto.FLOAT, name="of_a_shape"),
+                 helper.make_node("Sum", ["a", "sff"], ["y_b"], name="sum")]  # fmt: skip
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info("y_b", TensorProto.FLOAT, [4])])
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    flag = helper.make_tensor_value_info("flag", TensorProto.BOOL, [])
+    nodes = [helper.make_node("Cast", ["x"], ["x32"], to=TensorProto.FLOAT, name="main_cast"),
+             helper.make_node("If", ["flag"], ["y"], then_branch=branch("then"), else_branch=branch("else"))]  # fmt: skip
+    graph = helper.make_graph(nodes, "main", [x, flag], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    found = no_op_casts_in_subgraphs(model)
+    branches = [a.g for a in model.graph.node[1].attribute]
+    assert found == {scoped_name(b, next(n for n in b.node if n.name == "activation")) for b in branches}

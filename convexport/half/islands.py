@@ -27,14 +27,18 @@ the fusion.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import onnx
 from onnx import TensorProto
 
+from ..ir import proto_outer_reads, proto_scopes, proto_subgraphs, scoped_name
 from .slots import DataSlots
 
 FLOAT = TensorProto.FLOAT
+# ops whose outputs carry none of their inputs' values, only their shape
+_SHAPE_ONLY = {"Shape", "Size"}
 # The FLOPs an island may cost, as a share of the model's: a norm's statistics and a rotary
 # embedding's angles are a few elementwise ops per activation, where a Cast into float32 at
 # the model's input would make an island of all of it
@@ -142,6 +146,43 @@ def _grown(nodes, start: int, casts_in: set[int], candidates, constants, types, 
             island.add(index)
             inside |= {*floats, *nodes[index].output}
     return island
+
+
+def no_op_casts_in_subgraphs(model: onnx.ModelProto) -> frozenset[str]:
+    """The Casts into float32 of float32 activations in an If's (a Loop's) subgraphs, by
+    ir.scoped_name: the no-ops where the model's code computes in float32 that islands start
+    at, which constant folding removes there, where no fused kernel keeps them (optimum's
+    merged decoders). In the main graph the transformer optimizer's kernels keep the norms'
+    (transformer_fusions.py), and keeping the rest cost Casts for no error measured (T5's
+    softmax upcast: bench/RESULTS.md). An activation is computed from a float input or a
+    weight of two dims or more (an embedding's), other than through a Shape: a Cast in a
+    mask's or a shape's arithmetic, which folding should take, is none. A Cast whose input's
+    type the model does not record is left out, and one whose scoped name another node bears."""
+    found: list[str] = []
+
+    def walk(graph: onnx.GraphProto, outer: dict[str, int], outer_data: set[str], inside: bool) -> None:
+        types = dict(outer)
+        types.update({v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.value_info, *graph.output)})
+        types.update({tensor.name: tensor.data_type for tensor in graph.initializer})
+        for node in (node for node in graph.node if node.op_type == "Constant"):
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if value is not None:
+                types[node.output[0]] = value.data_type
+        data = set(outer_data) | {value.name for value in graph.input if types.get(value.name) == FLOAT}
+        data |= {tensor.name for tensor in graph.initializer if tensor.data_type == FLOAT and len(tensor.dims) >= 2}
+        for node in graph.node:  # in graph order: a node's inputs are made before it
+            reads = set(node.input) | {name for sub in proto_subgraphs(node) for name in proto_outer_reads(sub)}
+            if not reads & data or node.op_type in _SHAPE_ONLY:
+                continue
+            data.update(node.output)
+            if inside and _casts_to_float(node) and types.get(node.input[0]) == FLOAT:
+                found.append(scoped_name(graph, node))
+            for sub in proto_subgraphs(node):
+                walk(sub, types, data, True)
+
+    walk(model.graph, {}, set(), False)
+    named = Counter(scoped_name(scope, node) for scope in proto_scopes(model.graph) for node in scope.node)
+    return frozenset(key for key in found if named[key] == 1)
 
 
 def _casts_to_float(node: onnx.NodeProto) -> bool:

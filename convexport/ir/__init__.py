@@ -32,7 +32,7 @@ from .disk import (
     spill,
     spilled_weights,
 )
-from .folding import constant_node_values, fold_constants, fold_to_fixed_point
+from .folding import constant_node_values, fold_constants, fold_to_fixed_point, scoped_name
 from .large import (
     external_data_files,
     kept_from_serialisation,
@@ -88,6 +88,7 @@ __all__ = [
     "Deduplicated",
     "deduplicate_initializers",
     "fold_to_fixed_point",
+    "scoped_name",
     "constant_node_values",
     "needs_external_data",
     "kept_from_serialisation",

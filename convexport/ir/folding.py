@@ -77,16 +77,23 @@ def fold_constants(model: onnx.ModelProto, keep: frozenset[str] = frozenset()) -
 
 
 _HIDDEN = "convexport.kept."  # a domain no model imports: onnxscript folds no node of it
+_IN_SCOPE = "\x00in\x00"  # (no exporter writes a NUL into a name)
+
+
+def scoped_name(graph: onnx.GraphProto, node: onnx.NodeProto) -> str:
+    """A node's name with its graph's, for `keep`: the branches of an If may repeat their node
+    names (optimum's merged decoders do), and a name alone keeps the node of each."""
+    return f"{node.name}{_IN_SCOPE}{graph.name}"
 
 
 def _hide(model: onnx.ModelProto, keep: frozenset[str]) -> bool:
-    """Put the nodes named in `keep` in the _HIDDEN domain, where onnxscript's folding (its
-    should_fold hook comes after its per-op simplifications, which would still fold a Gather
-    of a static dim) leaves them alone; whether any was."""
+    """Put the nodes named in `keep` (by name, or by scoped_name) in the _HIDDEN domain, where
+    onnxscript's folding (its should_fold hook comes after its per-op simplifications, which
+    would still fold a Gather of a static dim) leaves them alone; whether any was."""
     hidden = False
     for scope in proto_scopes(model.graph) if keep else ():
         for node in scope.node:
-            if node.name in keep and node.op_type != "Constant":
+            if (node.name in keep or scoped_name(scope, node) in keep) and node.op_type != "Constant":
                 node.domain = _HIDDEN + node.domain
                 hidden = True
     return hidden

@@ -15,6 +15,7 @@ from ..errors import ConvexportError
 from ..explain import ExplainRequest, explanations
 from ..export import ExportResult
 from ..folds import builtin_primitives
+from ..half.islands import no_op_casts_in_subgraphs
 from ..low_rank import low_rank_branches_left
 from ..progress import BytesShown
 from ..rewrite.engine import rewrite_model
@@ -100,8 +101,10 @@ def rewritten(exported: ExportResult, source: str, asked: RulesAsked, request: R
     say = request.steps.start
     with ir.counting_bytes(BytesShown(say, "rewriting", "of weights read", ir.weight_bytes(exported.model))):
         stage = transformer_fusions.rewrite_keeping_fusions(
-            exported.model, exported.reference, source, request.strategy, rewrite
-        )
+            exported.model, exported.reference, source, request.strategy, rewrite,
+            # under --dtype, the model's no-op Casts into float32 say where it computes in float32
+            no_op_casts_in_subgraphs(exported.model) if half else frozenset(),
+        )  # fmt: skip
     outcome = stage.outcome
     deduplicated = ir.deduplicate_initializers(outcome.model)  # copies of a weight, written once
     outcome.model = deduplicated.model
