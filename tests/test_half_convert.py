@@ -15,14 +15,18 @@ from helpers import make_model, run, tensor
 FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
 
 
-def converted(model, half_nodes: set[str]):
-    """`model` with the nodes named in `half_nodes` in float16, the rest float32."""
+def conversion(model, half_nodes: set[str]):
+    """`model` with the nodes named in `half_nodes` in float16, the rest float32 (convert.Converted)."""
     types = element_types(model)
     plan = PrecisionPlan(FLOAT16, FLOAT)
     for index, node in enumerate(model.graph.node):
         if node.name in half_nodes:
             plan.nodes[index] = data_slots(node, 18, types, FLOAT16)
-    return with_precision(model, plan, types, WeightRounding(model.graph, FLOAT16)).model
+    return with_precision(model, plan, types, WeightRounding(model.graph, FLOAT16))
+
+
+def converted(model, half_nodes: set[str]):
+    return conversion(model, half_nodes).model
 
 
 def upcast_norm():
@@ -52,8 +56,10 @@ def test_a_no_op_cast_into_float32_is_read_past_by_a_reader_in_half():
 
 def test_a_no_op_cast_that_nothing_reads_any_more_goes():
     """In half on both sides, the model's no-op Cast is read past by all its readers and dropped."""
-    half = converted(upcast_norm(), {"made_in_half", "upcast", "statistics", "residual"})
+    done = conversion(upcast_norm(), {"made_in_half", "upcast", "statistics", "residual"})
+    half = done.model
     assert "upcast" not in {node.name for node in half.graph.node}
+    assert done.half_nodes == 3  # (the report counts the nodes it writes)
     assert {node.name: list(node.input) for node in half.graph.node}["statistics"] == ["h", "h"]
     assert not any(value.name == "up" for value in half.graph.value_info)
 

@@ -290,7 +290,7 @@ class _Choice:
         nodes = self.model.graph.node
         islands = float32_islands(self.model, self.candidates, self.types, self.flops, [m for _, m in self.regions])
         members = {index for island in islands for index in island.nodes if index not in kept}
-        if not members or self.runs.against != "float64":
+        if not members:
             return None
         self.islands = members | {index for island in islands for index in island.entries}
         # their Casts in float32 too: each then casts into float32 once, where its other

@@ -126,7 +126,8 @@ def with_precision(
     now.update({inner: home[name] for name, inner in renamed.items()})
     merged = merge_widening_casts(graph, now)
     ways = Counter(rounding.way(name) for name in stored)
-    return Converted(converted, len(casts) + len(renamed) - merged, len(plan.nodes), dict(ways))
+    dropped = sum(nodes[index].op_type == "Cast" and nodes[index].output[0] in unread for index in plan.nodes)
+    return Converted(converted, len(casts) + len(renamed) - merged, len(plan.nodes) - dropped, dict(ways))
 
 
 def _readers_follow_their_inputs(graph, nodes, plan: PrecisionPlan) -> PrecisionPlan:

@@ -38,8 +38,8 @@ class OutputJudgement:
     beyond: int = 0
     elements: int = 0
     error_rounded: float | None = None  # the model's with every value rounded to half, where it ran
-    # over the input sets with a float64 reference: the half model's squared error summed, and
-    # the exact result's squares (for rms_ratio)
+    # over the input sets: the half model's squared error summed, and the exact (or float32)
+    # result's squares (for rms_ratio)
     squared_error: float = 0.0
     squared_exact: float = 0.0
 
@@ -64,8 +64,9 @@ class OutputJudgement:
 
     @property
     def rms_ratio(self) -> float:
-        """The rms error over the exact result's rms, on the sets with a float64 reference: a
-        steadier measure of a change to every weight than the largest error (choose.py)."""
+        """The rms error over the exact result's rms (the float32 original's where there is no
+        float64 reference: its own error is orders below half's): a steadier measure of a
+        change to every weight than the largest error (choose.py)."""
         if self.squared_exact > 0:
             return (self.squared_error / self.squared_exact) ** 0.5
         return float(self.squared_error > 0)
@@ -121,6 +122,7 @@ def judge_outputs(model: onnx.ModelProto, runs: HalfRuns, dtype: str, device: st
                 apart = None if rounded is None else largest_apart(rounded[name], orig)
                 bound = noise_floor_bound(orig, max(own_seen[name], apart or 0.0), dtype)
                 errors = np.abs(half - orig.astype(np.float64))
+                judged[name].add_squares(half, orig.astype(np.float64))
                 beyond = int(np.count_nonzero(~(errors <= bound)))
                 judged[name].add(float(np.nanmax(errors, initial=0.0)), 0.0, bound, beyond, orig.size, apart)
     return judged
