@@ -238,8 +238,9 @@ def _retype_constants(graph, nodes, home: dict[str, int], rounding: WeightRoundi
 
 
 def _half_copies(graph, nodes, home, wanted, half: int) -> dict[tuple[str, int], str]:
-    """A copy in `half`, rounded to nearest, of each stored float32 constant of
-    COPIED_CONSTANT_ELEMENTS that a node reads in half: (name, half) -> the copy's name. A
+    """A copy in `half`, rounded to nearest, of each stored float32 constant of at most
+    COPIED_CONSTANT_ELEMENTS elements that a node reads in half while others read it in
+    float32: (name, half) -> the copy's name. A
     Cast of a constant stands where a fusion's pattern has the constant (FastGelu's `1 +
     tanh`, its 1 shared with a rotary embedding's float32 arithmetic) and stops the fusion;
     ONNX Runtime would fold it into such a copy when it loads the model anyway."""
