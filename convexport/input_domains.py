@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 import onnx
 
 from .inputs import MASK_NAME, InputSpec, random_inputs
+from .ir import proto_constants
 
 # Ops whose output holds the same values as their first input, moved or converted: an index
 # read through them is still an index.
@@ -98,20 +99,9 @@ def _readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     return readers
 
 
-def _constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
-    """The graph's initializers and Constant nodes' tensors, by name."""
-    tensors = {init.name: init for init in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.output:
-            value = next((a for a in node.attribute if a.name == "value"), None)
-            if value is not None and value.type == onnx.AttributeProto.TENSOR:
-                tensors[node.output[0]] = value.t
-    return tensors
-
-
 def _constant_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
     """The shapes of the graph's initializers and Constant nodes' tensors, by name."""
-    return {name: tuple(tensor.dims) for name, tensor in _constant_tensors(graph).items()}
+    return {name: tuple(tensor.dims) for name, tensor in proto_constants(graph).items()}
 
 
 _INTEGER_TYPES = {
@@ -153,7 +143,7 @@ def conv_reads(model: onnx.ModelProto) -> dict[str, ConvRead]:
     through a Cast, an Identity or an Unsqueeze that adds leading dims: a waveform's channel),
     with a constant weight. The input's last dims are the Conv's spatial dims either way."""
     graph = model.graph
-    constants, readers = _constant_tensors(graph), _readers(graph)
+    constants, readers = proto_constants(graph), _readers(graph)
     weights = {name: tuple(tensor.dims) for name, tensor in constants.items()}
     found = {}
     for value in graph.input:

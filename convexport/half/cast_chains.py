@@ -52,13 +52,13 @@ def _first_chain(graph, types) -> tuple[onnx.NodeProto, list[onnx.NodeProto], on
             readers.setdefault(name, []).append(node)
     outputs = {value.name for value in graph.output}
     for node in graph.node:
-        if node.op_type != "Cast" or (types.get(node.input[0]), _to(node)) not in WIDENS:
+        if node.op_type != "Cast" or (types.get(node.input[0]), cast_to(node)) not in WIDENS:
             continue
         between, tensor = [], node.output[0]
         while tensor not in outputs and len(readers.get(tensor, ())) == 1:
             (reader,) = readers[tensor]
             if reader.op_type == "Cast":
-                if _to(reader) in MOVED_IN:
+                if cast_to(reader) in MOVED_IN:
                     return node, between, reader
                 break
             if reader.op_type not in MOVES_VALUES or reader.domain not in ("", "ai.onnx"):
@@ -74,14 +74,14 @@ def _merged(graph, types, first: onnx.NodeProto, between: list[onnx.NodeProto], 
     """`first` casts to what `second` did and `second` goes, the last op before it writing its
     output; where that makes `first` a Cast to its input's own type, it goes too (unless its
     output is a graph output). The Casts removed."""
-    target = _to(second)
+    target = cast_to(second)
     last = between[-1] if between else first
     moved = [first.output[0]] + [node.output[0] for node in between[:-1]]
     last.output[0] = second.output[0]
     for name in moved:
         types[name] = target
     _retype_value_info(graph, moved, target)
-    _drop_value_info(graph, second.input[0])
+    drop_value_info(graph, {second.input[0]})
     graph.node.remove(second)
     for attribute in first.attribute:
         if attribute.name == "to":
@@ -91,7 +91,7 @@ def _merged(graph, types, first: onnx.NodeProto, between: list[onnx.NodeProto], 
     if types.get(first.input[0]) != target or first.output[0] in {value.name for value in graph.output}:
         return 1
     _read_as(graph, first.output[0], first.input[0])
-    _drop_value_info(graph, first.output[0])
+    drop_value_info(graph, {first.output[0]})
     graph.node.remove(first)
     return 2
 
@@ -130,7 +130,8 @@ def _read_inside(node: onnx.NodeProto) -> set[str]:
     return names
 
 
-def _to(cast: onnx.NodeProto) -> int | None:
+def cast_to(cast: onnx.NodeProto) -> int | None:
+    """The element type a Cast makes."""
     return next((attribute.i for attribute in cast.attribute if attribute.name == "to"), None)
 
 
@@ -141,8 +142,9 @@ def _retype_value_info(graph, names: list[str], elem_type: int) -> None:
             value.type.tensor_type.elem_type = elem_type
 
 
-def _drop_value_info(graph, name: str) -> None:
-    kept = [value for value in graph.value_info if value.name != name]
+def drop_value_info(graph: onnx.GraphProto, names: set[str]) -> None:
+    """`graph`'s value_info less that of the tensors `names` (which no node makes any more)."""
+    kept = [value for value in graph.value_info if value.name not in names]
     if len(kept) != len(graph.value_info):
         del graph.value_info[:]
         graph.value_info.extend(kept)

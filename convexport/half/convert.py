@@ -28,8 +28,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from ..ir import proto_outer_reads, proto_subgraphs, read_outer_as
-from .cast_chains import merge_widening_casts
+from ..ir import proto_constants, proto_outer_reads, proto_subgraphs, read_outer_as
+from .cast_chains import cast_to, drop_value_info, merge_widening_casts
 from .rounding import WeightRounding, rounded
 from .slots import TYPE_ATTRIBUTES, TYPE_TAGS, DataSlots
 
@@ -118,7 +118,7 @@ def with_precision(
     unread = _unread(ordered, passed_through, graph)
     del graph.node[:]
     graph.node.extend(node for node in ordered if node.op_type != "Cast" or node.output[0] not in unread)
-    _drop_value_info(graph, unread)
+    drop_value_info(graph, unread)
     _retype_interface(graph, plan.io_type)
     _retype_value_info(graph, home, renamed)
     _shape_casts(graph, casts)
@@ -240,17 +240,12 @@ def _retype_constants(graph, nodes, home: dict[str, int], rounding: WeightRoundi
 def _half_copies(graph, nodes, home, wanted, half: int) -> dict[tuple[str, int], str]:
     """A copy in `half`, rounded to nearest, of each stored float32 constant of at most
     COPIED_CONSTANT_ELEMENTS elements that a node reads in half while others read it in
-    float32: (name, half) -> the copy's name. A
-    Cast of a constant stands where a fusion's pattern has the constant (FastGelu's `1 +
-    tanh`, its 1 shared with a rotary embedding's float32 arithmetic) and stops the fusion;
-    ONNX Runtime would fold it into such a copy when it loads the model anyway."""
+    float32: (name, half) -> the copy's name. A Cast of a constant stands where a fusion's
+    pattern has the constant (FastGelu's `1 + tanh`, its 1 shared with a rotary embedding's
+    float32 arithmetic) and stops the fusion; ONNX Runtime would fold it into such a copy when
+    it loads the model anyway."""
     read_in_half = {nodes[index].input[position] for (index, position), want in wanted.items() if want == half}
-    values = {tensor.name: tensor for tensor in graph.initializer}
-    for node in nodes:
-        if node.op_type == "Constant":
-            value = next((a.t for a in node.attribute if a.name == "value"), None)
-            if value is not None:
-                values[node.output[0]] = value
+    values = proto_constants(graph)
     copies = {}
     for name in sorted(read_in_half):
         tensor = values.get(name)
@@ -274,9 +269,7 @@ def _no_op_casts(nodes, types: dict[str, int]) -> dict[str, str]:
     return {
         node.output[0]: node.input[0]
         for node in nodes
-        if node.op_type == "Cast"
-        and types.get(node.input[0]) == FLOAT
-        and any(a.name == "to" and a.i == FLOAT for a in node.attribute)
+        if node.op_type == "Cast" and types.get(node.input[0]) == FLOAT and cast_to(node) == FLOAT
     }
 
 
@@ -286,12 +279,6 @@ def _unread(ordered: list[onnx.NodeProto], passed_through: dict[str, str], graph
     read |= {name for node in ordered for sub in proto_subgraphs(node) for name in proto_outer_reads(sub)}
     read |= {value.name for value in graph.output}
     return {name for name in passed_through if name not in read}
-
-
-def _drop_value_info(graph: onnx.GraphProto, names: set[str]) -> None:
-    kept = [value for value in graph.value_info if value.name not in names]
-    del graph.value_info[:]
-    graph.value_info.extend(kept)
 
 
 def _renamed_outputs(nodes, home, outputs: dict, io_type: int, stored: set[str]) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The model's own float32 islands: what its code casts to float32 and back around.
+"""The model's own float32 islands: what its code computes in float32 by casting into it.
 
 Transformers' code upcasts where half precision is known to lose: Llama's RMSNorm (and
 Mistral's, Qwen2's, Phi-3's) computes `hidden_states.to(torch.float32)`, its variance
@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import onnx
 from onnx import TensorProto
 
-from ..ir import proto_outer_reads, proto_scopes, proto_subgraphs, scoped_name
+from ..ir import proto_constants, proto_outer_reads, proto_scopes, proto_subgraphs, scoped_name
+from .cast_chains import cast_to
 from .slots import DataSlots
 
 FLOAT = TensorProto.FLOAT
@@ -53,18 +54,18 @@ def float32_islands(
     kernels: list[set[int]],
 ) -> list[Island]:
     """The islands (module doc) among `candidates` of ISLAND_FLOPS_SHARE of the model's FLOPs
-    or less each whose every exit lies outside each of `kernels` (fused kernels' node indices).
+    or less each, none of whose exits falls inside one of `kernels` (fused kernels' node indices).
     A Cast into float32 that reads an island's value is its cast back, never the start of
     another."""
     nodes = model.graph.node
-    constants = {tensor.name: len(tensor.dims) for tensor in model.graph.initializer}
-    for node in (node for node in nodes if node.op_type == "Constant"):
-        value = next((a for a in node.attribute if a.name == "value"), None)
-        constants[node.output[0]] = len(value.t.dims) if value is not None else 0
+    # a Constant node's value of another form (value_float, ...) is a single value or a list
+    constants = {node.output[0]: 0 for node in nodes if node.op_type == "Constant"}
+    constants.update({name: len(tensor.dims) for name, tensor in proto_constants(model.graph).items()})
     readers: dict[str, list[int]] = {}
     for index, node in enumerate(nodes):
         for name in node.input:
             readers.setdefault(name, []).append(index)
+    producer = {name: index for index, node in enumerate(nodes) for name in node.output}
     outputs = {value.name for value in model.graph.output}
     casts_in = {index for index, node in enumerate(nodes) if _casts_to_float(node) and index in candidates}
     upcast = {name for index in casts_in for name in nodes[index].output}
@@ -80,7 +81,7 @@ def float32_islands(
             made = {name: index for index in island for name in nodes[index].output if types.get(name) == FLOAT}
             if made.keys() & outputs or _splits_a_kernel(made, island, readers, casts_in, nodes, kernels):
                 continue
-            islands.append(Island(frozenset(island), _entry_casts(nodes, island, upcast)))
+            islands.append(Island(frozenset(island), _entry_casts(nodes, producer, island, upcast)))
             taken |= island
             made_by_islands |= made.keys()
             break
@@ -111,8 +112,7 @@ class Island:
     entries: frozenset[int]
 
 
-def _entry_casts(nodes, island: set[int], upcast: set[str]) -> frozenset[int]:
-    producer = {name: index for index, node in enumerate(nodes) for name in node.output}
+def _entry_casts(nodes, producer: dict[str, int], island: set[int], upcast: set[str]) -> frozenset[int]:
     pending = [producer[name] for index in island for name in nodes[index].input if name in upcast]
     entries: set[int] = set()
     while pending:
@@ -163,11 +163,7 @@ def no_op_casts_in_subgraphs(model: onnx.ModelProto) -> frozenset[str]:
     def walk(graph: onnx.GraphProto, outer: dict[str, int], outer_data: set[str], inside: bool) -> None:
         types = dict(outer)
         types.update({v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.value_info, *graph.output)})
-        types.update({tensor.name: tensor.data_type for tensor in graph.initializer})
-        for node in (node for node in graph.node if node.op_type == "Constant"):
-            value = next((a.t for a in node.attribute if a.name == "value"), None)
-            if value is not None:
-                types[node.output[0]] = value.data_type
+        types.update({name: tensor.data_type for name, tensor in proto_constants(graph).items()})
         data = set(outer_data) | {value.name for value in graph.input if types.get(value.name) == FLOAT}
         data |= {tensor.name for tensor in graph.initializer if tensor.data_type == FLOAT and len(tensor.dims) >= 2}
         for node in graph.node:  # in graph order: a node's inputs are made before it
@@ -186,4 +182,4 @@ def no_op_casts_in_subgraphs(model: onnx.ModelProto) -> frozenset[str]:
 
 
 def _casts_to_float(node: onnx.NodeProto) -> bool:
-    return node.op_type == "Cast" and any(a.name == "to" and a.i == FLOAT for a in node.attribute)
+    return node.op_type == "Cast" and cast_to(node) == FLOAT

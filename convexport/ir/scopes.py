@@ -35,6 +35,18 @@ def proto_own_names(graph: onnx.GraphProto) -> set[str]:
     return own | {name for node in graph.node for name in node.output}
 
 
+def proto_constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """`graph`'s stored constants by name: its initializers and its Constant nodes' `value`
+    tensors."""
+    tensors = {tensor.name: tensor for tensor in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output:
+            value = next((a for a in node.attribute if a.name == "value"), None)
+            if value is not None and value.type == onnx.AttributeProto.TENSOR:
+                tensors[node.output[0]] = value.t
+    return tensors
+
+
 def proto_outer_reads(graph: onnx.GraphProto) -> set[str]:
     """The names `graph`'s nodes (and their subgraphs') read that `graph` does not define:
     what it reads from the scopes around it."""
