@@ -54,6 +54,18 @@ def test_a_no_op_cast_into_float32_is_read_past_by_a_reader_in_half():
     assert np.array_equal(square, h * h) and np.array_equal(y, (h + h).astype(np.float16).astype(np.float32))
 
 
+def test_a_float32_reader_of_what_the_model_casts_into_float32_reads_the_models_cast():
+    """The residual Add in float32 too (islands.py's residual stream): it reads the model's own
+    Cast of h into float32, not a second Cast of h."""
+    half = converted(upcast_norm(), {"made_in_half"})
+    by_name = {node.name: node for node in half.graph.node}
+    assert list(by_name["residual"].input) == ["up", "up"]
+    assert [node.name for node in half.graph.node if "h" in node.input] == ["upcast"]
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    h = np.maximum(x, 0).astype(np.float16).astype(np.float32)
+    assert np.array_equal(run(half, {"x": x})[1], h + h)
+
+
 def test_a_no_op_cast_that_nothing_reads_any_more_goes():
     """In half on both sides, the model's no-op Cast is read past by all its readers and dropped."""
     done = conversion(upcast_norm(), {"made_in_half", "upcast", "statistics", "residual"})

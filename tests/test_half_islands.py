@@ -75,14 +75,17 @@ def exported(tmp_path, norm=LlamaRMSNorm) -> str:
     return path
 
 
-def islands_of(path: str, tmp_path, monkeypatch) -> list[set[str]]:
-    """The op types of each island the half stage finds in the rewritten model, with the
-    kernels the rewrite kept whole."""
+def island_nodes(path: str, tmp_path, monkeypatch, extra_kernels=lambda model: []) -> list[set[tuple[str, str]]]:
+    """The (op type, name) of each island's nodes the half stage finds in the rewritten model,
+    with the kernels the rewrite kept whole and `extra_kernels(model)` (sets of node names)."""
     found = []
 
-    def spied(model, *args):
-        islands = float32_islands(model, *args)
-        found.extend({model.graph.node[index].op_type for index in island.nodes} for island in islands)
+    def spied(model, candidates, types, flops, kernels):
+        named = {node.name: index for index, node in enumerate(model.graph.node)}
+        kernels = [*kernels, *({named[name] for name in kernel} for kernel in extra_kernels(model))]
+        islands = float32_islands(model, candidates, types, flops, kernels)
+        nodes = model.graph.node
+        found.extend({(nodes[index].op_type, nodes[index].name) for index in island.nodes} for island in islands)
         return islands
 
     monkeypatch.setattr(choose, "float32_islands", spied)
@@ -90,23 +93,67 @@ def islands_of(path: str, tmp_path, monkeypatch) -> list[set[str]]:
     return found
 
 
+def islands_of(path: str, tmp_path, monkeypatch) -> list[set[str]]:
+    """The op types of each island (island_nodes)."""
+    return [{op for op, _ in island} for island in island_nodes(path, tmp_path, monkeypatch)]
+
+
 NORM = ["Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul"]
+RESIDUAL_ADDS = {("Add", "/Add"), ("Add", "/Add_1")}
 
 
-@pytest.mark.parametrize(
-    ("norm", "ops"),
-    [
-        # on through the cast back: the scale multiplies in float32 and the norm's pattern
-        # holds no Cast into half
-        (LlamaRMSNorm, {*NORM, "Cast"}),
-        # the scale's Mul feeds the projection: the island's value cast into half there
-        (T5LayerNorm, set(NORM)),
-        (GemmaRMSNorm, set(NORM)),
-    ],
-)
-def test_each_rms_norm_is_an_island_to_its_scale(tmp_path, monkeypatch, norm, ops):
-    islands = islands_of(exported(tmp_path, norm), tmp_path, monkeypatch)
-    assert islands == [ops] * 3
+@pytest.mark.parametrize("norm", [LlamaRMSNorm, T5LayerNorm, GemmaRMSNorm])
+def test_the_residual_stream_and_every_rms_norm_to_its_scale_are_one_island(tmp_path, monkeypatch, norm):
+    """The residual Adds join the norms they feed: the stream the norms read is summed in
+    float32, each block's output cast into float32 to be added; each norm goes on to its
+    scale (Llama's through its cast back); the blocks' projections stay out."""
+    (island,) = island_nodes(exported(tmp_path, norm), tmp_path, monkeypatch)
+    assert RESIDUAL_ADDS <= island
+    for layer in range(3):
+        ops = {op for op, name in island if name.startswith(f"/norms.{layer}/")}
+        assert set(NORM) <= ops
+    assert not {op for op, _ in island} & {"MatMul", "Gemm"}
+
+
+class Encoder(Decoder):
+    """The decoder without its head: its last norm's output is the model's (an encoder's last
+    hidden state)."""
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        for norm, block in zip(self.norms, self.blocks):
+            h = h + block(norm(h))
+        return self.norms[-1](h)
+
+
+def test_an_island_may_make_the_models_output(tmp_path, monkeypatch):
+    """The last norm makes the output: it is the island's all the same, and with a float32
+    interface the output needs no Cast."""
+    path = str(tmp_path / "encoder.onnx")
+    torch.onnx.export(Encoder().eval(), (torch.randint(0, 50, (1, 16)),), path, dynamo=False, opset_version=17,
+                      input_names=["ids"], output_names=["hidden"])  # fmt: skip
+    (island,) = island_nodes(path, tmp_path, monkeypatch)
+    assert RESIDUAL_ADDS <= island and set(NORM) <= {op for op, name in island if name.startswith("/norms.2/")}
+    nodes = onnx.load(str(tmp_path / "spied.onnx")).graph.node
+    (last,) = [node for node in nodes if "hidden" in node.output]
+    assert last.op_type != "Cast"
+
+
+def test_a_residual_add_whose_block_output_shares_a_kernel_with_it_stays_out(tmp_path, monkeypatch):
+    """Where the first block's last node and its residual Add are fused into one kernel, the
+    Cast of the block's output into float32 would split it: that Add stays out, the first norm
+    is an island of its own, and the stream from the second on is one as before."""
+    path = exported(tmp_path)
+
+    def block_and_residual(model):
+        makers = {output: node.name for node in model.graph.node for output in node.output}
+        (add,) = [node for node in model.graph.node if node.name == "/Add"]
+        return [{add.name, *(makers[name] for name in add.input if makers.get(name, "").startswith("/blocks"))}]
+
+    islands = island_nodes(path, tmp_path, monkeypatch, block_and_residual)
+    first, rest = islands
+    assert {name for _, name in first} == {name for _, name in first if name.startswith("/norms.0/")}
+    assert ("Add", "/Add_1") in rest and not any(("Add", "/Add") in island for island in islands)
 
 
 def test_a_mask_added_to_the_scores_inside_a_fused_attention_is_no_island(tmp_path, monkeypatch):
@@ -148,7 +195,8 @@ def test_the_islands_stay_float32_and_onnx_runtimes_fused_norm_keeps_the_models_
     """ONNX Runtime fuses the norm into one kernel when it loads the model, and reads its
     epsilon from the Add only where that is float32 (else 1e-5: the variance of a 0.02-scale
     embedding is 4e-4, so 1e-5 for 1e-6 puts the norm 1% off). Its transformer optimizer
-    fuses each norm of the float16 file too."""
+    fuses the float16 file's norms as it fuses the float32 model's: the first alone, each
+    after a residual Add with it (SkipSimplifiedLayerNormalization)."""
     from onnxruntime.transformers.optimizer import optimize_model
 
     path = exported(tmp_path, norm)
@@ -161,8 +209,12 @@ def test_the_islands_stay_float32_and_onnx_runtimes_fused_norm_keeps_the_models_
     fused = [node for node in onnx.load(options.optimized_model_filepath).graph.node if "LayerNorm" in node.op_type]
     assert len(fused) == 3
     assert all(abs(a.f - 1e-6) < 1e-9 for node in fused for a in node.attribute if a.name == "epsilon")
-    optimized = optimize_model(str(tmp_path / "islands.onnx"), model_type="bert", use_gpu=True, opt_level=0)
-    assert sum("SimplifiedLayerNormalization" in node.op_type for node in optimized.model.graph.node) == 3
+    def norms(file: str) -> list[str]:
+        optimized = optimize_model(file, model_type="bert", use_gpu=True, opt_level=0)
+        return sorted(node.op_type for node in optimized.model.graph.node if "LayerNorm" in node.op_type)
+
+    assert norms(str(tmp_path / "islands.onnx")) == norms(path) == [
+        "SimplifiedLayerNormalization", *["SkipSimplifiedLayerNormalization"] * 2]
 
     monkeypatch.setattr(choose, "float32_islands", lambda *args: [])
     convexport.optimize(path, output=str(tmp_path / "no_islands.onnx"), profile=False, dtype="fp16")
@@ -203,7 +255,10 @@ def test_a_merged_decoders_branches_have_their_islands(tmp_path, monkeypatch):
     from convexport.stages import rewrite
 
     path = merged_decoder(tmp_path)
-    assert islands_of(path, tmp_path, monkeypatch) == [{*NORM, "Cast"}] * 6  # three norms in each branch
+    islands = island_nodes(path, tmp_path, monkeypatch)
+    assert len(islands) == 2  # each branch's residual stream with its three norms
+    for island in islands:
+        assert RESIDUAL_ADDS <= island and len({name.split("/")[1] for _, name in island if "norms" in name}) == 3
     float32 = convexport.optimize(path, output=str(tmp_path / "float32.onnx"), profile=False)
     assert float32.report["validation"]["passed"]  # (in float32 they fold away as before)
     branches = [a.g for a in onnx.load(str(tmp_path / "float32.onnx")).graph.node[0].attribute]

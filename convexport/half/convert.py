@@ -8,10 +8,12 @@ that needs the other type reads a Cast of it, one Cast per tensor and type, plac
 first reader (a single-valued constant, a copy of it in half instead: _half_copies); a Cast
 reads its input in whatever type it is made; a Cast the model wrote from float32 into float32
 (a no-op) is read past where its input is made in the type the reader wants, and goes where
-nothing then reads it (_no_op_casts); a graph output whose home differs from the interface's
-type is cast back under its own name. A node holding subgraphs (an If, a Loop) stays float32
-whole, and what they read of this scope is read in float32: a Cast of a tensor made in half
-(a half interface's input), which the subgraphs are renamed to read. So Casts sit only at
+nothing then reads it (_no_op_casts); where its input is made in half and it stays float32,
+it is the Cast into float32 that later readers of its input read (_kept_upcasts); a graph
+output whose home differs from the interface's type is cast back under its own name. A node
+holding subgraphs (an If, a Loop) stays float32 whole, and what they read of this scope is
+read in float32: a Cast of a tensor made in half (a half interface's input), which the
+subgraphs are renamed to read. So Casts sit only at
 the edges between the two precisions and at the interface; a Cast into float32 that the
 model casts on into float64 is one Cast (cast_chains.py).
 """
@@ -75,6 +77,7 @@ def with_precision(
     outer = _outer_float_reads(nodes, types)
     home = _home_types(graph, nodes, plan, types, wanted, outer)
     passed_through = _no_op_casts(nodes, types)  # (before the Casts in half are retyped)
+    upcasts = _kept_upcasts(nodes, passed_through, home)
     for index in plan.nodes:
         retype_attributes(nodes[index], plan.half)
     stored = _retype_constants(graph, nodes, home, rounding)
@@ -84,18 +87,21 @@ def with_precision(
     casts: dict[tuple[str, int], onnx.NodeProto] = {}
     ordered: list[onnx.NodeProto] = []
 
-    def read_as(name: str, want: int | None) -> str:
-        """The name a reader of `name` wanting it in `want` reads: the input of a Cast that
-        changed nothing in float32 where that is made in `want`; the tensor where it is; else
-        a single-valued constant's copy in `want`, or a Cast of it (made before its first
+    def read_as(name: str, want: int | None, reader: int) -> str:
+        """The name the node at `reader` reads for `name` wanting it in `want`: the input of a
+        Cast that changed nothing in float32 where that is made in `want`; the tensor where it
+        is; the model's own Cast of it into float32 where that comes before the reader; else a
+        single-valued constant's copy in `want`, or a Cast of it (made before its first
         reader)."""
         source = renamed.get(name, name)
         if want is None:
             return source
         if name in passed_through and home.get(passed_through[name]) == want:
-            return read_as(passed_through[name], want)
+            return read_as(passed_through[name], want, reader)
         if home.get(name, want) == want:
             return source
+        if want == FLOAT and upcasts.get(name, (reader, ""))[0] < reader:
+            return upcasts[name][1]
         if (name, want) in copies:
             return copies[(name, want)]
         if (name, want) not in casts:
@@ -107,8 +113,8 @@ def with_precision(
 
     for index, node in enumerate(nodes):
         for position, name in enumerate(node.input):
-            node.input[position] = read_as(name, wanted.get((index, position)))
-        inside = {name: read for name in outer.get(index, ()) if (read := read_as(name, FLOAT)) != name}
+            node.input[position] = read_as(name, wanted.get((index, position)), index)
+        inside = {name: read for name in outer.get(index, ()) if (read := read_as(name, FLOAT, index)) != name}
         for sub in proto_subgraphs(node) if inside else ():
             read_outer_as(sub, inside)
         ordered.append(node)
@@ -271,6 +277,20 @@ def _no_op_casts(nodes, types: dict[str, int]) -> dict[str, str]:
         for node in nodes
         if node.op_type == "Cast" and types.get(node.input[0]) == FLOAT and cast_to(node) == FLOAT
     }
+
+
+def _kept_upcasts(nodes, passed_through: dict[str, str], home: dict[str, int]) -> dict[str, tuple[int, str]]:
+    """The model's no-op Casts into float32 (_no_op_casts) that stay float32 where what they
+    cast is made in half, by the name they cast: -> (node index, output). Another node reading
+    that name in float32 reads the Cast's output, where it comes after it: one Cast of the value
+    into float32, not the model's and one more (a residual Add summed in float32 beside the
+    norm whose Cast into float32 reads the same stream: islands.py)."""
+    upcasts = {}
+    for index, node in enumerate(nodes):
+        name = node.output[0] if node.op_type == "Cast" else None
+        if name in passed_through and home.get(name) == FLOAT and home.get(passed_through[name]) != FLOAT:
+            upcasts.setdefault(passed_through[name], (index, name))
+    return upcasts
 
 
 def _unread(ordered: list[onnx.NodeProto], passed_through: dict[str, str], graph) -> set[str]:

@@ -16,13 +16,20 @@ An island starts at the readers of a Cast into float32 (float32 values of a floa
 integer input) and takes in each node whose float inputs are all the island's or constants
 and that reads no weight of two dims or more, on through the Casts into float32 that read it
 (its casts back, a no-op in float32: Llama's scale then multiplies in float32, and the
-norm's pattern has no Cast inside), or up to them where going on would split a kernel.
+norm's pattern has no Cast inside), and on through each residual Add that sums its stream
+with a block's output into the next norm's Cast, so that a transformer's residual stream and
+its norms are one island; or up to them where going on would split a kernel. Summed in
+half, the stream would reach each norm through a Cast into float32 between the Add and the
+norm, where ONNX Runtime's transformer optimizer fuses the two into a
+SkipSimplifiedLayerNormalization in the float32 model and would fuse only the norm.
 Kept float32, its values are cast into half where the rest reads them: where the model has
 a cast back, and where a node outside reads one (Gemma's and T5's norms, whose scale's Mul
-feeds the projections). An island is taken only where no such Cast falls inside a kernel
-that ONNX Runtime's transformer optimizer fuses (BERT's mask arithmetic, added to the
-scores inside the Attention it fuses, is left to the other steps): a Cast there would stop
-the fusion.
+feeds the projections); what it reads from outside (a block's output) is cast into float32.
+An island is taken only where no such Cast falls inside a kernel that ONNX Runtime's
+transformer optimizer fuses (BERT's mask arithmetic, added to the scores inside the
+Attention it fuses, is left to the other steps): a Cast there would stop the fusion. An
+island may make a graph output (an encoder's last norm): with a float32 interface that
+output then needs no Cast.
 """
 
 from __future__ import annotations
@@ -54,9 +61,10 @@ def float32_islands(
     kernels: list[set[int]],
 ) -> list[Island]:
     """The islands (module doc) among `candidates` of ISLAND_FLOPS_SHARE of the model's FLOPs
-    or less each, none of whose exits falls inside one of `kernels` (fused kernels' node indices).
-    A Cast into float32 that reads an island's value is its cast back, never the start of
-    another."""
+    or less each, none of whose exits or entries falls inside one of `kernels` (fused kernels'
+    node indices): from each start the widest that is (on through residual Adds and casts
+    back, through casts back only, up to them). A Cast into float32 that reads an island's
+    value is its cast back, never the start of another."""
     nodes = model.graph.node
     # a Constant node's value of another form (value_float, ...) is a single value or a list
     constants = {node.output[0]: 0 for node in nodes if node.op_type == "Constant"}
@@ -66,7 +74,6 @@ def float32_islands(
         for name in node.input:
             readers.setdefault(name, []).append(index)
     producer = {name: index for index, node in enumerate(nodes) for name in node.output}
-    outputs = {value.name for value in model.graph.output}
     casts_in = {index for index, node in enumerate(nodes) if _casts_to_float(node) and index in candidates}
     upcast = {name for index in casts_in for name in nodes[index].output}
     islands, taken, made_by_islands = [], set(), set()
@@ -74,12 +81,14 @@ def float32_islands(
     for start in sorted(casts_in):
         if nodes[start].input[0] in made_by_islands:
             continue  # a cast back
-        for through in (True, False):
-            island = _grown(nodes, start, casts_in, candidates, constants, types, upcast, through)
+        for residual, through in ((True, True), (False, True), (False, False)):
+            island = _grown(nodes, start, casts_in, candidates, constants, types, upcast, readers, through, residual)
             if not island or island & taken or sum(flops[index] for index in island) > allowed:
                 continue
             made = {name: index for index in island for name in nodes[index].output if types.get(name) == FLOAT}
-            if made.keys() & outputs or _splits_a_kernel(made, island, readers, casts_in, nodes, kernels):
+            if _splits_a_kernel(made, island, readers, casts_in, nodes, kernels):
+                continue
+            if _entered_inside_a_kernel(island, made, nodes, producer, constants, upcast, types, kernels):
                 continue
             islands.append(Island(frozenset(island), _entry_casts(nodes, producer, island, upcast)))
             taken |= island
@@ -98,6 +107,20 @@ def _splits_a_kernel(made: dict[str, int], island: set[int], readers, casts_in, 
             if reader in island or reader in casts_in or nodes[reader].op_type == "Shape":
                 continue
             if any(maker in kernel and reader in kernel for kernel in kernels):
+                return True
+    return False
+
+
+def _entered_inside_a_kernel(island, made, nodes, producer, constants, upcast, types, kernels) -> bool:
+    """Whether a node of the island reads a float value made outside it (not through a Cast
+    into float32) from a node in one fused kernel with it: the Cast into float32 there would
+    split the kernel (a residual Add read from inside a SkipLayerNormalization's pattern)."""
+    for index in island:
+        for name in nodes[index].input:
+            if name in made or name in constants or name in upcast or types.get(name) != FLOAT:
+                continue
+            maker = producer.get(name)
+            if maker is not None and any(maker in kernel and index in kernel for kernel in kernels):
                 return True
     return False
 
@@ -123,15 +146,21 @@ def _entry_casts(nodes, producer: dict[str, int], island: set[int], upcast: set[
     return frozenset(entries)
 
 
-def _grown(nodes, start: int, casts_in: set[int], candidates, constants, types, upcast: set[str], through: bool):
+def _grown(nodes, start, casts_in, candidates, constants, types, upcast, readers, through: bool, residual: bool):
     """The island from the Cast at `start` (node indices): in node order (a node's inputs are
     made before it), each node reading one of its values whose other float inputs are its
     values, constants, or other Casts into float32; no node with a weight of two dims or more
     (a projection after a norm is the model's, not the island's arithmetic). `through`: on
     past its casts back (a no-op in float32), so that what the model then does in half
     before a projection (Llama's scale, `weight * x.to(dtype)`) is the island's too, and the
-    pattern ONNX Runtime's optimizer fuses as a norm has no Cast into half inside."""
+    pattern ONNX Runtime's optimizer fuses as a norm has no Cast into half inside.
+    `residual` (with `through`): on through each residual Add (_residual_add), so that a
+    transformer's residual stream between its norms is the island's, summed in float32; the
+    norm after it reads it without a Cast between, and ONNX Runtime's optimizer fuses the Add
+    with the norm (SkipSimplifiedLayerNormalization) as it does in the float32 model."""
     inside, island = set(nodes[start].output), set()
+    # in float32 the start's input is its value (a no-op Cast): a residual Add reads that
+    aliases = {nodes[start].input[0]} if types.get(nodes[start].input[0]) == FLOAT else set()
     for index in range(start + 1, len(nodes)):
         if index in casts_in and through and nodes[index].input[0] in inside:
             island.add(index)
@@ -145,7 +174,21 @@ def _grown(nodes, start: int, casts_in: set[int], candidates, constants, types, 
         if any(name in inside for name in floats) and all(name in inside or name in upcast for name in floats):
             island.add(index)
             inside |= {*floats, *nodes[index].output}
+        elif residual and through and _residual_add(nodes, index, floats, inside | aliases, casts_in, readers):
+            island.add(index)
+            inside.update(nodes[index].output)
     return island
+
+
+def _residual_add(nodes, index: int, floats: list[str], inside: set[str], casts_in: set[int], readers) -> bool:
+    """Whether the node at `index` is a residual Add between two islands: of a value of the
+    island and one made outside it (a block's output, cast into float32 to be added), its sum
+    cast into float32 by the model again (the next norm's no-op Cast). Only such an Add joins
+    the island with an input from outside: the model sums the stream its norms read in
+    float32, and the block's arithmetic stays the half precision's."""
+    if nodes[index].op_type != "Add" or len(floats) != 2 or sum(name in inside for name in floats) != 1:
+        return False
+    return any(reader in casts_in for reader in readers.get(nodes[index].output[0], ()))
 
 
 def no_op_casts_in_subgraphs(model: onnx.ModelProto) -> frozenset[str]:
