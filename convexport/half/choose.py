@@ -21,7 +21,15 @@ by a list of ops.
    weights rounded each way (rounding.py: keeping their rows' sums, to nearest, and by their
    inputs' second moments where any has them, input_moments.py), the rounding whose outputs are
    nearer (within the bound, then by rms error; the moments' by MOMENTS_MARGIN) kept for what
-   follows. Where they miss the bound, by errors that each node kept within its own but that
+   follows. Then the model's own float32 islands (islands.py: what its code casts into float32,
+   a Llama RMSNorm with the residual stream it reads, a rotary embedding's angles), exempt from
+   step 3 (islands.py takes none that would put a Cast inside a fused kernel), are kept where
+   its outputs come ISLAND_GAIN nearer (rms), and not out of the bound where they met it: before
+   any region is grown, since what the model computes in float32 is often why half misses the
+   bound (ONNX Runtime's fused norm reads an epsilon stored in half as 1e-5), and a region grown
+   first took what the islands hold with the projections around them (a 594 MiB Llama: its
+   queries' projections and rotations, bench/RESULTS.md).
+   Where they miss the bound, by errors that each node kept within its own but that
    grow through the graph (an ill-conditioned head: a difference of large terms), a float32
    region grows back from the outputs that missed it: their half-precision ancestors, nearest
    first (by their own error among equals), as few as make the outputs meet the bound, found by
@@ -36,11 +44,8 @@ by a list of ops.
    region grows as far as the float32 original's bound asks. (Before, such a model was kept
    float32 whole: MobileOne-S0 with random weights, its 43 layers each 0.2-0.3 of their own
    bound.)
-5. Where float32 is cheap and measurably closer, it is taken: the model's own float32
-   islands (islands.py: what its code casts into float32, a Llama RMSNorm, a rotary
-   embedding's angles), exempt from step 3 (islands.py takes none that would put a Cast
-   inside a fused kernel), where its outputs come ISLAND_GAIN nearer (rms); then a float32
-   tail at the outputs (tails.py).
+5. Where float32 is cheap and measurably closer, it is taken: a float32 tail at the outputs
+   (tails.py).
 """
 
 from __future__ import annotations
@@ -79,7 +84,7 @@ MOMENTS_MARGIN = 1 / 0.9
 # run faster; a region over a tenth of its FLOPs forfeits much of that for an error the model
 # has in half anyway (every real network measured needed 0-1% or 74-100%: bench/RESULTS.md)
 REGION_FLOPS_SHARE = 0.1
-# step 5: the model's float32 islands are kept where the outputs' worst rms error is this share
+# step 4: the model's float32 islands are kept where the outputs' worst rms error is this share
 # of it with them in half, or less
 ISLAND_GAIN = 0.95
 
@@ -163,13 +168,13 @@ def to_half_precision(
         nodes = choice.model.graph.node
         kept = choice.with_regions({**kept, **{i: _kept_for_range(nodes[i]) for i in choice.out_of_range}})
         converted, judged = choice.attempt(kept)
-    if over_bound(judged):
-        del converted
-        kept, (converted, judged) = choice.grown_to_bound(kept, judged)
     islands = choice.with_islands(kept, judged)
     if islands is not None:
         del converted
         kept, (converted, judged) = islands
+    if over_bound(judged):
+        del converted
+        kept, (converted, judged) = choice.grown_to_bound(kept, judged)
     tail = closer_tail(choice, kept, judged, converted.casts)
     if tail is not None:
         kept, (converted, judged) = tail
@@ -200,7 +205,7 @@ class _Choice:
         self.local: dict[int, NodeError] = {}
         self.regions: list[tuple[str, set[int]]] = []
         self.out_of_range: set[int] = set()  # step 2's nodes whose exact output half cannot hold
-        self.islands: set[int] = set()  # step 5's float32 islands' nodes and their Casts in, once kept
+        self.islands: set[int] = set()  # step 4's float32 islands' nodes and their Casts in, once kept
         self.attempts = 0
         self.bound_by = "float32"  # HalfPrecision.bound_by: "rounded" once step 4 judges by the rounded run
 
@@ -285,8 +290,9 @@ class _Choice:
                 return kept
 
     def with_islands(self, kept: dict[int, KeptFloat32], judged) -> tuple[dict[int, KeptFloat32], Attempt] | None:
-        """Step 5's islands (module doc): `kept` with the model's own float32 islands, and its
-        attempt, where that brings the outputs ISLAND_GAIN nearer within the bound; else None."""
+        """Step 4's islands (module doc): `kept` with the model's own float32 islands, and its
+        attempt, where that brings the outputs ISLAND_GAIN nearer, within the bound where
+        `judged` (their attempt in half) was; else None."""
         nodes = self.model.graph.node
         islands = float32_islands(self.model, self.candidates, self.types, self.flops, [m for _, m in self.regions])
         members = {index for island in islands for index in island.nodes if index not in kept}
@@ -299,7 +305,7 @@ class _Choice:
         trial = self.with_regions({**kept, **{index: KeptFloat32.of(nodes[index], "") for index in members}})
         result = self.attempt(trial)
         gain = _rounding_key(result[1])[1] / max(_rounding_key(judged)[1], 1e-300)
-        if over_bound(result[1]) or gain > ISLAND_GAIN:
+        if (over_bound(result[1]) and not over_bound(judged)) or gain > ISLAND_GAIN:
             self.islands = set()
             return None
         reason = (
@@ -530,7 +536,7 @@ def _regions(model: onnx.ModelProto, fused: list[tuple[str, frozenset[str]]]) ->
 
 def _keep_regions(model, regions, candidates, kept: dict[int, KeptFloat32], exempt: set[int]) -> None:
     """A fused kernel's nodes float32 together where one of them is (module doc, step 3), but
-    for the nodes of the model's own float32 islands (`exempt`, step 5)."""
+    for the nodes of the model's own float32 islands (`exempt`, step 4)."""
     nodes = model.graph.node
     for kind, members in regions:
         first = next((index for index in sorted(members) if index in kept and index not in exempt), None)
