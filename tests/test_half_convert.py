@@ -66,6 +66,22 @@ def test_a_float32_reader_of_what_the_model_casts_into_float32_reads_the_models_
     assert np.array_equal(run(half, {"x": x})[1], h + h)
 
 
+def test_the_models_cast_read_so_is_read_under_its_inner_name_where_it_is_an_output():
+    """With a half interface the Cast's output, a graph output, is cast back into half under
+    its own name at the end: the residual reads the float32 tensor the Cast now writes."""
+    model = upcast_norm()
+    model.graph.output.append(tensor("up", [2, 4]))
+    types = element_types(model)
+    plan = PrecisionPlan(FLOAT16, FLOAT16, {0: data_slots(model.graph.node[0], 18, types, FLOAT16)})
+    half = with_precision(model, plan, types, WeightRounding(model.graph, FLOAT16)).model
+    by_name = {node.name: node for node in half.graph.node}
+    assert list(by_name["residual"].input) == [by_name["upcast"].output[0]] * 2 != ["up", "up"]
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float16)
+    h = np.maximum(x, 0).astype(np.float32)
+    square, y, up = run(half, {"x": x})
+    assert np.array_equal(y, (h + h).astype(np.float16)) and np.array_equal(up, h.astype(np.float16))
+
+
 def test_a_no_op_cast_that_nothing_reads_any_more_goes():
     """In half on both sides, the model's no-op Cast is read past by all its readers and dropped."""
     done = conversion(upcast_norm(), {"made_in_half", "upcast", "statistics", "residual"})

@@ -101,7 +101,7 @@ def with_precision(
         if home.get(name, want) == want:
             return source
         if want == FLOAT and upcasts.get(name, (reader, ""))[0] < reader:
-            return upcasts[name][1]
+            return renamed.get(upcasts[name][1], upcasts[name][1])
         if (name, want) in copies:
             return copies[(name, want)]
         if (name, want) not in casts:
