@@ -28,12 +28,12 @@ by a list of ops.
    any region is grown, since what the model computes in float32 is often why half misses the
    bound (ONNX Runtime's fused norm reads an epsilon stored in half as 1e-5), and a region grown
    first took what the islands hold with the projections around them (a 594 MiB Llama: its
-   queries' projections and rotations, bench/RESULTS.md).
-   Where they miss the bound, by errors that each node kept within its own but that
-   grow through the graph (an ill-conditioned head: a difference of large terms), a float32
-   region grows back from the outputs that missed it: their half-precision ancestors, nearest
-   first (by their own error among equals), as few as make the outputs meet the bound, found by
-   bisection, within REGION_FLOPS_SHARE of the model's FLOPs. Where none within it does, but
+   queries' projections and rotations, bench/RESULTS.md). Where they miss the bound, by
+   errors that each node kept within its own but that grow through the graph (an
+   ill-conditioned head: a difference of large terms), a float32 region grows back from the
+   outputs that missed it: their half-precision ancestors, nearest first (by their own error
+   among equals), as few as make the outputs meet the bound, found by bisection, within
+   REGION_FLOPS_SHARE of the model's FLOPs. Where none within it does, but
    keeping every ancestor float32 would (a float32 interface: the outputs are then the float32
    model's), the error is spread through the model (a deep chain of convolutions, each layer's
    rounding amplified by the next) and no cheap region removes it: the outputs are then judged

@@ -13,9 +13,9 @@ it is the Cast into float32 that later readers of its input read (_kept_upcasts)
 output whose home differs from the interface's type is cast back under its own name. A node
 holding subgraphs (an If, a Loop) stays float32 whole, and what they read of this scope is
 read in float32: a Cast of a tensor made in half (a half interface's input), which the
-subgraphs are renamed to read. So Casts sit only at
-the edges between the two precisions and at the interface; a Cast into float32 that the
-model casts on into float64 is one Cast (cast_chains.py).
+subgraphs are renamed to read. So Casts sit only at the edges between the two precisions
+and at the interface; a Cast into float32 that the model casts on into float64 is one Cast
+(cast_chains.py).
 """
 
 from __future__ import annotations
