@@ -48,7 +48,11 @@ def prepare_onnx(
         if specs or dynamic_batch:  # the shapes the model declares were those of the old inputs
             _forget_inferred_shapes(reference)
     if edits or not ir.fully_shaped(reference):
-        reference = ir.carry_dim_names(ir.infer_shapes(reference, source), given)
+        # inference writes a size where the exporter named an output's dim (ViT's sequence,
+        # fixed by its position table): the outputs keep the names, but where --input changed
+        # the inputs they are computed from
+        same_outputs = not (specs or dynamic_batch)
+        reference = ir.carry_dim_names(ir.infer_shapes(reference, source), given, same_outputs=same_outputs)
     model, conversions = _brought_up_to_date(reference, source)
     return reference, model, conversions, changed
 

@@ -15,8 +15,9 @@ The optimizer is run as a user runs it (`optimize_model(model, model_type=...)`,
 model types of MODEL_TYPES (measure says which): which one a user picks is not written in the
 model. It runs its own graph fusions on the model's skeleton (opt_level 0, the weights left
 out: _zeros_for_stripped_weights). A fused kernel's nodes are those its outputs are computed from,
-back to its inputs, among the nodes the optimizer removed; a removed node that only feeds those
-(BERT's Shape -> Gather -> Sqrt that made the scale) belongs to the same kernel.
+back to its inputs, among the nodes the optimizer removed or left only for their shape
+(_live_names); a removed node that only feeds those (BERT's Shape -> Gather -> Sqrt that made
+the scale) belongs to the same kernel.
 
 A fold can also make a fusion possible that the model as given misses: a LoRA merged into
 BERT's query leaves the plain projection Attention is matched on. The optimizer's attention
@@ -53,6 +54,8 @@ from .ir.large import skeleton
 MODEL_TYPES = ("bert", "gpt2", "t5", "bart")
 # The external-data location of the weights the skeleton leaves out (no such file is read).
 _NO_FILE = "convexport-weights-left-out"
+# ops that read only their input's shape, not its values
+_SHAPE_ONLY = {"Shape", "Size"}
 # Where a model holds none of these, it has no attention or normalisation to fuse.
 _TRANSFORMER_OPS = {"Softmax", "LayerNormalization", "SimplifiedLayerNormalization", "ReduceMean"}
 # The optimizer's seconds, all runs on one model, past which no run beyond the check's two is
@@ -200,7 +203,7 @@ def _zeros_for_stripped_weights():
 
 def _kernels(original: onnx.GraphProto, optimized: onnx.GraphProto, fused_ops: set[str]) -> list[FusedKernel]:
     """Each fused node of `optimized` with the nodes of `original` it replaced (module doc)."""
-    kept = {node.name for node in optimized.node}
+    kept = _live_names(optimized)
     removed = {node.name: node for node in original.node if node.name and node.name not in kept}
     maker = {output: node for node in removed.values() for output in node.output}
     owner: dict[str, int] = {}
@@ -218,6 +221,26 @@ def _kernels(original: onnx.GraphProto, optimized: onnx.GraphProto, fused_ops: s
     for name, number in owner.items():
         members.setdefault(number, set()).add(name)
     return [FusedKernel(fused[number].op_type, frozenset(names)) for number, names in sorted(members.items())]
+
+
+def _live_names(graph: onnx.GraphProto) -> set[str]:
+    """The names of the nodes whose values some graph output is computed from (a Shape reads
+    no value). The optimizer can leave nodes a fusion matched in the graph where only their
+    shape is still read (Phi-3's cos path: its RotaryEmbeddings' caches hold its values, and its
+    last dim, read by a Shape, bounds the rotated slice): they are the kernel's as much as those
+    it removed, and a rewrite of them (its Mul by 1 dropped) stops the match as surely."""
+    maker = {output: node for node in graph.node for output in node.output}
+    live: dict[int, onnx.NodeProto] = {}
+    pending = [value.name for value in graph.output]
+    while pending:
+        node = maker.get(pending.pop())
+        if node is None or id(node) in live:
+            continue
+        live[id(node)] = node
+        if node.op_type not in _SHAPE_ONLY:
+            pending += node.input
+        pending += [name for sub in ir.proto_subgraphs(node) for name in ir.proto_outer_reads(sub)]
+    return {node.name for node in live.values()}
 
 
 def _attach_feeders(removed: dict[str, onnx.NodeProto], owner: dict[str, int]) -> None:

@@ -302,3 +302,46 @@ def test_a_merged_decoder_is_written_validated_on_both_branches_and_keeps_its_in
         random_inputs([InputSpec("use_cache_branch", (1,), "bool")], seed)["use_cache_branch"][0] for seed in range(3)
     ]
     assert report["validation"]["runs"] == 3 and set(map(bool, switch)) == {True, False}
+
+
+def test_what_a_fusion_matched_and_the_optimizer_left_for_its_shape_is_the_kernels():
+    """Phi-3's RotaryEmbedding: the optimizer makes the cos cache from the model's cos path and
+    leaves that path in the graph, its values read by nothing, its shape by the Slice that bounds
+    the rotated part. The path is the kernel's: a rule dropping its Mul by 1 would stop the
+    match (the optimizer then fused none of Phi-3's four rotations)."""
+    from onnx import TensorProto, helper
+
+    from convexport.transformer_fusions import _kernels
+
+    def graph(nodes, name):
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+        return helper.make_graph(nodes, name, [x], [helper.make_tensor_value_info("out", TensorProto.FLOAT, [4])])
+
+    cos_path = [helper.make_node("Cos", ["x"], ["c"], name="cos"),
+                helper.make_node("Mul", ["c", "one"], ["scaled"], name="scale_by_one"),
+                helper.make_node("Shape", ["scaled"], ["dims"], name="its_shape")]  # fmt: skip
+    rotation = [helper.make_node("Mul", ["x", "scaled"], ["y"], name="rotate")]
+    tail = [helper.make_node("Reshape", ["y", "dims"], ["out"], name="bounded")]
+    original = graph([*cos_path, *rotation, *tail], "original")
+    fused = helper.make_node("RotaryEmbedding", ["x", "cache"], ["y"], name="fused", domain="com.microsoft")
+    optimized = graph([*cos_path, fused, *tail], "optimized")
+    (kernel,) = _kernels(original, optimized, {"RotaryEmbedding"})
+    assert kernel.nodes == {"rotate", "scale_by_one", "cos"}  # not the Shape, whose value is read
+
+
+def test_an_output_dim_the_exporter_named_stays_named_where_inference_knows_its_size(tmp_path):
+    """ViT's sequence: named by the exporter, fixed by its position table, so shape inference
+    writes its size; the output keeps the name serving code binds it by. With --input changing
+    the inputs the outputs follow the new sizes instead (the test above)."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "width"])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "named", [x], [y])
+    path = tmp_path / "named.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    out = tmp_path / "out.onnx"
+    result = CliRunner().invoke(app, ["optimize", str(path), "-o", str(out), "--no-profile"])
+    assert result.exit_code == 0, result.output
+    (output,) = onnx.load(out).graph.output
+    assert [d.dim_param or d.dim_value for d in output.type.tensor_type.shape.dim] == ["batch", "width"]
