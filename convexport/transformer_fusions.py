@@ -54,8 +54,6 @@ from .ir.large import skeleton
 MODEL_TYPES = ("bert", "gpt2", "t5", "bart")
 # The external-data location of the weights the skeleton leaves out (no such file is read).
 _NO_FILE = "convexport-weights-left-out"
-# ops that read only their input's shape, not its values
-_SHAPE_ONLY = {"Shape", "Size"}
 # Where a model holds none of these, it has no attention or normalisation to fuse.
 _TRANSFORMER_OPS = {"Softmax", "LayerNormalization", "SimplifiedLayerNormalization", "ReduceMean"}
 # The optimizer's seconds, all runs on one model, past which no run beyond the check's two is
@@ -237,7 +235,7 @@ def _live_names(graph: onnx.GraphProto) -> set[str]:
         if node is None or id(node) in live:
             continue
         live[id(node)] = node
-        if node.op_type not in _SHAPE_ONLY:
+        if node.op_type not in ir.SHAPE_ONLY_OPS:
             pending += node.input
         pending += [name for sub in ir.proto_subgraphs(node) for name in ir.proto_outer_reads(sub)]
     return {node.name for node in live.values()}

@@ -40,13 +40,11 @@ from dataclasses import dataclass
 import onnx
 from onnx import TensorProto
 
-from ..ir import proto_constants, proto_outer_reads, proto_scopes, proto_subgraphs, scoped_name
+from ..ir import SHAPE_ONLY_OPS, proto_constants, proto_outer_reads, proto_scopes, proto_subgraphs, scoped_name
 from .cast_chains import cast_to
 from .slots import DataSlots
 
 FLOAT = TensorProto.FLOAT
-# ops whose outputs carry none of their inputs' values, only their shape
-_SHAPE_ONLY = {"Shape", "Size"}
 # The FLOPs an island may cost, as a share of the model's: a norm's statistics and a rotary
 # embedding's angles are a few elementwise ops per activation, where a Cast into float32 at
 # the model's input would make an island of all of it
@@ -106,7 +104,7 @@ def _splits_a_kernel(made: dict[str, int], island: set[int], readers, casts_in, 
         for reader in readers.get(name, ()):
             if reader in island or reader in casts_in or nodes[reader].op_type == "Shape":
                 continue
-            if any(maker in kernel and reader in kernel for kernel in kernels):
+            if _in_one_kernel(maker, reader, kernels):
                 return True
     return False
 
@@ -120,9 +118,13 @@ def _entered_inside_a_kernel(island, made, nodes, producer, constants, upcast, t
             if name in made or name in constants or name in upcast or types.get(name) != FLOAT:
                 continue
             maker = producer.get(name)
-            if maker is not None and any(maker in kernel and index in kernel for kernel in kernels):
+            if maker is not None and _in_one_kernel(maker, index, kernels):
                 return True
     return False
+
+
+def _in_one_kernel(one: int, other: int, kernels: list[set[int]]) -> bool:
+    return any(one in kernel and other in kernel for kernel in kernels)
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,7 @@ def no_op_casts_in_subgraphs(model: onnx.ModelProto) -> frozenset[str]:
         data |= {tensor.name for tensor in graph.initializer if tensor.data_type == FLOAT and len(tensor.dims) >= 2}
         for node in graph.node:  # in graph order: a node's inputs are made before it
             reads = set(node.input) | {name for sub in proto_subgraphs(node) for name in proto_outer_reads(sub)}
-            if not reads & data or node.op_type in _SHAPE_ONLY:
+            if not reads & data or node.op_type in SHAPE_ONLY_OPS:
                 continue
             data.update(node.output)
             if inside and _casts_to_float(node) and types.get(node.input[0]) == FLOAT:

@@ -46,6 +46,7 @@ from .provenance import Provenance
 from .query import (
     DEFAULT_OPSET,
     NOT_IN_SCHEMA,
+    SHAPE_ONLY_OPS,
     attribute,
     attribute_or,
     constant_value,
@@ -113,6 +114,7 @@ __all__ = [
     "Provenance",
     "DEFAULT_OPSET",
     "NOT_IN_SCHEMA",
+    "SHAPE_ONLY_OPS",
     "attribute",
     "attribute_or",
     "constant_value",

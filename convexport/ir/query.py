@@ -10,6 +10,8 @@ import onnx
 import onnx_graphsurgeon as gs
 
 DEFAULT_OPSET = 18  # what an older ONNX model is converted to, and assumed of one that declares none
+# ops whose outputs carry none of their inputs' values, only their shape
+SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
 
 
 def onnx_opset(model: onnx.ModelProto) -> int | None:
