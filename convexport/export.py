@@ -234,7 +234,12 @@ def _run_failure(exc: BaseException) -> str:
 
 def _run_exporter(loaded: LoadedModel, args: tuple, names: list[str], opset: int, dynamic, exporters):
     if exporters == ("torchscript",):
-        model, tracer_warnings = _export_torchscript(loaded, args, names, opset, dynamic)
+        try:
+            model, tracer_warnings = _export_torchscript(loaded, args, names, opset, dynamic)
+        except Exception as script_error:
+            raise ConvexportError(
+                f"{loaded.source}: ONNX export failed: {first_line(script_error)}{_returns_dict_advice(loaded)}"
+            ) from script_error
         return model, "torchscript", tracer_warnings
     try:
         return _export_dynamo(loaded, args, names, opset, dynamic), "dynamo", []
@@ -256,6 +261,19 @@ def _run_exporter(loaded: LoadedModel, args: tuple, names: list[str], opset: int
                 f"{loaded.source}: ONNX export failed (torch.export: {exporter_reason(dynamo_error)}; "
                 f"TorchScript: {first_line(script_error)})"
             ) from script_error
+
+
+def _returns_dict_advice(loaded: LoadedModel) -> str:
+    """Why a TorchScript archive may fail to export: the TorchScript exporter has no
+    translation for a dict of outputs (prim::DictConstruct), which a module traced with
+    strict=False returns where its forward returned one (a transformers model's ModelOutput)."""
+    returns = getattr(getattr(loaded.program, "forward", None), "schema", None)
+    if returns is None or not any("Dict" in str(value.type) for value in returns.returns):
+        return ""
+    return (
+        "; the archive's forward returns a dict, which the TorchScript exporter cannot write: save one that returns "
+        "a tuple (transformers: trace with torchscript=True), or give the module as file.py:factory"
+    )
 
 
 # the dynamo exporter's words for an operator it has no ONNX function for

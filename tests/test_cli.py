@@ -74,6 +74,20 @@ def test_torchscript_without_input_asks_for_it(tmp_path):
     assert_user_error(invoke("optimize", path), "net.pt", "--input")
 
 
+class _ReturnsDict(torch.nn.Module):
+    def forward(self, x):
+        return {"doubled": x * 2, "summed": x.sum(dim=1)}
+
+
+def test_torchscript_archive_returning_a_dict_says_how_to_save_it(tmp_path):
+    # a module traced with strict=False keeps its dict of outputs, which the TorchScript
+    # exporter has no translation for: a user error with the way out, not an internal one
+    path = tmp_path / "dict.pt"
+    torch.jit.save(torch.jit.trace(_ReturnsDict(), torch.randn(1, 3), strict=False), path)
+    assert_user_error(invoke("optimize", path, "--input", "x:1x3"), "dict.pt", "ONNX export failed", "returns a dict",
+                      "tuple")
+
+
 @pytest.mark.parametrize("factory, fragment", [
     ("build_broken", "factory failed on purpose"), ("not_a_model", "expected an nn.Module"),
     ("no_such_factory", "no callable"),
