@@ -14,7 +14,7 @@ import torch
 import convexport
 from convexport.float64 import Float64Evaluator
 from convexport.half import choose
-from convexport.half.islands import float32_islands
+from convexport.half.islands import _splits_a_kernel, float32_islands
 
 
 class LlamaRMSNorm(torch.nn.Module):
@@ -335,3 +335,14 @@ def test_against_float32_the_outputs_rms_error_is_measured_too():
     off = {"y": float32["y"] * (1 + 1e-3)}
     judged = judge_outputs(model, HalfRuns([{"x": x}], [off], [None]), "float16", "cpu")
     assert abs(judged["y"].rms_ratio - 1e-3 / (1 + 1e-3)) < 1e-6
+
+
+@pytest.mark.parametrize("op", ["Shape", "Size", "Mul"])
+def test_only_a_reader_of_elements_in_the_islands_kernel_splits_it(op):
+    """A value the island makes, read in the same fused kernel by a Shape or a Size, needs no
+    Cast there (they read no element); any other reader would take one inside the kernel."""
+    nodes = [onnx.helper.make_node("Add", ["a", "b"], ["made"]), onnx.helper.make_node(op, ["made"], ["read"])]
+    readers = {"made": [1]}
+    split = _splits_a_kernel({"made": 0}, {0}, readers, set(), nodes, kernels=[{0, 1}])
+    assert split is (op == "Mul")
+    assert not _splits_a_kernel({"made": 0}, {0}, readers, set(), nodes, kernels=[])

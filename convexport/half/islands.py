@@ -97,12 +97,12 @@ def float32_islands(
 
 def _splits_a_kernel(made: dict[str, int], island: set[int], readers, casts_in, nodes, kernels) -> bool:
     """Whether a value the island makes (name -> its node) is read outside it, other than by
-    its casts back or a Shape, by a node in one fused kernel with the node that makes it: in
-    half that reader takes a Cast the kernel's pattern has no place for (BERT's mask, added to
-    the scores inside its Attention)."""
+    its casts back or a Shape or Size (which read no element: they take no Cast), by a node in
+    one fused kernel with the node that makes it: in half that reader takes a Cast the kernel's
+    pattern has no place for (BERT's mask, added to the scores inside its Attention)."""
     for name, maker in made.items():
         for reader in readers.get(name, ()):
-            if reader in island or reader in casts_in or nodes[reader].op_type == "Shape":
+            if reader in island or reader in casts_in or nodes[reader].op_type in SHAPE_ONLY_OPS:
                 continue
             if _in_one_kernel(maker, reader, kernels):
                 return True
