@@ -155,15 +155,17 @@ def optimize(
     ] = None,
     custom_ops_library: LibraryOpt = None,
     dtype: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--dtype",
             help="fp32 | fp16 | bf16: the type the written model computes in (fp16 and bf16 node by node, where "
-            "the error measured against float64 allows and the device has a kernel; the rest float32).",
+            "the error measured against float64 allows and the device has a kernel; the rest float32). Default: "
+            "the model's own (fp16 for a model of float16 weights, else fp32).",
         ),
-    ] = "fp32",
+    ] = None,
     io_dtype: Annotated[
-        str | None, typer.Option("--io-dtype", help="fp32 | fp16: its inputs' and outputs' type (default fp32).")
+        str | None,
+        typer.Option("--io-dtype", help="fp32 | fp16: its inputs' and outputs' type (default: the model's own)."),
     ] = None,
 ):
     """Export MODEL, fold its linear structure, validate, profile and write the result."""

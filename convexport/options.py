@@ -41,8 +41,9 @@ class OptimizeOptions:
     explain: Sequence[str] | str = ()  # --explain: RULE or RULE@MODULE
     custom_ops_libraries: Sequence[str | Path] | str | Path = ()  # --custom-ops-library
     # --dtype: fp32 | fp16 | bf16, the type the written model computes in (half: where the measured
-    # error allows, convexport/half/); --io-dtype: its inputs' and outputs' (None: float32)
-    dtype: str = "fp32"
+    # error allows, convexport/half/; None: the model's own, fp16 for a model of float16 weights:
+    # float32_twin.py); --io-dtype: its inputs' and outputs' (None: the model's own)
+    dtype: str | None = None
     io_dtype: str | None = None
 
 

@@ -159,7 +159,7 @@ def precision_lines(precision: dict, where_listed: str = "the report's kept_floa
         )
     return [
         f"{precision['dtype']}: {verdict} against the {judged['against']} result{which}: error {worst['error']:.3g}, "
-        f"bound {worst['bound']:.3g}, the float32 original's own {worst['error_original']:.3g}{own}",
+        f"bound {worst['bound']:.3g}, the original's own {worst['error_original']:.3g}{own}",
         f"{where}, {plural(precision['casts'], 'Cast')}{interface}"
         + (f"; float32: {listed}{more} (each with why: {where_listed})" if kept else ""),
     ]

@@ -385,7 +385,7 @@ def _transformer_fusions(entry: dict) -> str:
 
 def _precision(precision: dict) -> str:
     """The half-precision model: its error against the exact result per output, with the bound
-    and the float32 original's own, then every node kept float32 and why."""
+    and the original's own, then every node kept float32 and why."""
     lines = "".join(f"<p class=sub>{_e(line.strip())}</p>" for line in precision_lines(precision, "below"))
     rounded = precision.get("weights_rounded")  # (not in a report of schema 1.0)
     if rounded and sum(rounded.values()):
@@ -408,7 +408,7 @@ def _precision(precision: dict) -> str:
     against = _e(precision["validation"]["against"])
     rounded = f"<th>every value rounded to {_e(precision['dtype'])}</th>" if by_rounding else ""
     table = (
-        f"<table><tr><th>output</th><th>error against {against}</th><th>bound</th><th>float32 original's own</th>"
+        f"<table><tr><th>output</th><th>error against {against}</th><th>bound</th><th>original's own</th>"
         f"{rounded}<th>beyond</th></tr>{rows}</table>"
     )
     if not precision["kept_float32"]:

@@ -240,7 +240,12 @@ class Comparison(TypedDict):
     reference_source: NotRequired[Annotated[str, "whose float64 run: the ONNX graph's or torch's"]]
     export_check: NotRequired[Annotated[ExportCheck, "torch's float64 run against the exported graph's"]]
     problem: NotRequired[Annotated[str, "a structural mismatch: a missing output, a shape"]]
-    precision: NotRequired[Annotated[str, "the candidate's compute type where coarser than its outputs'"]]
+    precision: NotRequired[
+        Annotated[
+            str,
+            "the half type judged at: the candidate's where coarser than its outputs', or the weights'",
+        ]
+    ]
 
 
 class OutputDifference(TypedDict):

@@ -113,7 +113,7 @@ FLOORS = {
         "convexport.loading", "convexport.torch_archives", "convexport.onnx_route", "convexport.export",
         "convexport.input_domains", "convexport.float64", "convexport.torch_reference", "convexport.exact_check",
         "convexport.transformer_fusions", "convexport.low_rank", "convexport.explain", "convexport.profile",
-        "convexport.peak_memory", "convexport.environment", "convexport.routes",
+        "convexport.peak_memory", "convexport.environment", "convexport.routes", "convexport.float32_twin",
     },
     "rewrite": {"convexport.rewrite", "convexport.folds", "convexport.primitive"},
     "checks": {"convexport.validate", "convexport.half", "convexport.ruletest"},

@@ -6,7 +6,7 @@ from ..algebra import Refusal, combine_parallel, concat_parallel, conv_to_onnx, 
 from ..rewrite.primitives import Rewrite, accepts, consumes, reach
 from .builder import NodeBuilder, output_dtype
 from .convnodes import node_flops, output_elements, spatial_shape
-from .half_rounding import keep_if_rounding_allows
+from .half_rounding import keep_if_rounding_allows, stored_half
 from .linear_nodes import linear_spec
 
 
@@ -42,7 +42,8 @@ def sum_branches(match, context) -> Rewrite:
     signs = [float(s) for s in context.params.get("signs", [1.0] * len(tensors))]
     specs = _branches(tensors, x, context)
     merged = combine_parallel(specs, signs, spatial_shape(x))
-    keep_if_rounding_allows(specs, signs, merged, spatial_shape(x), context.half)
+    half = context.half or stored_half(output_dtype(root))
+    keep_if_rounding_allows(specs, signs, [tensor is x for tensor in tensors], merged, spatial_shape(x), half)
     return _replace_root(
         match, context, merged, tensors, specs, f"{root.op} of {len(specs)} branches merged into one Conv"
     )

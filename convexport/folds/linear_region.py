@@ -30,8 +30,9 @@ from ..algebra import Refusal
 from ..algebra.dense import Dense, FeatureAffine, LinearMap, add_maps, compose_maps
 from ..ir import attribute_or, constant_value
 from ..rewrite.primitives import AFFINE, Rewrite, consumes, reach
+from .builder import output_dtype
 from .dense_chain import DENSE_OPS, dense_layout, emitted_dense, keeps_last_axis, node_map
-from .half_rounding import refuse_if_rounding_undoes, rounded_map
+from .half_rounding import refuse_if_rounding_undoes, rounded_map, stored_half
 from .linear_nodes import data_input
 
 MAX_DEPTH = 24  # nodes in a region: DoRA's has 9, GPT-2's LoRA on Conv1D 6; a bound on the walk per sum
@@ -54,9 +55,10 @@ def fold_linear_region(match, context) -> Rewrite:
     layout = dense_layout(x, readers, nodes, len(nodes), context.opset)
     dense, sums_x = _region_map(x, nodes, context.opset)
     _check_cost(nodes, dense)
-    if context.half is not None and sums_x:
-        from_rounded, _ = _region_map(x, nodes, context.opset, rounded_to=context.half)
-        refuse_if_rounding_undoes(dense.weight, from_rounded.weight, context.half)
+    half = context.half or stored_half(output_dtype(root))
+    if half is not None and sums_x:
+        from_rounded, _ = _region_map(x, nodes, context.opset, rounded_to=half)
+        refuse_if_rounding_undoes(dense.weight, from_rounded.weight, half)
     sums = sum(map(_is_sum, nodes))
     note = f"a linear region of {len(nodes)} nodes ({sums} sums) folded into one"
     return emitted_dense(context, x, dense, layout, root, note)

@@ -15,7 +15,7 @@ from ..errors import ConvexportError, ValidationError, first_line
 from ..export import ExportResult
 from ..report_types import OptimizeReport
 from ..runtime import CUDA, Unloadable, create_session, provider_options
-from ..validate import NoMadeUpInputs, ValidationResult, compare_models, tf32_effect
+from ..validate import NoMadeUpInputs, ValidationResult, compare_models, tf32_effect, weights_half_type
 from .inputs import RunInputs
 from .request import Request
 from .rewrite import Rewritten
@@ -63,10 +63,13 @@ def checked(
     budget = max(FLOAT64_MIN_S, FLOAT64_SHARE * request.steps.elapsed())
 
     def compare(runs: int) -> ValidationResult:
-        return compare_models(
+        result = compare_models(
             exported.reference, rewritten.outcome.model, inputs.specs, runs, request.tolerances,
             extra_feeds=inputs.real_data, labels=labels, exact_budget_s=budget, torch_source=torch_source,
+            precision=weights_half_type(exported.reference),
         )  # fmt: skip
+        result.precision = weights_half_type(exported.reference)
+        return result
 
     try:
         result = compare(inputs.made_up_runs)
@@ -102,6 +105,7 @@ def _refuse_wrong(result, exported, rewritten: Rewritten, inputs: RunInputs, req
         return compare_models(
             exported.reference, candidate, inputs.specs, inputs.made_up_runs, request.tolerances,
             extra_feeds=inputs.real_data, device=failed_on, exact=exact or False,
+            precision=weights_half_type(exported.reference),
         ).passed  # fmt: skip
 
     culprit = find_bad_rewrite(rewritten.outcome.applied, passes, rewritten.first)
@@ -121,6 +125,7 @@ def _validated_on_device(exported, rewritten: Rewritten, inputs: RunInputs, requ
     on_device = compare_models(
         exported.reference, rewritten.outcome.model, inputs.specs, inputs.made_up_runs, request.tolerances,
         extra_feeds=inputs.real_data, labels=labels, device="cuda", exact=exact or False,
+        precision=weights_half_type(exported.reference),
     )  # fmt: skip
     validation["on_device"] = {
         **on_device.to_report(),

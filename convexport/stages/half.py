@@ -7,6 +7,7 @@ import contextlib
 
 from ..errors import ValidationError
 from ..export import ExportResult
+from ..float32_twin import edges_dropped
 from ..half import in_half_precision
 from ..report_types import OptimizeReport
 from ..validate import ValidationResult
@@ -36,6 +37,8 @@ def in_half(
     )  # fmt: skip
     if half.files is not None:
         cleanup.enter_context(half.files)
+    if half.passed:  # a float16 model's twin (float32_twin.py): its edges in float16 again
+        half.nodes_half -= edges_dropped(half.model)
     report["precision"] = half.to_report()
     if not half.passed:
         raise ValidationError(f"{rewritten.source}: {half.failure()}; nothing was written", report)

@@ -31,8 +31,10 @@ class Request:
     explain: list[str]  # --explain's RULE[@MODULE] texts
     tolerances: Tolerances
     strategy: str  # all | cost | measure
-    dtype: str  # the model's compute type: float32 or float16
-    io_dtype: str  # its interface's
+    # the model's compute type (float32, float16, bfloat16) and its interface's: None where not
+    # given, until the model is read (resolved_precisions)
+    dtype: str | None
+    io_dtype: str | None
     device: str  # where the model will run: what cost and measure decide for, and the profile's
     steps: Steps
 
@@ -49,7 +51,7 @@ def read_request(options: OptimizeOptions) -> Request:
     strategy = STRATEGY_ALIASES.get(options.strategy, options.strategy)
     if strategy not in STRATEGIES:
         raise ConvexportError(f"--strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
-    dtype, io_dtype = _precisions(options.dtype, options.io_dtype)
+    dtype, io_dtype = _type_names(options.dtype, options.io_dtype)
     device = resolve_device(options.device)
     specs = input_specs(inputs)
     return Request(
@@ -77,17 +79,31 @@ def as_list(given) -> list:
     return [given] if isinstance(given, (str, Path, InputSpec)) else list(given)
 
 
-def _precisions(dtype: str, io_dtype: str | None) -> tuple[str, str]:
-    """--dtype and --io-dtype as the types' names: the model's, and its interface's."""
-    for flag, given in (("--dtype", dtype), ("--io-dtype", io_dtype or "fp32")):
-        if given not in HALF_DTYPES:
+def _type_names(dtype: str | None, io_dtype: str | None) -> tuple[str | None, str | None]:
+    """--dtype and --io-dtype as the types' names (None where not given), each one checked
+    here, the two together where both are given."""
+    for flag, given in (("--dtype", dtype), ("--io-dtype", io_dtype)):
+        if given is not None and given not in HALF_DTYPES:
             raise ConvexportError(f"{flag} {given}: expected fp32, fp16 or bf16")
-    model, interface = HALF_DTYPES[dtype], HALF_DTYPES[io_dtype or "fp32"]
-    if interface not in ("float32", model):
-        raise ConvexportError(f"--io-dtype {io_dtype} with --dtype {dtype}: the interface is fp32 or the model's own")
-    if interface == "bfloat16":  # its runs could not be fed, nor its outputs read, to validate it
+    if io_dtype is not None and HALF_DTYPES[io_dtype] == "bfloat16":  # its runs could not be fed, nor read
         raise ConvexportError(
             f"--io-dtype {io_dtype}: ONNX Runtime's Python API takes and gives no bfloat16 arrays, so the model could "
             "not be validated; a bf16 model keeps an fp32 interface"
         )
+    model = HALF_DTYPES[dtype] if dtype is not None else None
+    interface = HALF_DTYPES[io_dtype] if io_dtype is not None else None
+    if model is not None and interface is not None:
+        check_interface(model, interface)
     return model, interface
+
+
+TYPE_FLAGS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def check_interface(model: str, interface: str) -> None:
+    """A float32 model's interface is float32, a half one's float32 or its own type."""
+    if interface not in ("float32", model):
+        raise ConvexportError(
+            f"--io-dtype {TYPE_FLAGS[interface]} with --dtype {TYPE_FLAGS[model]}: the interface is fp32 or the "
+            "model's own"
+        )
