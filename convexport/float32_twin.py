@@ -31,8 +31,26 @@ EDGE_TAG = "@float32_twin"
 _TYPE_ATTRIBUTES = ("to", "dtype")  # Cast's, and the generators' (EyeLike, RandomNormal...)
 
 
+_FLOAT_TYPES = {
+    TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16", TensorProto.FLOAT: None, TensorProto.DOUBLE: None,
+}  # fmt: skip
+
+
+def weights_half_type(model: onnx.ModelProto) -> str | None:
+    """The half type the model's weights are in: the one that holds most of its float weights'
+    elements (a float16 checkpoint's, a converter's float16 file's, where a few stay float32),
+    None where float32 or float64 hold most (a float32 model with a float16 constant or two)."""
+    elements = dict.fromkeys(_FLOAT_TYPES, 0)
+    for tensor in model.graph.initializer:
+        if tensor.data_type in elements:
+            elements[tensor.data_type] += int(np.prod(tensor.dims, dtype=np.int64))
+    kind = max(elements, key=elements.get)
+    wide = elements[TensorProto.FLOAT] + elements[TensorProto.DOUBLE]
+    return _FLOAT_TYPES[kind] if elements[kind] > wide else None
+
+
 def holds_float16_weights(model: onnx.ModelProto) -> bool:
-    return any(tensor.data_type == TensorProto.FLOAT16 for tensor in model.graph.initializer)
+    return weights_half_type(model) == "float16"
 
 
 def why_not_twinned(model: onnx.ModelProto) -> str | None:

@@ -32,6 +32,7 @@ import onnx
 from . import heap
 from .errors import ConvexportError
 from .exact_check import ExactReference, exact_reference, judge, noise_floor_bound
+from .float32_twin import weights_half_type
 from .float64 import Float64Evaluator, Float64Unavailable
 from .float64.precision import dtype_name, rms
 from .input_data import load_npz
@@ -659,17 +660,6 @@ def validate_files(
     result = compare_models(models[0], models[1], specs, runs, tolerances, extra_feeds=feeds, precision=precision)
     result.precision = precision
     return result
-
-
-def weights_half_type(model: onnx.ModelProto) -> str | None:
-    """The half type of the model's weights where it holds some (a float16 checkpoint, or a
-    converter's mixed-precision file): a rewrite's folds are stored in it, rounded anew, so the
-    model is judged at its roundoff (bfloat16 where it has both)."""
-    found = {tensor.data_type for tensor in model.graph.initializer}
-    for elem_type, name in ((onnx.TensorProto.BFLOAT16, "bfloat16"), (onnx.TensorProto.FLOAT16, "float16")):
-        if elem_type in found:
-            return name
-    return None
 
 
 def half_type(model: onnx.ModelProto) -> str | None:

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import convexport
-from convexport.float32_twin import EDGE_TAG, edges_dropped, float32_twin
+from convexport.float32_twin import EDGE_TAG, edges_dropped, float32_twin, weights_half_type
 from convexport.float64 import Float64Evaluator
 from convexport.half.rounded_run import rounded_runs
 from convexport.half.slots import element_types
@@ -174,3 +174,21 @@ def test_validate_judges_a_float16_models_fold_at_float16s_roundoff(tmp_path):
     result = invoke("validate", original, out)
     assert result.exit_code == 0, result.output
     assert "the candidate computes in float16: judged at its roundoff" in result.stdout
+
+
+def test_a_float32_model_with_a_float16_constant_is_a_float32_model(tmp_path):
+    """What the weights are in is what most of their elements are in: a float16 constant Cast
+    into a float32 model does not make it a float16 model (nor loosen its validation)."""
+    rng = np.random.default_rng(3)
+    weights = {"w": rng.normal(0, 0.2, (8, 8, 3, 3)).astype(np.float32), "s16": np.full((1, 8, 1, 1), 0.5, np.float16)}
+    nodes = [
+        helper.make_node("Cast", ["s16"], ["s"], to=TensorProto.FLOAT),
+        helper.make_node("Conv", ["x", "w"], ["a"], pads=[1, 1, 1, 1]),
+        helper.make_node("Mul", ["a", "s"], ["y"]),
+    ]
+    model = make_model(nodes, [tensor("x", SHAPE)], [tensor("y", SHAPE)], weights)
+    assert weights_half_type(model) is None and weights_half_type(repvgg_block()) == "float16"
+    report, written = optimized(model, tmp_path)
+    assert "precision" not in report and "precision" not in report["validation"]
+    assert not any("float16 weights" in text for text in report["conversions"])
+    assert {tensor.data_type for tensor in written.graph.initializer} == {TensorProto.FLOAT}

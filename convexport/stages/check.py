@@ -13,9 +13,10 @@ import onnx
 from .. import ir
 from ..errors import ConvexportError, ValidationError, first_line
 from ..export import ExportResult
+from ..float32_twin import weights_half_type
 from ..report_types import OptimizeReport
 from ..runtime import CUDA, Unloadable, create_session, provider_options
-from ..validate import NoMadeUpInputs, ValidationResult, compare_models, tf32_effect, weights_half_type
+from ..validate import NoMadeUpInputs, ValidationResult, compare_models, tf32_effect
 from .inputs import RunInputs
 from .request import Request
 from .rewrite import Rewritten
