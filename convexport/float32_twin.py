@@ -100,6 +100,22 @@ def float32_twin(model: onnx.ModelProto) -> onnx.ModelProto:
     return twin
 
 
+def is_twin_of(model: onnx.ModelProto, original: onnx.ModelProto) -> bool:
+    return holds_float16_weights(original) and weights_half_type(model) is None
+
+
+def twin_types(original: onnx.ModelProto) -> onnx.ModelProto:
+    """A weightless model declaring what `original` declares of its tensors, in its twin's
+    types (its interface as it is, every other float16 tensor float32): the dims it names,
+    carried to its rewritten twin (ir.carry_dim_names) without a float16 type."""
+    graph = original.graph
+    values = []
+    for value in graph.value_info:
+        values.append(_in_float32_type(value, value.name) if _is_float16(value) else value)
+    declared = onnx.helper.make_graph([], graph.name, list(graph.input), list(graph.output), value_info=values)
+    return onnx.helper.make_model(declared, opset_imports=list(original.opset_import))
+
+
 def edges_dropped(model: onnx.ModelProto) -> int:
     """The twin's edge Casts taken out of `model` (in place) where they cast nothing: the half
     stage made the nodes beside them compute in the interface's float16. How many went."""

@@ -10,7 +10,9 @@ import pytest
 from onnx import TensorProto, helper
 
 import convexport
-from convexport.float32_twin import EDGE_TAG, edges_dropped, float32_twin, weights_half_type
+from convexport import ir
+from convexport.float32_twin import EDGE_TAG, edges_dropped, float32_twin, twin_types, weights_half_type
+from convexport.ir import carry_dim_names
 from convexport.float64 import Float64Evaluator
 from convexport.half.rounded_run import rounded_runs
 from convexport.half.slots import element_types
@@ -192,3 +194,24 @@ def test_a_float32_model_with_a_float16_constant_is_a_float32_model(tmp_path):
     assert "precision" not in report and "precision" not in report["validation"]
     assert not any("float16 weights" in text for text in report["conversions"])
     assert {tensor.data_type for tensor in written.graph.initializer} == {TensorProto.FLOAT}
+
+
+def test_the_dims_the_original_declares_reach_its_twin_in_float32(tmp_path, monkeypatch):
+    """The rewritten twin takes the dims the model as given declared where it lost them, but
+    not their float16 types: a tensor inference cannot follow (ONNX Runtime's transformer
+    optimizer's float16 BERT: the output of its last SkipLayerNormalization, a com.microsoft op)
+    was declared float16 in the float32 twin, which ONNX Runtime then would not load."""
+    declared = []
+
+    def spied(model, original, same_outputs=False):
+        declared.extend((value.name, value.type.tensor_type.elem_type) for value in original.graph.value_info)
+        return carry_dim_names(model, original, same_outputs)
+
+    monkeypatch.setattr(ir, "carry_dim_names", spied)
+    model = repvgg_block()
+    assert any(value.type.tensor_type.elem_type == TensorProto.FLOAT16 for value in model.graph.value_info)
+    report, _ = optimized(model, tmp_path)
+    assert report["precision"]["validation"]["passed"]
+    assert declared and all(kind == TensorProto.FLOAT for _, kind in declared), declared
+    original = twin_types(model)
+    assert [value.type for value in original.graph.output] == [value.type for value in model.graph.output]

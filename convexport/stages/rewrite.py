@@ -14,6 +14,7 @@ from .. import ir, transformer_fusions
 from ..errors import ConvexportError
 from ..explain import ExplainRequest, explanations
 from ..export import ExportResult
+from ..float32_twin import is_twin_of, twin_types
 from ..folds import builtin_primitives
 from ..half.islands import no_op_casts_in_subgraphs
 from ..low_rank import low_rank_branches_left
@@ -101,7 +102,7 @@ def rewritten(exported: ExportResult, source: str, asked: RulesAsked, request: R
     say = request.steps.start
     with ir.counting_bytes(BytesShown(say, "rewriting", "of weights read", ir.weight_bytes(exported.model))):
         stage = transformer_fusions.rewrite_keeping_fusions(
-            exported.model, exported.reference, source, request.strategy, rewrite,
+            exported.model, _named_dims(exported), source, request.strategy, rewrite,
             # under --dtype, the model's no-op Casts into float32 say where it computes in float32
             no_op_casts_in_subgraphs(exported.model) if half else frozenset(),
         )  # fmt: skip
@@ -132,3 +133,11 @@ def rewritten(exported: ExportResult, source: str, asked: RulesAsked, request: R
         outcome, stage.folded, stage.kept, stage.decided, asked.rules, source, request.strategy, request.device,
         half, sections, fused,
     )  # fmt: skip
+
+
+def _named_dims(exported: ExportResult) -> onnx.ModelProto:
+    """The model whose dims the rewritten one takes where it lost them: the model as given, or
+    for a float16 model's float32 twin its declarations in the twin's types."""
+    if exported.model is not exported.reference and is_twin_of(exported.model, exported.reference):
+        return twin_types(exported.reference)
+    return exported.reference
