@@ -82,10 +82,13 @@ def float32_twin(model: onnx.ModelProto) -> onnx.ModelProto:
     for value in graph.value_info:
         if _is_float16(value):
             value.type.tensor_type.elem_type = TensorProto.FLOAT
-    entering = [_edge(value.name, f"{value.name}{EDGE_TAG}") for value in graph.input if _is_float16(value)]
-    for cast, value in zip(entering, [value for value in graph.input if _is_float16(value)]):
-        _read_as(graph, cast.input[0], cast.output[0])
-        graph.value_info.append(_in_float32_type(value, cast.output[0]))
+    entering = []
+    for value in graph.input:
+        if _is_float16(value):
+            inner = f"{value.name}{EDGE_TAG}"
+            _read_as(graph, value.name, inner)
+            entering.append(_edge(value.name, inner))
+            graph.value_info.append(_in_float32_type(value, inner))
     leaving = []
     for value in graph.output:
         if _is_float16(value):

@@ -11,21 +11,21 @@ error would keep most of it float32 (choose.py, step 4).
 
 A subgraph's reads of outer values see them unrounded, and its own values are not rounded.
 
-A model that computes in half already (a float16 checkpoint) is read as the float32 model of
-the same values first (each half value is one in float32): run as it is, ONNX Runtime's CPU
+A model that computes in float16 already (a float16 checkpoint) is run as its float32 twin
+(float32_twin.py: the same values, its interface kept): run as it is, ONNX Runtime's CPU
 provider computes most of its nodes in float32 between Casts of its own, and its optimisations
 take the Cast pairs out, so its float16 values would never be rounded.
 """
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto
 
+from ..float32_twin import float32_twin, holds_float16_weights, why_not_twinned
 from ..runtime import checked_run, create_session
-from .slots import TYPE_TAGS
+from .slots import TYPE_TAGS, element_types
 
 WHAT = "the model with every value rounded to half precision"
 # how far this run may put an output, as a share of its largest value, for its error to count
@@ -40,10 +40,11 @@ def rounded_runs(
     model: onnx.ModelProto, types: dict[str, int], half: int, feeds: list[dict[str, np.ndarray]]
 ) -> list[dict[str, np.ndarray]]:
     """The outputs of `model` (`types` its tensors' element types by name) on each of `feeds`,
-    every float32 value rounded to `half` (module doc; a model in half read in float32 first),
+    every float32 value rounded to `half` (module doc; a float16 model's twin's),
     by output name."""
-    if any(kind in _HALF for kind in types.values()) and _all_in_main_graph(model):
-        model, types, feeds = _read_in_float32(model, types, feeds)
+    if holds_float16_weights(model) and why_not_twinned(model) is None:
+        model = float32_twin(model)
+        types = element_types(model)
     rounded = _every_value_rounded(model, types, half)
     session = create_session(rounded, "cpu", optimize=False, what=WHAT, prepack=False)
     names = [output.name for output in model.graph.output]
@@ -110,52 +111,3 @@ def _every_value_rounded(model: onnx.ModelProto, types: dict[str, int], half: in
     made = onnx.helper.make_model(rounded, opset_imports=model.opset_import, ir_version=model.ir_version)
     made.functions.extend(model.functions)
     return made
-
-
-_HALF = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
-
-
-def _all_in_main_graph(model: onnx.ModelProto) -> bool:
-    """Whether the model can be read in float32 by its main graph alone: no subgraph (whose
-    half values would meet float32 ones at its edges) and every weight in the file's memory."""
-    graph = model.graph
-    if any(attribute.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-           for node in graph.node for attribute in node.attribute):  # fmt: skip
-        return False
-    return not any(tensor.data_location == TensorProto.EXTERNAL for tensor in graph.initializer)
-
-
-def _read_in_float32(model: onnx.ModelProto, types: dict[str, int], feeds: list[dict]):
-    """(the model, its types, the feeds) with every half value in float32: its weights, the
-    tensors its nodes hold (Constant's value, ConstantOfShape's), the types its Casts make and
-    its interface's."""
-    made = onnx.ModelProto()
-    made.CopyFrom(model)
-    graph = made.graph
-    for tensor in graph.initializer:
-        if tensor.data_type in _HALF:
-            tensor.CopyFrom(_in_float32(tensor))
-    for value in (*graph.input, *graph.output):
-        if value.type.tensor_type.elem_type in _HALF:
-            value.type.tensor_type.elem_type = TensorProto.FLOAT
-    del graph.value_info[:]
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type in _HALF:
-                attribute.t.CopyFrom(_in_float32(attribute.t))
-            elif (
-                attribute.name in ("to", "dtype") and attribute.type == onnx.AttributeProto.INT and attribute.i in _HALF
-            ):
-                attribute.i = TensorProto.FLOAT
-    widened = {name: TensorProto.FLOAT if kind in _HALF else kind for name, kind in types.items()}
-    fed = [{name: _float32_array(values) for name, values in feed.items()} for feed in feeds]
-    return made, widened, fed
-
-
-def _in_float32(tensor: onnx.TensorProto) -> onnx.TensorProto:
-    return onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(tensor).astype(np.float32), tensor.name)
-
-
-def _float32_array(values):
-    values = np.asarray(values)
-    return values.astype(np.float32) if values.dtype in (np.float16, ml_dtypes.bfloat16) else values

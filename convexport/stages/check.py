@@ -63,13 +63,16 @@ def checked(
     # the float64 reference may add 40% to what the work took so far (exact_check.py)
     budget = max(FLOAT64_MIN_S, FLOAT64_SHARE * request.steps.elapsed())
 
+    # a model of half weights computes in half: its rewrite's folds, rounded into it, are judged so
+    precision = weights_half_type(exported.reference)
+
     def compare(runs: int) -> ValidationResult:
         result = compare_models(
             exported.reference, rewritten.outcome.model, inputs.specs, runs, request.tolerances,
             extra_feeds=inputs.real_data, labels=labels, exact_budget_s=budget, torch_source=torch_source,
-            precision=weights_half_type(exported.reference),
+            precision=precision,
         )  # fmt: skip
-        result.precision = weights_half_type(exported.reference)
+        result.precision = precision
         return result
 
     try:

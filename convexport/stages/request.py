@@ -32,7 +32,7 @@ class Request:
     tolerances: Tolerances
     strategy: str  # all | cost | measure
     # the model's compute type (float32, float16, bfloat16) and its interface's: None where not
-    # given, until the model is read (resolved_precisions)
+    # given, until the model is read (stages/export.py's in_its_precision)
     dtype: str | None
     io_dtype: str | None
     device: str  # where the model will run: what cost and measure decide for, and the profile's
