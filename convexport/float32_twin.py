@@ -38,10 +38,14 @@ _FLOAT_TYPES = {
 
 def weights_half_type(model: onnx.ModelProto) -> str | None:
     """The half type the model's weights are in: the one that holds most of its float weights'
-    elements (a float16 checkpoint's, a converter's float16 file's, where a few stay float32),
-    None where float32 or float64 hold most (a float32 model with a float16 constant or two)."""
+    elements (initializers, and Constant nodes' values: an old exporter's weights), where a few
+    stay float32 (a float16 checkpoint's, a converter's float16 file's); None where float32 or
+    float64 hold most (a float32 model with a float16 constant or two)."""
     elements = dict.fromkeys(_FLOAT_TYPES, 0)
-    for tensor in model.graph.initializer:
+    held = [*model.graph.initializer]
+    held += [attribute.t for node in model.graph.node if node.op_type == "Constant" for attribute in node.attribute
+             if attribute.type == onnx.AttributeProto.TENSOR]  # fmt: skip
+    for tensor in held:
         if tensor.data_type in elements:
             elements[tensor.data_type] += int(np.prod(tensor.dims, dtype=np.int64))
     kind = max(elements, key=elements.get)
@@ -56,7 +60,7 @@ def holds_float16_weights(model: onnx.ModelProto) -> bool:
 def why_not_twinned(model: onnx.ModelProto) -> str | None:
     """Why the model cannot be read as its float32 twin (module doc), or None where it can."""
     graph = model.graph
-    if any(tensor.data_type == TensorProto.BFLOAT16 for tensor in graph.initializer):
+    if weights_half_type(model) == "bfloat16" or any(t.data_type == TensorProto.BFLOAT16 for t in graph.initializer):
         return "it holds bfloat16 weights too"
     if any(ir.proto_subgraphs(node) for node in graph.node):
         return "it has subgraphs"
@@ -82,20 +86,25 @@ def float32_twin(model: onnx.ModelProto) -> onnx.ModelProto:
     for value in graph.value_info:
         if _is_float16(value):
             value.type.tensor_type.elem_type = TensorProto.FLOAT
+    nodes = _Fresh({node.name for node in graph.node})
+    tensors = _Fresh(
+        {name for node in graph.node for name in (*node.input, *node.output)}
+        | {value.name for value in (*graph.input, *graph.output, *graph.value_info, *graph.initializer)}
+    )
     entering = []
     for value in graph.input:
         if _is_float16(value):
-            inner = f"{value.name}{EDGE_TAG}"
+            inner = tensors(f"{value.name}{EDGE_TAG}")
             _read_as(graph, value.name, inner)
-            entering.append(_edge(value.name, inner))
+            entering.append(_edge(value.name, inner, TensorProto.FLOAT, nodes(f"{inner}_cast")))
             graph.value_info.append(_in_float32_type(value, inner))
     leaving = []
     for value in graph.output:
         if _is_float16(value):
-            inner = f"{value.name}{EDGE_TAG}"
+            inner = tensors(f"{value.name}{EDGE_TAG}")
             _read_as(graph, value.name, inner)
             _made_as(graph, value.name, inner)
-            leaving.append(_edge(inner, value.name, TensorProto.FLOAT16))
+            leaving.append(_edge(inner, value.name, TensorProto.FLOAT16, nodes(f"{inner}_cast")))
             graph.value_info.append(_in_float32_type(value, inner))
     nodes = [*entering, *graph.node, *leaving]
     del graph.node[:]
@@ -130,18 +139,19 @@ def edges_dropped(model: onnx.ModelProto) -> int:
         value.name: value.type.tensor_type.elem_type for value in ir.infer_shapes(model, "the model").graph.value_info
     }
     types = {**inferred, **types}
+    inputs, outputs = {value.name for value in graph.input}, {value.name for value in graph.output}
     dropped = []
     for node in graph.node:
-        if node.op_type != "Cast" or EDGE_TAG not in node.input[0] + node.output[0]:
-            continue
-        if types.get(node.input[0]) != _cast_to(node):
-            continue  # a Cast still: a float32 node beside the edge
+        if node.op_type != "Cast" or types.get(node.input[0]) != _cast_to(node):
+            continue  # not an edge, or a Cast still: a float32 node beside the edge
         source, target = node.input[0], node.output[0]
-        if target.endswith(EDGE_TAG):  # an input's
+        if source in inputs and EDGE_TAG in target:  # an input's
             _read_as(graph, target, source)
-        else:  # an output's
+        elif target in outputs and EDGE_TAG in source:  # an output's
             _read_as(graph, source, target)
             _made_as(graph, source, target)
+        else:
+            continue
         dropped.append(node)
     for node in dropped:
         graph.node.remove(node)
@@ -165,8 +175,24 @@ def _in_float32_type(value: onnx.ValueInfoProto, name: str) -> onnx.ValueInfoPro
     return inner
 
 
-def _edge(source: str, target: str, to: int = TensorProto.FLOAT) -> onnx.NodeProto:
-    return onnx.helper.make_node("Cast", [source], [target], name=f"{target}_cast", to=to)
+class _Fresh:
+    """Names none of `taken` is (a converter may have named its Cast "y_cast"; a model written
+    by convexport may hold a twin's name)."""
+
+    def __init__(self, taken: set[str]):
+        self._taken = taken
+
+    def __call__(self, base: str) -> str:
+        name, count = base, 0
+        while name in self._taken:
+            count += 1
+            name = f"{base}_{count}"
+        self._taken.add(name)
+        return name
+
+
+def _edge(source: str, target: str, to: int, name: str) -> onnx.NodeProto:
+    return onnx.helper.make_node("Cast", [source], [target], name=name, to=to)
 
 
 def _cast_to(node: onnx.NodeProto) -> int:

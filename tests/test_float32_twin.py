@@ -215,3 +215,29 @@ def test_the_dims_the_original_declares_reach_its_twin_in_float32(tmp_path, monk
     assert declared and all(kind == TensorProto.FLOAT for _, kind in declared), declared
     original = twin_types(model)
     assert [value.type for value in original.graph.output] == [value.type for value in model.graph.output]
+
+
+def test_the_twins_edges_take_names_nothing_has():
+    """A converter's own Cast may be named as an edge would be (onnxconverter-common names its
+    output Casts "y_cast"), and a model convexport wrote may hold a twin's names already (an
+    edge kept where a float32 node is beside it): the twin of each loads and computes the same."""
+    model = repvgg_block()
+    model.graph.node[-1].name = f"y{EDGE_TAG}_cast"
+    fed = feeds()
+    for twin in (float32_twin(model), float32_twin(float32_twin(model))):
+        onnx.checker.check_model(twin, full_check=True)
+        np.testing.assert_array_equal(run(twin, fed)[0], run(float32_twin(model), fed)[0])
+
+
+def test_weights_held_by_constant_nodes_are_weights_too(tmp_path):
+    """An old exporter's weights are Constant nodes (Paddle2ONNX's PP-OCR models): a float16
+    model of them is a float16 model, twinned and folded as one."""
+    model = repvgg_block(interface=TensorProto.FLOAT)
+    constants = [helper.make_node("Constant", [], [weight.name], value=weight) for weight in model.graph.initializer]
+    nodes = [*constants, *model.graph.node]
+    del model.graph.node[:], model.graph.initializer[:]
+    model.graph.node.extend(nodes)
+    assert weights_half_type(model) == "float16"
+    report, written = optimized(model, tmp_path)
+    assert any("float16 weights read in float32" in text for text in report["conversions"])
+    assert op_counts(written) == {"Cast": 2, "Conv": 1, "Relu": 1}
