@@ -27,12 +27,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from half_precision import MODELS, _quietly, error_vs_exact, exported, input_sets, latency_ms
+from half_precision import MODELS, _quietly, error_vs_exact, exported, input_sets, latency_ms, relative_errors
 from onnx import TensorProto
 
 import convexport
 from convexport.float64 import Float64Evaluator
-from convexport.float64.precision import rms
 from convexport.half.rounded_run import rounded_runs
 from convexport.half.slots import element_types
 
@@ -59,14 +58,7 @@ def device_like(path: Path, sets: list[dict], exact: list[list[np.ndarray]]) -> 
     model = onnx.load(str(path))
     runs = rounded_runs(model, element_types(model), TensorProto.FLOAT16, sets)
     names = [output.name for output in model.graph.output]
-    worst, typical = 0.0, 0.0
-    for run, expected in zip(runs, exact):
-        for name, want in zip(names, expected):
-            got = np.asarray(run[name], np.float64)
-            scale = max(rms(want), 1e-300)
-            worst = max(worst, float(np.abs(got - want).max()) / scale)
-            typical = max(typical, rms(got - want) / scale)
-    return worst, typical
+    return relative_errors([[run[name] for name in names] for run in runs], exact)
 
 
 def rows_for(name: str, folder: Path) -> list[str]:

@@ -296,10 +296,19 @@ def error_vs_exact(
     outputs and input sets, run on `device`."""
     session = ort.InferenceSession(str(path), providers=providers(device))
     kinds = {i.name: i.type for i in session.get_inputs()}
-    worst, typical = 0.0, 0.0
-    for feeds, expected in zip(sets, exact):
+    runs = []
+    for feeds in sets:
         fed = {k: v.astype(np.float16) if kinds[k] == "tensor(float16)" else v for k, v in feeds.items()}
-        for got, want in zip(session.run(None, fed), expected):
+        runs.append(session.run(None, fed))
+    return relative_errors(runs, exact)
+
+
+def relative_errors(runs: list[list], exact: list[list[np.ndarray]]) -> tuple[float, float]:
+    """The worst max|y - exact| / rms(exact), and the worst rms(y - exact) / rms(exact), over
+    the outputs of each run (in the order of `exact`'s) and the runs."""
+    worst, typical = 0.0, 0.0
+    for outputs, expected in zip(runs, exact):
+        for got, want in zip(outputs, expected):
             got = np.asarray(got).astype(np.float64)
             if got.size == 0:  # a merged decoder's present of the branch not taken
                 continue

@@ -95,14 +95,14 @@ def float32_twin(model: onnx.ModelProto) -> onnx.ModelProto:
     for value in graph.input:
         if _is_float16(value):
             inner = tensors(f"{value.name}{EDGE_TAG}")
-            _read_as(graph, value.name, inner)
+            ir.read_as(graph, value.name, inner)
             entering.append(_edge(value.name, inner, TensorProto.FLOAT, nodes(f"{inner}_cast")))
             graph.value_info.append(_in_float32_type(value, inner))
     leaving = []
     for value in graph.output:
         if _is_float16(value):
             inner = tensors(f"{value.name}{EDGE_TAG}")
-            _read_as(graph, value.name, inner)
+            ir.read_as(graph, value.name, inner)
             _made_as(graph, value.name, inner)
             leaving.append(_edge(inner, value.name, TensorProto.FLOAT16, nodes(f"{inner}_cast")))
             graph.value_info.append(_in_float32_type(value, inner))
@@ -146,9 +146,9 @@ def edges_dropped(model: onnx.ModelProto) -> int:
             continue  # not an edge, or a Cast still: a float32 node beside the edge
         source, target = node.input[0], node.output[0]
         if source in inputs and EDGE_TAG in target:  # an input's
-            _read_as(graph, target, source)
+            ir.read_as(graph, target, source)
         elif target in outputs and EDGE_TAG in source:  # an output's
-            _read_as(graph, source, target)
+            ir.read_as(graph, source, target)
             _made_as(graph, source, target)
         else:
             continue
@@ -197,13 +197,6 @@ def _edge(source: str, target: str, to: int, name: str) -> onnx.NodeProto:
 
 def _cast_to(node: onnx.NodeProto) -> int:
     return next(attribute.i for attribute in node.attribute if attribute.name == "to")
-
-
-def _read_as(graph: onnx.GraphProto, old: str, new: str) -> None:
-    for node in graph.node:
-        for position, name in enumerate(node.input):
-            if name == old:
-                node.input[position] = new
 
 
 def _made_as(graph: onnx.GraphProto, old: str, new: str) -> None:

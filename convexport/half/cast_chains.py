@@ -17,7 +17,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto
 
-from ..ir import proto_subgraphs
+from ..ir import proto_subgraphs, read_as
 from .slots import TYPE_TAGS
 
 WIDENS = {
@@ -90,7 +90,7 @@ def _merged(graph, types, first: onnx.NodeProto, between: list[onnx.NodeProto], 
     types[first.output[0]] = target
     if types.get(first.input[0]) != target or first.output[0] in {value.name for value in graph.output}:
         return 1
-    _read_as(graph, first.output[0], first.input[0])
+    read_as(graph, first.output[0], first.input[0])
     drop_value_info(graph, {first.output[0]})
     graph.node.remove(first)
     return 2
@@ -105,18 +105,10 @@ def _renamed_for(graph, cast: onnx.NodeProto, target: int) -> None:
     if any(new in node.output for node in graph.node):
         return
     cast.output[0], cast.name = new, f"{new}__cast"
-    _read_as(graph, old, new)
+    read_as(graph, old, new)
     for value in graph.value_info:
         if value.name == old:
             value.name = new
-
-
-def _read_as(graph, old: str, new: str) -> None:
-    """Every node that read `old` reads `new`."""
-    for node in graph.node:
-        for position, name in enumerate(node.input):
-            if name == old:
-                node.input[position] = new
 
 
 def _read_inside(node: onnx.NodeProto) -> set[str]:

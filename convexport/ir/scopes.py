@@ -59,6 +59,14 @@ def proto_outer_reads(graph: onnx.GraphProto) -> set[str]:
     return read - defined
 
 
+def read_as(graph: onnx.GraphProto, old: str, new: str) -> None:
+    """Every node of `graph`'s own node list that read `old` reads `new`, in place."""
+    for node in graph.node:
+        for position, name in enumerate(node.input):
+            if name == old:
+                node.input[position] = new
+
+
 def read_outer_as(graph: onnx.GraphProto, renamed: dict[str, str]) -> None:
     """`graph`'s reads of the outer scope's tensors (proto_outer_reads) renamed as `renamed`
     says, in place, in its subgraphs too (a name a scope defines itself is its own there)."""
