@@ -87,6 +87,15 @@ LibraryOpt = Annotated[
 NoPerOpOpt = Annotated[
     bool, typer.Option("--no-per-op", help="Time runs and memory only: no pass for the time per op type.")
 ]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        min=1,
+        help="ONNX Runtime's intra-op threads for every timing and the choice made from it (default: ONNX "
+        "Runtime's, one per physical core; a server running one request per core deploys with 1).",
+    ),
+]
 TrustOpt = Annotated[
     bool, typer.Option("--trust-pickle", help="Allow a pickled nn.Module (.pt/.pth); unpickling runs code.")
 ]
@@ -115,6 +124,7 @@ def optimize(
         str, typer.Option("--strategy", help="all | cost | measure (all: every exact rewrite, whatever it costs).")
     ] = "cost",
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda (profiling).")] = "auto",
+    threads: ThreadsOpt = None,
     report: Annotated[Path | None, typer.Option("--report", help="Write the JSON report here.")] = None,
     html: Annotated[Path | None, typer.Option("--html", help="Write an HTML report here.")] = None,
     no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip validation (not recommended).")] = False,
@@ -169,10 +179,7 @@ def optimize(
     ] = None,
 ):
     """Export MODEL, fold its linear structure, validate, profile and write the result."""
-    from . import pipeline
     from .options import OptimizeOptions
-    from .report import write_json
-    from .report_sections import print_explanations, print_optimize_summary, write_html
 
     def run():
         reports = [("--report", report), ("--html", html)]
@@ -181,12 +188,16 @@ def optimize(
         _check_outputs([model_file(model), inputs or input_data], [("-o", output), *reports])
         try:
             with _progress(quiet) as progress:
+                progress("loading")  # the first line, before the libraries of the stages are imported
+                from . import pipeline
+
                 options = OptimizeOptions(
                     inputs=input or [],
                     output=output,
                     rules=rules or [],
                     strategy=strategy,
                     device=device,
+                    threads=threads,
                     validate=not no_validate,
                     profile=not no_profile,
                     per_op=not no_per_op,
@@ -209,12 +220,18 @@ def optimize(
                 )
                 result = pipeline.optimize(model, options=options)
         except ValidationError as exc:
+            from .report import write_json
+            from .report_sections import write_html
+
             if exc.report is not None:
                 if report is not None:
                     write_json(exc.report, report)
                 if html is not None:
                     write_html(exc.report, html)
             raise
+        from .report import write_json
+        from .report_sections import print_explanations, print_optimize_summary, write_html
+
         if report is not None:
             write_json(result.report, report)
         if html is not None:
@@ -300,13 +317,15 @@ def profile(
     model: Annotated[Path, typer.Argument(help="An ONNX model.")],
     device: Annotated[str, typer.Option("--device")] = "auto",
     runs: Annotated[
-        int | None, typer.Option("--runs", help="Timed runs (default: about 2 s worth, 5 to 1000).")
+        int | None,
+        typer.Option("--runs", help="Timed runs (default: until the median's 95% interval is within ±2%, or 1 s)."),
     ] = None,
     warmup: Annotated[int, typer.Option("--warmup")] = 3,
     report: Annotated[Path | None, typer.Option("--report")] = None,
     input: InputOpt = None,
     custom_ops_library: LibraryOpt = None,
     no_per_op: NoPerOpOpt = False,
+    threads: ThreadsOpt = None,
 ):
     """Time an ONNX model on ONNX Runtime."""
     from .input_domains import sized_by_running
@@ -329,7 +348,13 @@ def profile(
         with custom_op_libraries(custom_ops_library or []):
             specs = sized_by_running(onnx_model, specs)  # an image's dynamic dims, as the model takes them
             measured = profile_models(
-                {"model": onnx_model}, specs, resolve_device(device), runs, warmup, per_op=not no_per_op
+                {"model": onnx_model},
+                specs,
+                resolve_device(device),
+                runs,
+                warmup,
+                per_op=not no_per_op,
+                threads=threads,
             )
         if report is not None:
             write_json({"schema_version": SCHEMA_VERSION, **measured}, report)
@@ -340,10 +365,16 @@ def profile(
         ops = ""
         if "op_time_ms" in entry:
             ops = "; ms per op type: " + ", ".join(f"{op} {ms:.3f}" for op, ms in list(entry["op_time_ms"].items())[:5])
+            coverage = entry.get("op_time_coverage")
             if not entry["op_times_trusted"]:
-                ops += f" (these add up to {entry['op_time_coverage']:.0%} of the latency: not where its time goes)"
+                ops += (
+                    f" (these add up to {coverage:.0%} of a profiled run: not where its time goes)"
+                    if coverage
+                    else " (not checked against a profiled run)"
+                )
         stdout.print(
-            f"{model} on {measured['provider']}: median {latency['median']:.3f} ms, p90 {latency['p90']:.3f} ms "
+            f"{model} on {measured['provider']}: median {latency['median']:.3f} ms "
+            f"({latency['median_low']:.3f}-{latency['median_high']:.3f}, 95% interval), p90 {latency['p90']:.3f} ms "
             f"over {measured['runs']} runs, {entry['throughput_per_s']:.1f} samples/s, peak memory "
             f"{entry['peak_memory_bytes'] / 2**20:.1f} MiB{ops}",
             markup=False,

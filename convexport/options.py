@@ -22,6 +22,9 @@ class OptimizeOptions:
     rules: Sequence[str | Path] | str | Path = ()  # --rules: rule files or folders (one or several)
     strategy: str = "cost"  # all | cost | measure (exact: all's old name)
     device: str = "auto"  # auto | cpu | cuda: where the model will run (cost, measure, profile)
+    # --threads: ONNX Runtime's intra-op threads in every timing and the choice it makes (the
+    # profile, --strategy measure); None: ONNX Runtime's default, one per physical core
+    threads: int | None = None
     validate: bool = True
     profile: bool = True
     per_op: bool = True  # False (--no-per-op): the profile times runs and memory only, no time per op type

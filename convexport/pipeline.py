@@ -19,6 +19,7 @@ from .export import export_model
 from .files import check_paths
 from .inputs import InputSpec, input_specs
 from .options import OPTION_NAMES, OptimizeOptions
+from .profile import timing_threads
 from .report import plural
 from .report_types import OptimizeReport
 from .runtime import custom_op_libraries
@@ -88,7 +89,12 @@ def optimize(
         options = OptimizeOptions(**given, **keywords)
     elif keywords or any(not _is_default(name, value) for name, value in given.items()):
         raise TypeError("optimize(): give an OptimizeOptions or the options as arguments, not both")
-    with in_callers_words(), _only_convexport_errors(), custom_op_libraries(as_list(options.custom_ops_libraries)):
+    with (
+        in_callers_words(),
+        _only_convexport_errors(),
+        custom_op_libraries(as_list(options.custom_ops_libraries)),
+        timing_threads(options.threads),
+    ):
         return _optimize(model, options)
 
 
@@ -153,6 +159,17 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
     if options.profile:
         read_tf32 = functools.partial(check.record_tf32_effect, report["validation"], outcome.model, tf32_sample)
         measure.profiled(graph.reference, outcome.model, runs, request, report, read_tf32 if tf32_sample else None)
+        faster = measure.faster_candidate(graph.reference, rewritten, runs, request, report)
+        if faster is not None:  # the whole rewrite is slower on the device: the fastest graph instead
+            outcome.model = faster
+            stage_report.restate_after(report, faster)
+            if options.validate:
+                check.checked(graph, rewritten, runs, request, exported.torch_source, report)
+            report["profile"] = None
+            if report["speed_choice"]["written_as_given"]:
+                report["profile_skipped"] = "every candidate was slower than the model as given, which is written"
+            else:
+                measure.profiled(graph.reference, faster, runs, request, report)
     if tf32_sample and not check.tf32_effect_recorded(report["validation"]):  # not profiled, or skipped
         say("validating on cuda", "TF32's effect")
         check.record_tf32_effect(report["validation"], outcome.model, tf32_sample)

@@ -10,6 +10,10 @@ from collections.abc import Callable
 
 from .options import Progress
 
+# When the command line began (console.py), before its libraries were imported: optimize's
+# first step and its total count from there. None under the Python API (from the call).
+COMMAND_BEGAN: float | None = None
+
 
 class Steps:
     """The optimize steps as they go: each one announced to `progress` (a callable taking the
@@ -18,13 +22,16 @@ class Steps:
     def __init__(self, progress: Progress | None):
         self.progress = progress
         self.seconds: dict[str, float] = {}
-        self.began = self.current_start = time.perf_counter()
+        global COMMAND_BEGAN
+        self.began = self.current_start = COMMAND_BEGAN if COMMAND_BEGAN is not None else time.perf_counter()
+        COMMAND_BEGAN = None  # once: a later call in the same process counts from its own start
         self.current: str | None = None
 
     def start(self, step: str, note: str | None = None) -> None:
         if step != self.current:
             self._close()
-            self.current, self.current_start = step, time.perf_counter()
+            # the first step from the start: a command's imports are its loading
+            self.current, self.current_start = step, self.began if self.current is None else time.perf_counter()
         if self.progress is not None:
             self.progress(step if note is None else f"{step} ({note})")
 

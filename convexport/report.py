@@ -214,14 +214,37 @@ def device_check_line(on_device: dict) -> str:
 
 
 def speed_line(profile: dict) -> str:
-    """The latency verdict in words: a speedup within the timings' noise is no change."""
-    noise = f"noise ±{profile['noise']:.0%}"
-    if profile.get("verdict") == "unchanged graph":
-        return f"speed: unchanged graph (nothing folded); {profile['speedup']:.2f}x is the timing noise"
-    if profile.get("verdict") == "no measurable change":
-        return f"speed: no measurable change ({profile['speedup']:.2f}x, {noise}) on {profile['provider']}"
-    colour = "green" if profile["speedup"] > 1 else "red"
-    return f"speedup: [{colour}]{profile['speedup']:.2f}x[/{colour}] ({noise}) on {profile['provider']}"
+    """The latency verdict in words: faster or slower only where the whole paired interval says
+    so, with the interval's larger side as ± and what was timed (pairs, threads)."""
+    low, high = profile["speedup_interval"]
+    pairs = profile["paired"]["pairs"]
+    timed = f"{pairs} pairs" if pairs else "timed apart"
+    threads = profile.get("threads")
+    where = f"{profile['provider']}, " + (plural(threads, "thread") if threads else "ONNX Runtime's default threads")
+    if profile["verdict"] == "no measurable change":
+        interval = f"95% interval {low:.2f}-{high:.2f}x"
+        return f"speed: no measurable change ({profile['speedup']:.2f}x, {interval}, {timed}) on {where}"
+    if profile["verdict"] == "faster":
+        said = f"[green]{profile['speedup']:.2f}x faster[/green]"
+    else:
+        said = f"[red]{1 / profile['speedup']:.2f}x slower[/red]"
+    return f"speed: {said} (±{profile['noise']:.1%}, {timed}) on {where}"
+
+
+def dropped_for_speed_line(report: dict) -> str | None:
+    """What was left out because the whole rewrite was slower, or None."""
+    choice = report.get("speed_choice")
+    if not choice:
+        return None
+    whole = choice["all_rewrites"]
+    every = f"every rewrite timed {whole['speedup']:.2f}x ({whole['low']:.2f}-{whole['high']:.2f})"
+    if choice["written_as_given"]:
+        return f"written as given: {every}, and no subset of them was faster"
+    dropped = report.get("dropped_for_speed", [])
+    counts = Counter(rewrite["rule"] for rewrite in dropped)
+    left_out = ", ".join(f"{rule} x{count}" for rule, count in counts.items())
+    without = f"{dropped[0]['speedup_without']:.2f}x without them" if dropped else "the rest faster"
+    return f"dropped for speed: {left_out} ({every}; {without})"
 
 
 # A first run this long is worth a line: a deployment pays it in every new session (on CUDA,

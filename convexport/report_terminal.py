@@ -12,6 +12,7 @@ from rich.table import Table
 from .low_rank import summary_line as low_rank_summary
 from .report import (
     device_check_line,
+    dropped_for_speed_line,
     export_check_line,
     first_run_line,
     growth_line,
@@ -165,7 +166,10 @@ def profile_skipped(report: OptimizeReport, console: Console) -> None:
 
 
 def speed(report: OptimizeReport, console: Console) -> None:
-    """The speedup against its noise, a long first run, more peak memory."""
+    """The speedup and its interval, what was dropped for speed, a long first run, more peak memory."""
+    dropped = dropped_for_speed_line(report)
+    if dropped:
+        console.print(dropped, markup=False)
     profile = report.get("profile")
     if not profile:
         return

@@ -19,7 +19,7 @@ added, its major number for one removed, renamed or retyped.
 
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
-SCHEMA_VERSION = "1.4"
+SCHEMA_VERSION = "1.5"
 
 
 # -- what several sections share ------------------------------------------------------------
@@ -373,6 +373,8 @@ class Latency(TypedDict):
     p90: Annotated[float, "90th percentile"]
     min: Annotated[float, "fastest run"]
     mean: Annotated[float, "mean"]
+    median_low: NotRequired[Annotated[float, "lower end of the median's 95% interval (order statistics)"]]
+    median_high: NotRequired[Annotated[float, "upper end of the median's 95% interval"]]
 
 
 class ProfiledModel(TypedDict):
@@ -385,8 +387,10 @@ class ProfiledModel(TypedDict):
     op_time_ms: NotRequired[Annotated[dict[str, float], "milliseconds per op type in a run (ORT's profiler)"]]
     profiled_run_ms: NotRequired[Annotated[float, "a profiled run's milliseconds"]]
     op_time_total_ms: NotRequired[Annotated[float, "the per-op times summed"]]
-    op_time_coverage: NotRequired[Annotated[float, "that sum over the latency"]]
-    op_times_trusted: NotRequired[Annotated[bool, "whether the sum is within 20% of the latency"]]
+    op_time_coverage: NotRequired[Annotated[float | None, "that sum over the profiled runs' own median"]]
+    op_times_trusted: NotRequired[
+        Annotated[bool, "whether the sum is within 10% of the profiled runs' (never on CUDA: host launch times)"]
+    ]
     peak_memory_bytes: NotRequired[Annotated[int, "peak memory of the run: resident set (CPU) or device memory"]]
     peak_rss_bytes: NotRequired[Annotated[int, "peak resident set of the process that ran it"]]
 
@@ -401,7 +405,22 @@ class Timing(TypedDict):
     warmup: Annotated[int, "most warm-up runs of a model"]
     batch: Annotated[int, "samples per run"]
     timed_s: Annotated[float, "seconds of timed runs"]
+    threads: NotRequired[Annotated[int | None, "ONNX Runtime's intra-op threads (null: its default, one per core)"]]
+    interval_target: NotRequired[Annotated[float, "the interval's half-width the runs aimed for, relative"]]
     one_at_a_time: NotRequired[Annotated[bool, "a large model's sessions made one after the other"]]
+
+
+class Paired(TypedDict):
+    """Two models timed against each other in pairs of runs (paired_timer.py)."""
+
+    speedup: Annotated[float, "the median over the pairs of before's run time over after's"]
+    low: Annotated[float, "lower end of its 95% interval"]
+    high: Annotated[float, "upper end of its 95% interval"]
+    pairs: Annotated[int, "pairs timed (0: a large model's, timed apart)"]
+    stopped: Annotated[
+        Literal["interval", "budget", "runs", "apart"],
+        "interval: narrow enough; budget: time ran out first; runs: as many as asked; apart: timed one after the other",
+    ]
 
 
 class Profile(Timing):
@@ -409,13 +428,47 @@ class Profile(Timing):
 
     before: Annotated[ProfiledModel, "the original"]
     after: Annotated[ProfiledModel, "the optimized graph"]
-    speedup: Annotated[float | None, "before's median latency over after's"]
-    noise: Annotated[float, "half-width of a 95% interval of that ratio"]
+    paired: Annotated[Paired, "the two timed against each other"]
+    speedup: Annotated[float | None, "the paired speedup of after over before"]
+    speedup_interval: Annotated[list[float], "its 95% interval, [low, high]"]
+    noise: Annotated[float, "the interval's larger side, relative to the speedup"]
     verdict: Annotated[
-        Literal["faster", "slower", "no measurable change", "unchanged graph"], "the speedup read against its noise"
+        Literal["faster", "slower", "no measurable change"], "faster or slower where the whole interval says so"
     ]
     memory_ratio: NotRequired[Annotated[float, "after's peak memory over before's"]]
     memory_regression: NotRequired[Annotated[bool, "after's peak memory over 1.05 before's"]]
+
+
+class TimedRatio(TypedDict):
+    """A speedup over the original with its 95% interval."""
+
+    speedup: Annotated[float, "the paired speedup"]
+    low: Annotated[float, "lower end of its interval"]
+    high: Annotated[float, "upper end"]
+
+
+class SpeedCandidate(TimedRatio):
+    """A graph that leaves out some rules' rewrites, timed against the original."""
+
+    dropped: Annotated[list[str], "the rules whose rewrites it leaves out"]
+    nodes: Annotated[int, "its nodes"]
+    as_given: NotRequired[Annotated[bool, "the model as given (its speedup 1 by definition, not timed)"]]
+
+
+class SpeedChoice(TypedDict):
+    """What was written instead of the whole rewrite, which the profile found slower."""
+
+    all_rewrites: Annotated[TimedRatio, "the whole rewrite's paired speedup"]
+    candidates: Annotated[list[SpeedCandidate], "every graph timed, and the model as given"]
+    chosen: Annotated[list[str], "the rules whose rewrites the written graph leaves out"]
+    written_as_given: Annotated[bool, "the model as given was the fastest"]
+
+
+class DroppedRewrite(Rewrite):
+    """A rewrite left out for speed."""
+
+    speedup_without: Annotated[float, "the written graph's paired speedup"]
+    speedup_with_all: Annotated[float, "the whole rewrite's"]
 
 
 class Environment(TypedDict):
@@ -469,7 +522,9 @@ class OptimizeReport(TypedDict):
     explain_modules: NotRequired[Annotated[dict[str, str], "--explain: each node's module"]]
     made_up_inputs: NotRequired[Annotated[str, "why the random inputs were not used"]]
     precision: NotRequired[Annotated[Precision, "--dtype fp16's choices and check"]]
-    profile_skipped: NotRequired[Annotated[str, "why the profile could not run"]]
+    profile_skipped: NotRequired[Annotated[str, "why the profile did not run (an unchanged graph, no kernel)"]]
+    speed_choice: NotRequired[Annotated[SpeedChoice, "where the whole rewrite was slower: what was written"]]
+    dropped_for_speed: NotRequired[Annotated[list[DroppedRewrite], "the rewrites left out because they cost"]]
     output_weights: NotRequired[Annotated[str | None, "the weights file beside output (null: the model holds them)"]]
     timings_s: NotRequired[Annotated[dict[str, float], "seconds per step, and total (absent where it failed)"]]
 

@@ -16,6 +16,7 @@ is made. The folds build through one builder over them, convexport.folds.builder
     disk.py      a large model's weights written beside its output; the model handed to ORT as a file
     provenance.py  what the exporter wrote about nodes, values and scopes, kept; the modules a rewrite folded
     folding.py   constant folding before the rules (onnxscript's) and between them (one node at a time)
+    same.py      whether two models compute alike node for node
 """
 
 from onnx_graphsurgeon import Graph, Node, Tensor, Variable
@@ -57,6 +58,7 @@ from .query import (
     onnx_opset,
     tensor_dtype,
 )
+from .same import same_computation
 from .scopes import (
     all_graphs,
     cleaned_up,
@@ -125,6 +127,7 @@ __all__ = [
     "numpy_dtype",
     "onnx_opset",
     "tensor_dtype",
+    "same_computation",
     "all_graphs",
     "cleaned_up",
     "node_subgraphs",

@@ -1,7 +1,8 @@
 """`--strategy measure`: a candidate rewrite's old nodes and its new nodes, each cut out as a
 small ONNX model (the tensors they read from the rest of the graph become inputs, static
-shapes with symbolic dims as 1), timed side by side on the target device with ONNX Runtime,
-block-interleaved as `profile` does, for about MEASURE_BUDGET_S each."""
+shapes with symbolic dims as 1), timed against each other in pairs on the target device with
+ONNX Runtime, as the profile times whole graphs (paired_timer.py), for at most about
+MEASURE_BUDGET_S."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ class Unmeasurable(Exception):
 def measure(
     old_nodes: list[ir.Node], old_outputs: list, new_nodes: list[ir.Node], new_outputs: list, opset: int, device: str
 ) -> dict:
-    """{"before_ms", "after_ms", "runs"}: medians of the two cut-out models."""
+    """{"before_ms", "after_ms", "runs", "pairs", "speedup", "low", "high"}: the two cut-out models'
+    medians, and the paired speedup of the new nodes over the old with its 95% interval."""
     old_inputs = _outside_inputs(old_nodes)
     inputs = old_inputs + [t for t in _outside_inputs(new_nodes) if all(t is not seen for seen in old_inputs)]
     specs = [InputSpec(t.name, _static(t), str(tensor_dtype(t))) for t in inputs]
@@ -36,7 +38,11 @@ def measure(
         timed = time_models(models, random_inputs(specs, seed=0), device, MEASURE_BUDGET_S)
     except ConvexportError as exc:  # no session, or no run: a 3x3 conv without padding at size 1, say
         raise Unmeasurable(str(exc)) from exc
-    return {"before_ms": timed["before"], "after_ms": timed["after"], "runs": timed["runs"]}
+    return {
+        "before_ms": timed["before"],
+        "after_ms": timed["after"],
+        **{key: timed[key] for key in ("runs", "pairs", "speedup", "low", "high")},
+    }
 
 
 def _outside_inputs(nodes: list[ir.Node]) -> list[ir.Variable]:

@@ -1,19 +1,33 @@
-"""Stage 6: the original and the optimized graph profiled side by side on the device, and the
-speedup judged against the timings' noise."""
+"""Stage 6: the original and the optimized graph timed against each other on the device, the
+speedup judged by its paired interval (paired_timer.py); and where the whole rewrite is slower
+there, the fastest of the graphs that leave out the rewrites that cost, the original among them.
+
+A graph the rewrite left as it was is not timed at all: nothing changed. Where the optimized
+graph is measurably slower (the whole interval below 1) and the strategy is not `all`, the
+candidates are the rewrite with one rule's rewrites left out (each rule that fired), with half
+of those rules left out (either half), and with every rule left out (constant folding and
+clean-ups alone), each timed against the original in the same paired way; the original as
+given is the last candidate, at a speedup of 1 by definition. The candidate with the highest
+speedup whose interval does not lie below 1 is written, and the rewrites it leaves out are
+reported under `dropped_for_speed` with the ratio measured."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import onnx
 
+from .. import ir
 from ..profile import profile_models
 from ..report_types import OptimizeReport
 from ..runtime import MissingKernel
 from .inputs import RunInputs
 from .report import REGRESSION_RATIO
 from .request import Request
+from .rewrite import Rewritten
+
+MAX_CANDIDATES = 6  # graphs timed beside the original, after the whole rewrite
 
 
 def profiled(
@@ -25,8 +39,11 @@ def profiled(
     after_timing: Callable[[object], None] | None = None,
 ) -> None:
     """report["profile"], or report["profile_skipped"] where the device has no kernel for a
-    graph. `after_timing` is handed the optimized graph's session once it is timed (TF32's
-    effect is read on it: stages/check.py)."""
+    graph or the graph is unchanged. `after_timing` is handed the optimized graph's session once
+    it is timed (TF32's effect is read on it: stages/check.py)."""
+    if ir.same_computation(original, optimized):
+        report["profile_skipped"] = "the optimized graph computes as the original does, node for node: nothing to time"
+        return
     device = request.device
     say = request.steps.start
     say(f"profiling on {device}")
@@ -35,42 +52,111 @@ def profiled(
             {"before": original, "after": optimized},
             inputs.specs,
             device,
-            feeds=inputs.real_data[0] if inputs.made_up_runs == 0 else None,
+            feeds=_feeds(inputs),
             per_op=request.options.per_op,
-            progress=lambda done, total: say(f"profiling on {device}", f"{done}/{total} runs"),
+            progress=lambda done, _: say(f"profiling on {device}", f"{done} pairs"),
             after_timing={"after": after_timing} if after_timing else None,
+            threads=request.options.threads,
         )
     except MissingKernel as exc:
         report["profile_skipped"] = str(exc)
         return
-    if measured:
-        report["profile"] = judged_profile(measured, unchanged=optimized is original)
+    report["profile"] = judged_profile(measured)
 
 
-def judged_profile(measured: dict, unchanged: bool) -> dict:
-    """The profile with its speedup, the noise of that ratio and a verdict a person can read.
-    `noise` is the half-width of a 95% interval of the ratio of the two medians: each median's
-    relative standard error is 1.253 * sigma / sqrt(runs) / median, sigma read from the
-    interquartile range (IQR / 1.349, robust to the odd slow run). A speedup within it is "no
-    measurable change" (never shown as a slowdown), as is an unchanged graph."""
-    before, after = measured["before"]["latency_ms"], measured["after"]["latency_ms"]
-    speedup = before["median"] / after["median"] if after["median"] > 0 else None
-    runs = max(int(measured.get("runs") or 1), 1)
+def _feeds(inputs: RunInputs) -> dict | None:
+    return inputs.real_data[0] if inputs.made_up_runs == 0 else None
 
-    def relative_error(latency: dict) -> float:
-        spread = latency.get("p75", latency["p90"]) - latency.get("p25", latency["p10"])
-        return 1.253 * spread / 1.349 / math.sqrt(runs) / latency["median"] if latency["median"] > 0 else 0.0
 
-    noise = 1.96 * math.hypot(relative_error(before), relative_error(after))
-    if unchanged:
-        verdict = "unchanged graph"
-    elif speedup is None or abs(speedup - 1) <= noise:
-        verdict = "no measurable change"
+def judged_profile(measured: dict) -> dict:
+    """The profile with its speedup, the interval of that ratio and a verdict a person can
+    read: faster or slower where the whole 95% interval of the paired ratio says so, else no
+    measurable change. `noise` is the interval's larger side, relative to the speedup."""
+    paired = measured["paired"]
+    speedup, low, high = paired["speedup"], paired["low"], paired["high"]
+    noise = max(speedup - low, high - speedup) / speedup if speedup > 0 else float("inf")
+    if low > 1:
+        verdict = "faster"
+    elif high < 1:
+        verdict = "slower"
     else:
-        verdict = "faster" if speedup > 1 else "slower"
-    profile = {**measured, "speedup": speedup, "noise": noise, "verdict": verdict}
+        verdict = "no measurable change"
+    profile = {**measured, "speedup": speedup, "speedup_interval": [low, high], "noise": noise, "verdict": verdict}
     peak_before, peak_after = measured["before"].get("peak_memory_bytes"), measured["after"].get("peak_memory_bytes")
     if peak_before and peak_after:
         profile["memory_ratio"] = peak_after / peak_before
         profile["memory_regression"] = peak_after > REGRESSION_RATIO * peak_before
     return profile
+
+
+@dataclass
+class Candidate:
+    """A graph that leaves out the rewrites of `dropped` (rule names), timed against the original."""
+
+    dropped: tuple[str, ...]
+    model: onnx.ModelProto
+    speedup: float = 1.0
+    low: float = 1.0
+    high: float = 1.0
+
+
+def faster_candidate(
+    original: onnx.ModelProto, rewritten: Rewritten, inputs: RunInputs, request: Request, report: OptimizeReport
+) -> onnx.ModelProto | None:
+    """The graph to write instead of the whole rewrite, where the profile found it slower (module
+    doc); None where nothing is to change. Records report["speed_choice"] and moves the rewrites
+    it leaves out from report["rewrites"] to report["dropped_for_speed"]."""
+    profile = report.get("profile")
+    if not profile or profile["verdict"] != "slower" or request.strategy == "all" or request.dtype != "float32":
+        return None
+    say = request.steps.start
+    fired = list(dict.fromkeys(rewrite["rule"] for rewrite in report["rewrites"]))
+    timed: list[Candidate] = []
+    for dropped in _drop_sets(fired):
+        say("choosing for speed", f"without {', '.join(dropped)}")
+        model = rewritten.without(frozenset(dropped), original)
+        if ir.same_computation(original, model):
+            continue
+        measured = profile_models(
+            {"before": original, "after": model}, inputs.specs, request.device, feeds=_feeds(inputs),
+            memory=False, per_op=False, threads=request.options.threads,
+        )["paired"]  # fmt: skip
+        timed.append(Candidate(tuple(dropped), model, measured["speedup"], measured["low"], measured["high"]))
+    given = Candidate(tuple(fired), original)
+    chosen = max([c for c in timed if c.high >= 1] + [given], key=lambda c: c.speedup)
+    low, high = profile["speedup_interval"]
+    whole = {"speedup": profile["speedup"], "low": low, "high": high}
+    report["speed_choice"] = {
+        "all_rewrites": whole,
+        "candidates": [_entry(c) for c in timed] + [{**_entry(given), "as_given": True}],
+        "chosen": list(chosen.dropped),
+        "written_as_given": chosen is given,
+    }
+    dropped = set(chosen.dropped)
+    report["dropped_for_speed"] = [
+        {**rewrite, "speedup_without": chosen.speedup, "speedup_with_all": whole["speedup"]}
+        for rewrite in report["rewrites"]
+        if rewrite["rule"] in dropped
+    ]
+    report["rewrites"] = [rewrite for rewrite in report["rewrites"] if rewrite["rule"] not in dropped]
+    return chosen.model
+
+
+def _entry(candidate: Candidate) -> dict:
+    return {
+        "dropped": list(candidate.dropped),
+        "nodes": len(candidate.model.graph.node),
+        "speedup": candidate.speedup,
+        "low": candidate.low,
+        "high": candidate.high,
+    }
+
+
+def _drop_sets(fired: list[str]) -> list[tuple[str, ...]]:
+    """The rule sets to leave out, in order: each rule alone, each half, all of them; at most
+    MAX_CANDIDATES, the single rules cut first."""
+    singles = [(rule,) for rule in fired] if len(fired) > 1 else []
+    middle = len(fired) // 2
+    halves = [tuple(fired[:middle]), tuple(fired[middle:])] if len(fired) > 2 else []
+    wider = [*halves, tuple(fired)]
+    return singles[: max(0, MAX_CANDIDATES - len(wider))] + wider

@@ -53,6 +53,9 @@ def read_request(options: OptimizeOptions) -> Request:
         raise ConvexportError(f"--strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
     dtype, io_dtype = _type_names(options.dtype, options.io_dtype)
     device = resolve_device(options.device)
+    if options.threads is not None and (isinstance(options.threads, bool) or not isinstance(options.threads, int)
+                                        or options.threads < 1):  # fmt: skip
+        raise ConvexportError(f"--threads {options.threads!r}: expected a whole number of at least 1")
     specs = input_specs(inputs)
     return Request(
         options, specs, examples, as_list(options.rules), as_list(options.disable_rules), as_list(options.explain),
