@@ -127,7 +127,7 @@ def time_pair(
     samples: dict[str, list[float]] = {first: [], second: []}
     ratios: list[float] = []
     began = clock()
-    stopped = "budget"
+    stopped = ""
     while len(ratios) < (pairs or MAX_PAIRS):
         order = ((first, run_first), (second, run_second))
         medians = {}
@@ -139,15 +139,11 @@ def time_pair(
         if progress is not None:
             progress(len(ratios))
         if pairs is None and len(ratios) >= MIN_PAIRS:
-            low, high = median_interval(ratios)
-            middle = float(np.median(ratios))
-            if middle > 0 and max(middle - low, high - middle) <= target * middle:
-                stopped = "interval"
-                break
-            if clock() - began >= budget_s:
+            stopped = _stop(ratios, target, clock() - began >= budget_s)
+            if stopped:
                 break
     low, high = median_interval(ratios)
-    stopped = "runs" if pairs else stopped
+    stopped = "runs" if pairs else stopped or "budget"
     return PairedTiming(float(np.median(ratios)), low, high, len(ratios), block, stopped, clock() - began, samples)
 
 
@@ -168,20 +164,26 @@ def time_one(
     budget_s = TIMED_BUDGET_S if budget_s is None else budget_s
     samples: list[float] = []
     began = clock()
-    stopped = "budget"
+    stopped = ""
     while len(samples) < (fixed or MAX_PAIRS * block):
         samples.extend(_block(run, min(block, fixed - len(samples)) if fixed else block, lead, clock))
         if fixed is None and len(samples) >= max(least_runs, MIN_PAIRS * block):
-            low, high = median_interval(samples)
-            middle = float(np.median(samples))
-            if middle > 0 and max(middle - low, high - middle) <= target * middle:
-                stopped = "interval"
-                break
-            if clock() - began >= budget_s:
+            stopped = _stop(samples, target, clock() - began >= budget_s)
+            if stopped:
                 break
     low, high = median_interval(samples)
-    stopped = "runs" if fixed else stopped
+    stopped = "runs" if fixed else stopped or "budget"
     return SingleTiming(float(np.median(samples)), low, high, samples, stopped, clock() - began)
+
+
+def _stop(values: list[float], target: float, spent: bool) -> str:
+    """Why the runs stop now: "interval" (the median's interval within `target` of it),
+    "budget" (`spent`), or "" (go on)."""
+    low, high = median_interval(values)
+    middle = float(np.median(values))
+    if middle > 0 and max(middle - low, high - middle) <= target * middle:
+        return "interval"
+    return "budget" if spent else ""
 
 
 def _block(run: Callable[[], object], size: int, lead: bool, clock: Clock) -> list[float]:
