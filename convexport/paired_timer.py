@@ -88,7 +88,8 @@ class SingleTiming:
 def median_interval(values, confidence: float = CONFIDENCE) -> tuple[float, float]:
     """A distribution-free interval of the median of `values`: [v(k), v(n+1-k)] of the sorted
     values, k the largest for which a Binomial(n, 1/2) falls below k with probability at most
-    (1 - confidence) / 2. Fewer than six values give no 95% interval: (-inf, inf)."""
+    (1 - confidence) / 2. Fewer than six values have no 95% interval: their smallest and largest
+    (the widest there is: 94% for five values, 50% for two)."""
     ordered = sorted(values)
     n = len(ordered)
     tail = (1 - confidence) / 2
@@ -99,7 +100,7 @@ def median_interval(values, confidence: float = CONFIDENCE) -> tuple[float, floa
             break
         k += 1
     if k == 0:
-        return -math.inf, math.inf
+        return float(ordered[0]), float(ordered[-1])
     return float(ordered[k - 1]), float(ordered[n - k])
 
 

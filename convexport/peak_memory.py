@@ -48,16 +48,15 @@ def peak_resettable() -> bool:
 
 
 def measure(model_path: str, feeds_path: str, runs: int, threads: int = 0) -> dict:
-    from .profile import session_runner
     from .runtime import create_session
 
     with np.load(feeds_path) as data:
         feeds = {name: data[name] for name in data.files}
     peak_resettable()
     before_rss = _current_rss()
-    run = session_runner(create_session(model_path, "cpu", threads=threads or None), feeds, "cpu")
+    session = create_session(model_path, "cpu", threads=threads or None)
     for _ in range(runs):
-        run()
+        session.run(None, feeds)
     peak_rss = _peak_rss()
     return {"peak_rss_bytes": int(peak_rss), "peak_memory_bytes": int(max(peak_rss - before_rss, 0))}
 

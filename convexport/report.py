@@ -215,13 +215,15 @@ def device_check_line(on_device: dict) -> str:
 
 def speed_line(profile: dict) -> str:
     """The latency verdict in words: faster or slower only where the whole paired interval says
-    so, with the interval's larger side as ± and what was timed (pairs, threads)."""
-    low, high = profile["speedup_interval"]
-    pairs = profile["paired"]["pairs"]
+    so, with the interval's larger side as ± and what was timed (pairs, threads). A report of
+    schema 1.4 or older has no interval: its noise stands for it."""
+    noise = profile.get("noise", 0.0)
+    low, high = profile.get("speedup_interval") or (profile["speedup"] * (1 - noise), profile["speedup"] * (1 + noise))
+    pairs = profile.get("paired", {}).get("pairs", 0)
     timed = f"{pairs} pairs" if pairs else "timed apart"
     threads = profile.get("threads")
     where = f"{profile['provider']}, " + (plural(threads, "thread") if threads else "ONNX Runtime's default threads")
-    if profile["verdict"] == "no measurable change":
+    if profile["verdict"] in ("no measurable change", "unchanged graph"):
         interval = f"95% interval {low:.2f}-{high:.2f}x"
         return f"speed: no measurable change ({profile['speedup']:.2f}x, {interval}, {timed}) on {where}"
     if profile["verdict"] == "faster":

@@ -165,11 +165,14 @@ def profile_skipped(report: OptimizeReport, console: Console) -> None:
         console.print(f"profile: skipped: {report['profile_skipped']}", markup=False)
 
 
+def dropped_for_speed(report: OptimizeReport, console: Console) -> None:
+    line = dropped_for_speed_line(report)
+    if line:
+        console.print(line, markup=False)
+
+
 def speed(report: OptimizeReport, console: Console) -> None:
-    """The speedup and its interval, what was dropped for speed, a long first run, more peak memory."""
-    dropped = dropped_for_speed_line(report)
-    if dropped:
-        console.print(dropped, markup=False)
+    """The speedup and its interval, a long first run, more peak memory."""
     profile = report.get("profile")
     if not profile:
         return

@@ -428,12 +428,13 @@ class Profile(Timing):
 
     before: Annotated[ProfiledModel, "the original"]
     after: Annotated[ProfiledModel, "the optimized graph"]
-    paired: Annotated[Paired, "the two timed against each other"]
-    speedup: Annotated[float | None, "the paired speedup of after over before"]
-    speedup_interval: Annotated[list[float], "its 95% interval, [low, high]"]
+    paired: NotRequired[Annotated[Paired, "the two timed against each other (since 1.5)"]]
+    speedup: Annotated[float | None, "the paired speedup of after over before (before 1.5: of the medians)"]
+    speedup_interval: NotRequired[Annotated[list[float], "its 95% interval, [low, high] (since 1.5)"]]
     noise: Annotated[float, "the interval's larger side, relative to the speedup"]
     verdict: Annotated[
-        Literal["faster", "slower", "no measurable change"], "faster or slower where the whole interval says so"
+        Literal["faster", "slower", "no measurable change", "unchanged graph"],
+        "faster or slower where the whole interval says so (unchanged graph: before 1.5, now not timed)",
     ]
     memory_ratio: NotRequired[Annotated[float, "after's peak memory over before's"]]
     memory_regression: NotRequired[Annotated[bool, "after's peak memory over 1.05 before's"]]

@@ -41,9 +41,9 @@ def on_fake_cuda(monkeypatch):
     made, skew = [], {"cuda": 0.0}
 
     def session(model, device="cpu", optimize=True, profile_path=None, what="the model", tf32=True, search=True,
-                prepack=True):  # fmt: skip
+                prepack=True, threads=None):  # fmt: skip
         made.append((device, tf32, what))
-        real = create_session(model, "cpu", optimize, profile_path, what, tf32, prepack=prepack)
+        real = create_session(model, "cpu", optimize, profile_path, what, tf32, prepack=prepack, threads=threads)
         optimized = model.graph.node[0].op_type == "Conv" and len(model.graph.node) == 1
         return Skewed(real, skew["cuda"]) if device == "cuda" and optimized and skew["cuda"] else real
 
