@@ -181,6 +181,16 @@ def optimize(
     """Export MODEL, fold its linear structure, validate, profile and write the result."""
     from .options import OptimizeOptions
 
+    def write_reports(written: dict) -> None:
+        """--report and --html, of the run or of its failure (imported here: after the first line)."""
+        from .report import write_json
+        from .report_sections import write_html
+
+        if report is not None:
+            write_json(written, report)
+        if html is not None:
+            write_html(written, html)
+
     def run():
         reports = [("--report", report), ("--html", html)]
         if inputs is not None and input_data is not None:
@@ -220,22 +230,12 @@ def optimize(
                 )
                 result = pipeline.optimize(model, options=options)
         except ValidationError as exc:
-            from .report import write_json
-            from .report_sections import write_html
-
             if exc.report is not None:
-                if report is not None:
-                    write_json(exc.report, report)
-                if html is not None:
-                    write_html(exc.report, html)
+                write_reports(exc.report)
             raise
-        from .report import write_json
-        from .report_sections import print_explanations, print_optimize_summary, write_html
+        from .report_sections import print_explanations, print_optimize_summary
 
-        if report is not None:
-            write_json(result.report, report)
-        if html is not None:
-            write_html(result.report, html)
+        write_reports(result.report)
         if not quiet and not _is_stdout(report):  # the JSON is what stdout carries then
             print_optimize_summary(result.report, stdout)
             print_explanations(result.report, stdout)

@@ -63,6 +63,16 @@ class PairedTiming:
             return math.inf
         return max(self.speedup - self.low, self.high - self.speedup) / self.speedup
 
+    def entry(self) -> dict:
+        """The report's `paired`: speedup, low, high, pairs, stopped."""
+        return {
+            "speedup": self.speedup,
+            "low": self.low,
+            "high": self.high,
+            "pairs": self.pairs,
+            "stopped": self.stopped,
+        }
+
     @property
     def verdict(self) -> str:
         """faster or slower where the whole interval says so, else no measurable change."""
@@ -83,6 +93,18 @@ class SingleTiming:
     runs_ms: list[float]
     stopped: str
     timed_s: float
+
+
+def apart(before: SingleTiming, after: SingleTiming) -> dict:
+    """The report's `paired` for two models timed one after the other, not in pairs: the ratio
+    of their medians, its interval the ratio of their intervals (the widest it can be)."""
+    return {
+        "speedup": before.median_ms / after.median_ms,
+        "low": before.low_ms / after.high_ms,
+        "high": before.high_ms / after.low_ms,
+        "pairs": 0,
+        "stopped": "apart",
+    }
 
 
 def median_interval(values, confidence: float = CONFIDENCE) -> tuple[float, float]:

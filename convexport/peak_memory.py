@@ -22,14 +22,18 @@ import numpy as np
 
 
 class PeakWindow:
-    """The peak resident set's growth from `open()` to `close()` in this process (Linux)."""
+    """The peak resident set's growth from `opened()` to `close()` in this process (Linux)."""
 
-    def __init__(self):
+    def __init__(self, before: int):
+        self.before = before
+
+    @classmethod
+    def opened(cls) -> PeakWindow | None:
+        """A window from now, the heap's free memory given back first; None where the peak cannot be reset."""
         from . import heap
 
         heap.release()
-        self.supported = peak_resettable()
-        self.before = _current_rss()
+        return cls(_current_rss()) if peak_resettable() else None
 
     def close(self) -> dict:
         peak = _peak_rss()

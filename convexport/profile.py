@@ -53,7 +53,7 @@ from . import heap, ir
 from .errors import ConvexportError
 from .inputs import DEFAULT_DYNAMIC_SIZE, InputSpec, dynamic_dims_note, random_inputs
 from .ir import files_for_runtime, kept_from_serialisation
-from .paired_timer import TARGET, block_size, median_interval, time_one, time_pair
+from .paired_timer import TARGET, apart, block_size, median_interval, time_one, time_pair
 from .peak_memory import PeakWindow
 from .runtime import (
     CPU,
@@ -141,7 +141,7 @@ def profile_models(
 
     one_at_a_time = any(isinstance(m, onnx.ModelProto) and kept_from_serialisation(m) for m in models.values())
     sessions: dict[str, _Session] = {}
-    result: dict = {}
+    paired = None
     if one_at_a_time or len(models) == 1:  # a large model: never two sessions, each holding a model's weights
         alone = {}
         for label, model in models.items():
@@ -154,30 +154,16 @@ def profile_models(
         samples = {label: timing.runs_ms for label, timing in alone.items()}
         timed_s = sum(timing.timed_s for timing in alone.values())
         if len(models) == 2:
-            (first, a), (second, b) = alone.items()
-            result["paired"] = {
-                "speedup": a.median_ms / b.median_ms,
-                "low": a.low_ms / b.high_ms,
-                "high": a.high_ms / b.low_ms,
-                "pairs": 0,
-                "stopped": "apart",
-            }
+            paired = apart(*alone.values())
     else:
         sessions = {label: warmed(label, model) for label, model in models.items()}
         settled = max(session.settled_s for session in sessions.values())
         told = None if progress is None else lambda pairs: progress(pairs, 0)
-        paired = time_pair(
+        timing = time_pair(
             {label: session.run for label, session in sessions.items()}, settled, target, budget_s, told,
             pairs=None if runs is None else max(1, -(-runs // block_size(settled))),
         )  # fmt: skip
-        samples, timed_s = paired.runs_ms, paired.timed_s
-        result["paired"] = {
-            "speedup": paired.speedup,
-            "low": paired.low,
-            "high": paired.high,
-            "pairs": paired.pairs,
-            "stopped": paired.stopped,
-        }
+        samples, timed_s, paired = timing.runs_ms, timing.timed_s, timing.entry()
         for label, session in sessions.items():
             _release(session, after_timing.get(label))
     result = {
@@ -190,8 +176,9 @@ def profile_models(
         "batch": batch,
         "timed_s": round(timed_s, 3),
         "interval_target": target,
-        **result,
     }
+    if paired is not None:
+        result["paired"] = paired
     if one_at_a_time:
         result["one_at_a_time"] = True  # timed one after the other, not taking turns (see the module doc)
     for label, model in models.items():
@@ -202,7 +189,8 @@ def profile_models(
             "warmup_runs": sessions[label].warmup_runs,
             **sessions[label].measured,
         }
-        if memory and device != "cuda" and "peak_memory_bytes" not in entry:  # no peak to reset here: a process
+        # not measured in this process (a large model's weights in files, a peak macOS cannot reset): a process
+        if memory and device != "cuda" and "peak_memory_bytes" not in entry:
             memory_began = time.perf_counter()
             entry.update(_peak_memory(model, fed_as_declared(model, feeds), MEMORY_RUNS, threads))
             entry["phases_s"]["memory"] = time.perf_counter() - memory_began
@@ -254,11 +242,8 @@ def time_models(
     settled = max(session.settled_s for session in sessions.values())
     paired = time_pair({label: session.run for label, session in sessions.items()}, settled, budget_s=budget_s)
     return {
-        "pairs": paired.pairs,
+        **paired.entry(),
         "runs": min(len(samples) for samples in paired.runs_ms.values()),
-        "speedup": paired.speedup,
-        "low": paired.low,
-        "high": paired.high,
         **{label: float(np.median(samples)) for label, samples in paired.runs_ms.items()},
     }
 
@@ -268,19 +253,16 @@ def _warmed_session(model, label, feeds, device, warmup, hint, per_op, memory, t
     its warm-up, in that order (see the module doc). A model that cannot run on `feeds` fails
     in its first run, in one line."""
     what = f"the model profiled as {label!r}"
-    window = None
-    device_before = None
+    window = device_before = None
+    given = model
     if memory and device == "cuda":
         device_before = device_memory_used()
     elif memory and isinstance(model, onnx.ModelProto) and not kept_from_serialisation(model):
-        serialised = model.SerializeToString()  # before the window: the session's copy is counted, not this one
-        window = PeakWindow()
-        if not window.supported:
-            window = None
+        given = model.SerializeToString()  # before the window: the session's copy is counted, not this one
+        window = PeakWindow.opened()
     with tempfile.TemporaryDirectory(prefix="convexport-profile-") as folder:
         profile_path = os.path.join(folder, "ort") if per_op else None
         began = time.perf_counter()
-        given = serialised if window is not None else model
         session = create_session(given, device, profile_path=profile_path, what=what, threads=threads)
         run = session_runner(session, feeds, device)
         made = time.perf_counter()
@@ -292,7 +274,7 @@ def _warmed_session(model, label, feeds, device, warmup, hint, per_op, memory, t
         if window is not None:
             lead = [_timed(run) for _ in range(MEMORY_RUNS - 1)]
             measured.update(window.close())
-            del serialised
+        del given  # the model's bytes, kept to here so that the window never reuses their pages unseen
         if per_op:
             per_op_began = time.perf_counter()
             lead += [_timed(run) for _ in range(max(0, PER_OP_LEAD - len(lead)))]

@@ -393,8 +393,8 @@ def test_measure_strategy_times_both_sides_and_records_it():
 
 
 def test_measure_strategy_leaves_noise_to_the_estimate():
-    chain = GraphBuilder([1, 8, 12, 12])
-    y = chain.conv(chain.conv("x", 8, 1), 8, 1)           # microseconds: within scheduling noise
+    chain = GraphBuilder([1, 4, 4, 4])
+    y = chain.conv(chain.conv("x", 4, 1), 4, 1)           # microseconds: within scheduling noise
     decision = rewrite(chain.model([y]), "measure").applied[0]["decision"]
     assert decision["method"] == "estimate" and "noise floor" in decision["note"]
     assert decision["before_ms"] < 0.05 and decision["after_us"] <= decision["before_us"]

@@ -60,7 +60,9 @@ def profiled(
             device,
             feeds=_feeds(inputs),
             per_op=request.options.per_op,
-            progress=lambda done, _: say(f"profiling on {device}", f"{done} pairs"),
+            progress=lambda done, total: say(
+                f"profiling on {device}", f"{done}/{total} timed" if total else f"{done} pairs"
+            ),
             after_timing={"after": after_timing} if after_timing else None,
             threads=request.options.threads,
         )
@@ -68,6 +70,11 @@ def profiled(
         report["profile_skipped"] = str(exc)
         return
     report["profile"] = judged_profile(measured)
+
+
+def _timed_so_far(done: int, total: int) -> str:
+    """profile_models' progress in words: pairs timed, or models timed one after the other."""
+    return f"{done}/{total} timed" if total else f"{done} pairs"
 
 
 def _feeds(inputs: RunInputs) -> dict | None:

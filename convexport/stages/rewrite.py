@@ -81,22 +81,21 @@ class Rewritten:
     def first(self, limit: int) -> onnx.ModelProto:
         """The model after the first `limit` rewrites only, for a bisection (the decisions of
         cost and measure replayed, never made again)."""
-        return rewrite_model(
-            self.folded, self.rules, builtin_primitives(), self.strategy, self.source, limit, self.device,
-            self.decided, kept_kernels=self.kept, half=self.half,
-        ).model  # fmt: skip
+        return self._replayed(self.rules, limit)
 
     def without(self, dropped: frozenset[str], reference: onnx.ModelProto) -> onnx.ModelProto:
         """The model the rewrite gives with the rules named in `dropped` left out (the decisions
         of cost and measure replayed), its dims named as `reference` names them and copies of a
         weight written once, as the stage writes its own."""
-        rules = [rule for rule in self.rules if rule.name not in dropped]
-        model = rewrite_model(
-            self.folded, rules, builtin_primitives(), self.strategy, self.source, None, self.device, self.decided,
-            kept_kernels=self.kept, half=self.half,
-        ).model  # fmt: skip
+        model = self._replayed([rule for rule in self.rules if rule.name not in dropped], None)
         model = ir.carry_dim_names(model, reference, same_outputs=True)
         return ir.deduplicate_initializers(model).model
+
+    def _replayed(self, rules: list, limit: int | None) -> onnx.ModelProto:
+        return rewrite_model(
+            self.folded, rules, builtin_primitives(), self.strategy, self.source, limit, self.device,
+            self.decided, kept_kernels=self.kept, half=self.half,
+        ).model  # fmt: skip
 
 
 def rewritten(exported: ExportResult, source: str, asked: RulesAsked, request: Request) -> Rewritten:
