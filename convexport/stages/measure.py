@@ -15,7 +15,7 @@ reported under `dropped_for_speed` with the ratio measured."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx
 
@@ -104,10 +104,14 @@ def judged_profile(measured: dict) -> dict:
 
 @dataclass
 class Candidate:
-    """A graph that leaves out the rewrites of `dropped` (rule names), timed against the original."""
+    """A graph made with the rules of `dropped` left out, timed against the original; `applied`
+    and `skipped` are its own rewrites and refusals (leaving a rule out can change what another
+    rule does: a conv no longer folded into its BatchNorm may merge with a sibling)."""
 
     dropped: tuple[str, ...]
     model: onnx.ModelProto
+    applied: list[dict] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
     speedup: float = 1.0
     low: float = 1.0
     high: float = 1.0
@@ -117,8 +121,9 @@ def faster_candidate(
     original: onnx.ModelProto, rewritten: Rewritten, inputs: RunInputs, request: Request, report: OptimizeReport
 ) -> onnx.ModelProto | None:
     """The graph to write instead of the whole rewrite, where the profile found it slower (module
-    doc); None where nothing is to change. Records report["speed_choice"] and moves the rewrites
-    it leaves out from report["rewrites"] to report["dropped_for_speed"]."""
+    doc); None where nothing is to change. Records report["speed_choice"], the written graph's
+    rewrites and refusals in report["rewrites"] and ["skipped"], and the whole rewrite's rewrites
+    it does not make in report["dropped_for_speed"]."""
     profile = report.get("profile")
     if not profile or request.strategy == "all" or request.dtype != "float32":
         return None
@@ -129,14 +134,17 @@ def faster_candidate(
     timed: list[Candidate] = []
     for dropped in _drop_sets(fired):
         say("choosing for speed", f"without {', '.join(dropped)}")
-        model = rewritten.without(frozenset(dropped), original)
-        if ir.same_computation(original, model):
+        outcome = rewritten.without(frozenset(dropped), original)
+        if ir.same_computation(original, outcome.model):
             continue
         measured = profile_models(
-            {"before": original, "after": model}, inputs.specs, request.device, feeds=_feeds(inputs),
+            {"before": original, "after": outcome.model}, inputs.specs, request.device, feeds=_feeds(inputs),
             memory=False, per_op=False, threads=request.options.threads,
         )["paired"]  # fmt: skip
-        timed.append(Candidate(tuple(dropped), model, measured["speedup"], measured["low"], measured["high"]))
+        timed.append(Candidate(
+            tuple(dropped), outcome.model, outcome.applied, outcome.skipped,
+            measured["speedup"], measured["low"], measured["high"],
+        ))  # fmt: skip
     given = Candidate(tuple(fired), original)
     chosen = max([c for c in timed if c.high >= 1] + [given], key=lambda c: c.speedup)
     low, high = profile["speedup_interval"]
@@ -147,14 +155,19 @@ def faster_candidate(
         "chosen": list(chosen.dropped),
         "written_as_given": chosen is given,
     }
-    dropped = set(chosen.dropped)
+    made = {_made(rewrite) for rewrite in chosen.applied}
     report["dropped_for_speed"] = [
         {**rewrite, "speedup_without": chosen.speedup, "speedup_with_all": whole["speedup"]}
         for rewrite in report["rewrites"]
-        if rewrite["rule"] in dropped
+        if _made(rewrite) not in made
     ]
-    report["rewrites"] = [rewrite for rewrite in report["rewrites"] if rewrite["rule"] not in dropped]
+    report["rewrites"], report["skipped"] = chosen.applied, chosen.skipped
     return chosen.model
+
+
+def _made(rewrite: dict) -> tuple:
+    """A rewrite as what it did: its rule and the nodes it replaced."""
+    return rewrite["rule"], tuple(rewrite["nodes"])
 
 
 def _entry(candidate: Candidate) -> dict:

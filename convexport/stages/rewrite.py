@@ -81,21 +81,23 @@ class Rewritten:
     def first(self, limit: int) -> onnx.ModelProto:
         """The model after the first `limit` rewrites only, for a bisection (the decisions of
         cost and measure replayed, never made again)."""
-        return self._replayed(self.rules, limit)
+        return self._replayed(self.rules, limit).model
 
-    def without(self, dropped: frozenset[str], reference: onnx.ModelProto) -> onnx.ModelProto:
-        """The model the rewrite gives with the rules named in `dropped` left out (the decisions
-        of cost and measure replayed), its dims named as `reference` names them and copies of a
-        weight written once, as the stage writes its own."""
-        model = self._replayed([rule for rule in self.rules if rule.name not in dropped], None)
-        model = ir.carry_dim_names(model, reference, same_outputs=True)
-        return ir.deduplicate_initializers(model).model
+    def without(self, dropped: frozenset[str], reference: onnx.ModelProto):
+        """The rewrite's outcome (rewrite.engine.RewriteOutcome: the model, the rewrites made and
+        refused) with the rules named in `dropped` left out (the decisions of cost and measure
+        replayed), its dims named as `reference` names them and copies of a weight written once,
+        as the stage writes its own."""
+        outcome = self._replayed([rule for rule in self.rules if rule.name not in dropped], None)
+        model = ir.carry_dim_names(outcome.model, reference, same_outputs=True)
+        outcome.model = ir.deduplicate_initializers(model).model
+        return outcome
 
-    def _replayed(self, rules: list, limit: int | None) -> onnx.ModelProto:
+    def _replayed(self, rules: list, limit: int | None):
         return rewrite_model(
             self.folded, rules, builtin_primitives(), self.strategy, self.source, limit, self.device,
             self.decided, kept_kernels=self.kept, half=self.half,
-        ).model  # fmt: skip
+        )  # fmt: skip
 
 
 def rewritten(exported: ExportResult, source: str, asked: RulesAsked, request: Request) -> Rewritten:
