@@ -49,7 +49,7 @@ SECTIONS: list[Section] = [
     Section(("validation", "made_up_inputs"), terminal.validation),
     Section(("precision",), terminal.precision),
     Section(("profile_skipped",), terminal.profile_skipped),
-    Section(("speed_choice", "dropped_for_speed"), terminal.dropped_for_speed),
+    Section(("speed_choice", "dropped_for_speed", "speed_choice_skipped"), terminal.dropped_for_speed),
     Section(("profile",), terminal.speed),
     Section(("size_regression",), terminal.size_regression),
     Section(("deduplicated_initializers",), terminal.deduplicated_initializers),

@@ -169,6 +169,8 @@ def dropped_for_speed(report: OptimizeReport, console: Console) -> None:
     line = dropped_for_speed_line(report)
     if line:
         console.print(line, markup=False)
+    if report.get("speed_choice_skipped"):
+        console.print(f"written as rewritten though slower: {report['speed_choice_skipped']}", markup=False)
 
 
 def speed(report: OptimizeReport, console: Console) -> None:

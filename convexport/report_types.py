@@ -526,6 +526,7 @@ class OptimizeReport(TypedDict):
     profile_skipped: NotRequired[Annotated[str, "why the profile did not run (an unchanged graph, no kernel)"]]
     speed_choice: NotRequired[Annotated[SpeedChoice, "where the whole rewrite was slower: what was written"]]
     dropped_for_speed: NotRequired[Annotated[list[DroppedRewrite], "the rewrites left out because they cost"]]
+    speed_choice_skipped: NotRequired[Annotated[str, "why a slower rewrite was written all the same"]]
     output_weights: NotRequired[Annotated[str | None, "the weights file beside output (null: the model holds them)"]]
     timings_s: NotRequired[Annotated[dict[str, float], "seconds per step, and total (absent where it failed)"]]
 

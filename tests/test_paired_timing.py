@@ -125,8 +125,9 @@ def two_folds():
     return make_model(nodes, [tensor("x", [1, 3, 8, 8])], outputs, weights)
 
 
-def device_where(cost):
-    """A stand-in for profile_models on a device where `cost(model)` is each graph's run time."""
+def device_where(cost, stopped="interval"):
+    """A stand-in for profile_models on a device where `cost(model)` is each graph's run time
+    (`stopped`: how the stand-in says it timed them)."""
     real = measure.profile_models
 
     def timed(models, inputs, device, **options):
@@ -134,7 +135,7 @@ def device_where(cost):
         before, after = (cost(model) for model in models.values())
         speedup = before / after
         measured["paired"] = {"speedup": speedup, "low": speedup * 0.99, "high": speedup * 1.01, "pairs": 8,
-                              "stopped": "interval"}
+                              "stopped": stopped}
         return measured
 
     return timed
@@ -171,6 +172,15 @@ def test_the_model_as_given_is_written_where_every_rewrite_costs(monkeypatch, tm
     assert ops(result.model) == ["Conv", "BatchNormalization", "Conv", "Mul"] and report["rewrites"] == []
     assert report["speed_choice"]["written_as_given"] and len(report["dropped_for_speed"]) == 2
     assert report["profile"] is None and "as given" in report["profile_skipped"]
+
+
+def test_graphs_timed_apart_are_not_searched_and_the_report_says_why(monkeypatch, tmp_path):
+    """A large model's two graphs are timed one after the other (never two sessions of its
+    weights): a ratio of two moments of the machine drops no rewrite, and the summary says so."""
+    monkeypatch.setattr(measure, "profile_models", device_where(lambda m: 3.0 - len(m.graph.node) * 0.5, "apart"))
+    report = convexport.optimize(two_folds(), output=tmp_path / "o.onnx", device="cpu").report
+    assert "speed_choice" not in report and len(report["rewrites"]) >= 2 and report["profile"]["verdict"] == "slower"
+    assert "one after the other" in report["speed_choice_skipped"]
 
 
 def test_strategy_all_keeps_every_rewrite_whatever_it_costs(monkeypatch, tmp_path):

@@ -8,7 +8,8 @@ candidates are the rewrite with one rule's rewrites left out (each rule that fir
 of those rules left out (either half), and with every rule left out (constant folding and
 clean-ups alone), each timed against the original in the same paired way; the original as
 given is the last candidate, at a speedup of 1 by definition (a rewrite slower by less than
-SLOWER_MARGIN is kept). The candidate with the highest
+SLOWER_MARGIN is kept; a large model's graphs, timed one after the other rather than in pairs,
+are not searched: `speed_choice_skipped` says so). The candidate with the highest
 speedup whose interval does not lie below 1 is written, and the rewrites it leaves out are
 reported under `dropped_for_speed` with the ratio measured."""
 
@@ -128,6 +129,12 @@ def faster_candidate(
     if not profile or request.strategy == "all" or request.dtype != "float32":
         return None
     if profile["verdict"] != "slower" or profile["speedup_interval"][1] >= 1 - SLOWER_MARGIN:
+        return None
+    if profile["paired"]["stopped"] == "apart":  # a large model's, timed apart: no paired ratio to act on
+        report["speed_choice_skipped"] = (
+            "the models were timed one after the other (each holds its weights), not in pairs: their ratio "
+            "mixes two moments of the machine, too uncertain to drop rewrites for"
+        )
         return None
     say = request.steps.start
     fired = list(dict.fromkeys(rewrite["rule"] for rewrite in report["rewrites"]))
