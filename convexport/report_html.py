@@ -12,6 +12,7 @@ from .report import (
     growth_line,
     model_lines,
     nonfinite_line,
+    plural,
     precision_lines,
     si,
     size,
@@ -198,7 +199,8 @@ def _badges(report) -> str:
         label = f"{profile['speedup']:.2f}x faster" if verdict == "faster" else verdict
         if verdict == "slower":
             label = f"{1 / profile['speedup']:.2f}x slower"
-        badges.append(f"<span class={kind}>{_e(label)} (±{profile.get('noise', 0):.1%})</span>")
+        threads = f", {plural(profile['threads'], 'thread')}" if profile.get("threads") else ""
+        badges.append(f"<span class={kind}>{_e(label)} (±{profile.get('noise', 0):.1%}{threads})</span>")
     if profile and profile.get("memory_ratio"):
         kind = "bad" if profile.get("memory_regression") else "info"
         badges.append(f"<span class={kind}>{profile['memory_ratio']:.2f}x peak memory</span>")
