@@ -11,6 +11,7 @@ import onnx
 import pytest
 from onnx import helper
 
+from convexport import paired_timer
 from convexport.rewrite.engine import rewrite_model
 from convexport.folds import builtin_primitives
 from graphs import RULES, GraphBuilder, assert_same_outputs, fold, rewrite
@@ -388,7 +389,7 @@ def test_measure_strategy_times_both_sides_and_records_it():
     decision = entries[0]["decision"]
     assert decision["method"] == "measured" and decision["device"] == "cpu" and decision["runs"] >= 10
     assert decision["before_ms"] > 0.05 and decision["after_ms"] > 0
-    assert decision["low"] <= decision["speedup"] <= decision["high"] and decision["pairs"] >= 8
+    assert decision["low"] <= decision["speedup"] <= decision["high"] and decision["pairs"] >= paired_timer.MIN_PAIRS
     assert (decision["speedup"] >= 1) == bool(measured.applied)
 
 

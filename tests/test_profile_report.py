@@ -37,7 +37,7 @@ def test_profile_numbers_are_positive_and_consistent(optimized):
         assert entry["op_time_ms"]["Conv"] > 0 and all(ms >= 0 for ms in entry["op_time_ms"].values())
     low, high = profile["speedup_interval"]
     assert low <= profile["speedup"] <= high and profile["speedup"] == profile["paired"]["speedup"]
-    assert profile["paired"]["pairs"] >= 8 and profile["threads"] is None
+    assert profile["paired"]["pairs"] >= paired_timer.MIN_PAIRS and profile["threads"] is None
     assert profile["memory_ratio"] > 0
 
 
@@ -77,7 +77,7 @@ def test_the_runs_are_sized_from_the_settled_time_not_the_first(monkeypatch):
     monkeypatch.setattr(profile, "session_runner", lambda session, feeds, device: session)
     slow = SlowStart(slow=1, first=0.05, then=0.001)
     measured = profile.profile_models({"m": slow}, [], "cpu", memory=False, per_op=False)
-    assert measured["runs"] >= 8 * paired_timer.block_size(0.001) and measured["m"]["warmup_runs"] >= 2 * profile.WARM_WINDOW
+    assert measured["runs"] >= paired_timer.MIN_PAIRS * paired_timer.block_size(0.001) and measured["m"]["warmup_runs"] >= 2 * profile.WARM_WINDOW
     assert measured["m"]["latency_ms"]["median"] < 5
 
 
@@ -89,7 +89,7 @@ def test_a_first_run_longer_than_the_warm_up_budget_does_not_size_the_runs(monke
     monkeypatch.setattr(profile, "WARM_BUDGET_S", 0.1)
     slow = SlowStart(slow=1, first=0.3, then=0.001)
     measured = profile.profile_models({"m": slow}, [], "cpu", memory=False, per_op=False)
-    assert measured["runs"] >= 8 * paired_timer.block_size(0.001) and measured["m"]["warmup_runs"] >= 1 + 2 * profile.WARM_WINDOW
+    assert measured["runs"] >= paired_timer.MIN_PAIRS * paired_timer.block_size(0.001) and measured["m"]["warmup_runs"] >= 1 + 2 * profile.WARM_WINDOW
 
 
 @pytest.mark.parametrize("large", [False, True], ids=["side by side", "one at a time"])
@@ -151,7 +151,7 @@ def test_no_warm_up_or_timed_run_carries_the_profiler(monkeypatch, tmp_path):
     model = onnx.parser.parse_model("<ir_version: 10, opset_import: [\"\" : 18]> g (float[1] x) => (float[1] y) { y = Relu(x) }")
     result = profile.profile_models({"m": model}, [], "cpu", memory=False)
     measured = result["m"]
-    assert result["runs"] >= 8 * paired_timer.block_size(0.001)  # blocks sized from the plain 1 ms, not 4
+    assert result["runs"] >= paired_timer.MIN_PAIRS * paired_timer.block_size(0.001)  # blocks sized from the plain 1 ms, not 4
     assert measured["latency_ms"]["median"] < 2.5 and measured["op_time_ms"]["Conv"] == pytest.approx(4, rel=0.01)
     # the per-op times are read against the profiled runs they come from, not the plain latency
     assert measured["profiled_run_ms"] == pytest.approx(4, rel=0.01) and measured["op_times_trusted"]
