@@ -140,12 +140,6 @@ def provider_options(device: str, tf32: bool = True, search: bool = True) -> dic
 # models compared in a check are all run alike.
 DISABLE_PREPACKING = "session.disable_prepacking"
 
-# A session's intra-op worker threads spin after each run, waiting for the next: a deployment's
-# choice, and the profile's. A checking session runs a few times between other work (torch's
-# float64 reference, numpy's BLAS in the float64 evaluator), whose threads its spinning ones would
-# take the cores from (bench/RESULTS.md, "One owner of the cores").
-NO_SPINNING = "session.intra_op.allow_spinning"
-
 
 def device_memory_used() -> int:
     """Bytes in use on GPU 0, from NVML (the driver's library, present wherever CUDA runs)."""
@@ -176,13 +170,11 @@ def create_session(
     """A session on `device` (with provider_options(device, tf32, search)) of a model, its file
     or its bytes; a model ONNX Runtime cannot load is a ConvexportError naming `what`, one it has
     no kernel for a MissingKernel. `prepack=False` for a session that checks values in a few runs
-    (DISABLE_PREPACKING above); such a session's worker threads do not spin between runs either
-    (NO_SPINNING). `threads`: its intra-op threads (None: ONNX Runtime's default)."""
+    (DISABLE_PREPACKING above). `threads`: its intra-op threads (None: ONNX Runtime's default)."""
     options = ort.SessionOptions()
     options.log_severity_level = 4  # fatal only: a failure reaches the user once, as checked_run's one line
     if not prepack:
         options.add_session_config_entry(DISABLE_PREPACKING, "1")
-        options.add_session_config_entry(NO_SPINNING, "0")
     if threads:
         options.intra_op_num_threads = threads
     options.graph_optimization_level = (
