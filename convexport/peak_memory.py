@@ -1,15 +1,11 @@
-"""Peak memory of one ONNX Runtime session on the CPU: the growth of a process's peak resident
-set over what it had before the session was created (weights, arena, activations).
-
-Where Linux can reset the peak (/proc/self/clear_refs), the profiling process measures each of
-its sessions itself (`PeakWindow`): the heap's free memory is given back to the system first
-(heap.release), so that nothing freed earlier is reused by the session unseen, and the peak is
-reset; nothing else runs meanwhile. Elsewhere (macOS: getrusage's high-water mark cannot be
-reset) a process of its own measures it:
+"""Peak memory of one ONNX Runtime session on the CPU, measured in a process of its own:
 
     python -m convexport.peak_memory MODEL.onnx FEEDS.npz RUNS THREADS [CUSTOM_OP_LIBRARY...]
 
-prints {"peak_memory_bytes": ..., "peak_rss_bytes": ...} as JSON. (On CUDA the device memory is
+prints {"peak_memory_bytes": ..., "peak_rss_bytes": ...} as JSON: the growth of the process's
+peak resident set over what it had before the session was created (weights, arena,
+activations). Linux resets the peak before the session (/proc/self/clear_refs); elsewhere
+(macOS) the peak is the process's getrusage high-water mark. (On CUDA the device memory is
 measured in the profiling process itself: profile.py.)
 """
 
@@ -21,42 +17,12 @@ import sys
 import numpy as np
 
 
-class PeakWindow:
-    """The peak resident set's growth from `opened()` to `close()` in this process (Linux)."""
-
-    def __init__(self, before: int):
-        self.before = before
-
-    @classmethod
-    def opened(cls) -> PeakWindow | None:
-        """A window from now, the heap's free memory given back first; None where the peak cannot be reset."""
-        from . import heap
-
-        heap.release()
-        return cls(_current_rss()) if peak_resettable() else None
-
-    def close(self) -> dict:
-        peak = _peak_rss()
-        return {"peak_rss_bytes": int(peak), "peak_memory_bytes": int(max(peak - self.before, 0))}
-
-
-def peak_resettable() -> bool:
-    """Reset the peak resident set to the current one; False where the system cannot."""
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as stream:
-            stream.write("5")
-        _status_bytes("VmHWM")
-    except OSError:
-        return False
-    return True
-
-
 def measure(model_path: str, feeds_path: str, runs: int, threads: int = 0) -> dict:
     from .runtime import create_session
 
     with np.load(feeds_path) as data:
         feeds = {name: data[name] for name in data.files}
-    peak_resettable()
+    _reset_peak_rss()
     before_rss = _current_rss()
     session = create_session(model_path, "cpu", threads=threads or None)
     for _ in range(runs):
@@ -90,6 +56,15 @@ def _status_bytes(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     raise OSError(f"/proc/self/status has no {field}")
+
+
+def _reset_peak_rss() -> None:
+    """Make VmHWM start from the current RSS (Linux >= 4.0), so the peak is this session's."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as stream:
+            stream.write("5")
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

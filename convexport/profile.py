@@ -8,22 +8,23 @@ sessions are made and warmed one after the other:
 1. The first run, alone: it carries the one-off work (on CUDA cuDNN building a plan for each
    convolution, seconds on a real model; arenas growing, thread pools starting), so it is timed
    (`phases_s.first_run`) but never counted.
-2. Peak memory: on CUDA the device memory in use (NVML) after the warm-up over before the
-   session; on the CPU the growth of this process's peak resident set over the session's
-   creation and its first MEMORY_RUNS runs (peak_memory.PeakWindow, Linux), or a process of its
-   own per model where the peak cannot be reset (macOS).
-3. Time per op type (unless per_op is False: --no-per-op): ONNX Runtime's profiler is on from
+2. Time per op type (unless per_op is False: --no-per-op): ONNX Runtime's profiler is on from
    the session's start and can be ended but not started again, so every run before
-   `end_profiling` is profiled (and slowed). The per-op pass is the runs up to PER_OP_LEAD,
-   which are not counted, then the per-op runs, and profiling ends there: no warm-up or timed
+   `end_profiling` is profiled (and slowed). The per-op pass is PER_OP_LEAD runs that are not
+   counted, then the per-op runs, and profiling ends there: no warm-up or timed
    run carries the profiler. Each node's kernel time is its median over the per-op runs, and an
    op type's time the sum of its nodes'; their sum is checked against the profiled runs' own
    median (`profiled_run_ms`, the same runs, the profiler's overhead in both): the entry's
    `op_time_coverage`, trusted within OP_TIME_TOLERANCE (on CUDA, ORT times a kernel's launch
    on the host, which need not be its time on the device: never trusted there).
-4. Warm-up until the run time settles: runs go on until the median of the last WARM_WINDOW
+3. Warm-up until the run time settles: runs go on until the median of the last WARM_WINDOW
    runs is within SETTLED of the median of the WARM_WINDOW before them (at least `warmup`
    runs, at most WARM_BUDGET_S of them).
+4. Peak memory: on CUDA the device memory in use (NVML) after the warm-up over before the
+   session, in this process; on the CPU in a fresh process per model (peak_memory.py), where
+   nothing of this one is counted, once every session is released. (Measured in this process
+   instead, the sessions of a small model read a tenth of what a process of their own shows:
+   ONNX Runtime's per-session costs are paid once a process; bench/RESULTS.md.)
 Then two models are timed against each other in pairs until the speedup's interval is narrow
 (paired_timer.py), one model until its median's is. Where a model is large
 (ir.kept_from_serialisation: 256 MiB of weights or more), each model's session is made, timed
@@ -54,7 +55,6 @@ from .errors import ConvexportError
 from .inputs import DEFAULT_DYNAMIC_SIZE, InputSpec, dynamic_dims_note, random_inputs
 from .ir import files_for_runtime, kept_from_serialisation
 from .paired_timer import TARGET, apart, block_size, median_interval, time_one, time_pair
-from .peak_memory import PeakWindow
 from .runtime import (
     CPU,
     CUDA,
@@ -189,8 +189,7 @@ def profile_models(
             "warmup_runs": sessions[label].warmup_runs,
             **sessions[label].measured,
         }
-        # not measured in this process (a large model's weights in files, a peak macOS cannot reset): a process
-        if memory and device != "cuda" and "peak_memory_bytes" not in entry:
+        if memory and device != "cuda":
             memory_began = time.perf_counter()
             entry.update(_peak_memory(model, fed_as_declared(model, feeds), MEMORY_RUNS, threads))
             entry["phases_s"]["memory"] = time.perf_counter() - memory_began
@@ -253,17 +252,11 @@ def _warmed_session(model, label, feeds, device, warmup, hint, per_op, memory, t
     its warm-up, in that order (see the module doc). A model that cannot run on `feeds` fails
     in its first run, in one line."""
     what = f"the model profiled as {label!r}"
-    window = device_before = None
-    given = model
-    if memory and device == "cuda":
-        device_before = device_memory_used()
-    elif memory and isinstance(model, onnx.ModelProto) and not kept_from_serialisation(model):
-        given = model.SerializeToString()  # before the window: the session's copy is counted, not this one
-        window = PeakWindow.opened()
+    device_before = device_memory_used() if memory and device == "cuda" else None
     with tempfile.TemporaryDirectory(prefix="convexport-profile-") as folder:
         profile_path = os.path.join(folder, "ort") if per_op else None
         began = time.perf_counter()
-        session = create_session(given, device, profile_path=profile_path, what=what, threads=threads)
+        session = create_session(model, device, profile_path=profile_path, what=what, threads=threads)
         run = session_runner(session, feeds, device)
         made = time.perf_counter()
         first_run = _timed(lambda: checked_run(run, feeds, what, hint))
@@ -271,13 +264,9 @@ def _warmed_session(model, label, feeds, device, warmup, hint, per_op, memory, t
         phases = {"session": made - began, "first_run": first_run}
         measured: dict = {"phases_s": phases}
         lead: list[float] = []
-        if window is not None:
-            lead = [_timed(run) for _ in range(MEMORY_RUNS - 1)]
-            measured.update(window.close())
-        del given  # the model's bytes, kept to here so that the window never reuses their pages unseen
         if per_op:
             per_op_began = time.perf_counter()
-            lead += [_timed(run) for _ in range(max(0, PER_OP_LEAD - len(lead)))]
+            lead = [_timed(run) for _ in range(PER_OP_LEAD)]
             profiled_s = float(np.median(lead)) if lead else first_run
             for _ in range(int(min(PER_OP_RUNS, max(1, PER_OP_BUDGET_S / max(profiled_s, 1e-6))))):
                 run()
@@ -414,8 +403,8 @@ def _op_time_check(op_time_ms: dict[str, float], run_ms: float | None, device: s
 
 
 def _peak_memory(model: onnx.ModelProto, feeds, runs: int, threads: int | None) -> dict:
-    """Measured in a fresh Python process (peak_memory.py), where this one cannot reset its
-    peak; a process of its own rather than multiprocessing's spawn, which re-runs the caller's
+    """Measured in a fresh Python process (peak_memory.py), so that nothing of this one is
+    counted; a process of its own rather than multiprocessing's spawn, which re-runs the caller's
     script (a script without an `if __name__ == "__main__":` guard would start over)."""
     with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as large:
         model_path, feeds_path = os.path.join(folder, "model.onnx"), os.path.join(folder, "feeds.npz")
