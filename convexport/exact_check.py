@@ -23,10 +23,10 @@ the optimized graph may still round, a few units of the output's scale.
 Where time allows, the optimized graph also runs in float64 and must meet the same bound:
 without float32 rounding its error is only its weights' rounding, so a mistake in the algebra
 shows at its own size however ill-conditioned the model is. The float64 runs fit in a time
-budget (the caller's: optimize gives them 40% of what it has spent so far, so that they add at
-most that much): a larger model gets its float64 reference on fewer input sets, or none, and the
-report says which. An input set without one is judged by the noise floor measured on those
-with one (validate.py):
+budget (the caller's: optimize gives them what every input set of a model of up to 10 GFLOPs a
+run takes, or 40% of what it has spent so far where that is more; stages/check.py): a larger
+model gets its float64 reference on fewer input sets, or none, and the report says which. An
+input set without one is judged by the noise floor measured on those with one (validate.py):
 
     |cand - orig| <= (FACTOR + 1) * max|orig - exact| + FLOOR_ULPS * u * rms(orig)
 
@@ -50,6 +50,7 @@ judges the rewrite (agreement_with_export).
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -65,13 +66,20 @@ from .float64.precision import UNIT_ROUNDOFF, dtype_name, rms
 FACTOR = 4.0
 FLOOR_ULPS = 32
 # Time the float64 runs may take, when the caller gives none; a run is not started where its
-# FLOPs at FLOAT64_FLOPS_PER_S (numpy's float64 convs on 2 cores, the slow end) would take over
-# FIRST_RUN_OVER_BUDGET times that, nor for weights over FLOAT64_WEIGHT_BYTES: the float64
-# model and its session hold about five times the weights at their peak (0.25 GiB of weights:
-# +1.25 GiB), which on a large model is more than the rest of optimize together (issue 34).
+# estimate (its FLOPs at reference_rate()) is over FIRST_RUN_OVER_BUDGET times that, nor for
+# weights over FLOAT64_WEIGHT_BYTES: the float64 model and its session hold about five times the
+# weights at their peak (0.25 GiB of weights: +1.25 GiB), which on a large model is more than the
+# rest of optimize together (issue 34).
 FLOAT64_BUDGET_S = 2.0
-FLOAT64_FLOPS_PER_S = 2e9
-FIRST_RUN_OVER_BUDGET = 4
+FIRST_RUN_OVER_BUDGET = 2
+# The reference's float64 convolutions and matrix products are BLAS products of their own shapes:
+# on real CNNs they run at 20-60% of numpy's float64 GEMM rate on the same machine (depthwise
+# convolutions and elementwise work the low end; bench/RESULTS.md), so the estimate takes 25%.
+REFERENCE_SHARE_OF_GEMM = 0.25
+# Besides its arithmetic, each node costs the reference evaluator's Python work (0.1-0.2 ms a
+# node a run on models of many small nodes; bench/RESULTS.md), and the node check's session.
+REFERENCE_NODE_S = 3e-4
+REFERENCE_CHECK_S = 0.1
 FLOAT64_WEIGHT_BYTES = 512 << 20
 
 
@@ -118,13 +126,11 @@ def exact_reference(
     torch_reference.TorchFloat64 (or the TorchUnavailable why not), gives the torch model's own
     float64 run, the reference where it agrees with the ONNX graph's (judged against
     `original_runs`, the original's float32 outputs on each set: agreement_with_export)."""
-    from .float64 import conv_work
     from .ir.large import weight_bytes
-    from .stats import node_flops
 
     budget_s = FLOAT64_BUDGET_S if budget_s is None else budget_s
     none = [None] * len(all_feeds)
-    flops = max(node_flops(model, conv_work), 1.0)
+    flops = reference_flops(model)
     if weight_bytes(model) > FLOAT64_WEIGHT_BYTES:
         return ExactReference(
             none,
@@ -133,7 +139,7 @@ def exact_reference(
                 f"{FLOAT64_WEIGHT_BYTES / 2**30:.2f} GiB that float64 copies are made of"
             ),
         )
-    if flops / FLOAT64_FLOPS_PER_S > FIRST_RUN_OVER_BUDGET * budget_s:
+    if flops / reference_rate() > FIRST_RUN_OVER_BUDGET * budget_s:
         return ExactReference(none, note=f"skipped: the model takes {flops:.3g} FLOPs a run, over its time budget")
     began = time.perf_counter()
     try:
@@ -163,6 +169,38 @@ def exact_reference(
             "floor measured there"
         )
     return ExactReference(outputs, candidate_too, note, check, check_note, source, export_check)
+
+
+def reference_flops(model: onnx.ModelProto) -> float:
+    """The float64 reference's FLOPs a run of `model` (its convolutions as it computes them:
+    float64.conv_work)."""
+    from .float64 import conv_work
+    from .stats import node_flops
+
+    return max(node_flops(model, conv_work), 1.0)
+
+
+def reference_seconds(flops: float, nodes: int, sets: int) -> float:
+    """The float64 reference's estimated time on `sets` input sets of a model of `flops` a run
+    in `nodes` nodes: a run per set (its FLOPs at reference_rate(), REFERENCE_NODE_S a node
+    besides), and about a run each for building the evaluator and checking it node by node
+    (float64/node_check.py), whose ONNX Runtime session is REFERENCE_CHECK_S more."""
+    return (sets + 2) * (flops / reference_rate() + nodes * REFERENCE_NODE_S) + REFERENCE_CHECK_S
+
+
+@functools.cache
+def reference_rate() -> float:
+    """FLOP/s the float64 reference is estimated to run at here: REFERENCE_SHARE_OF_GEMM of
+    numpy's float64 matrix product's rate on this machine (the best of three 384^3 products,
+    about 10 ms on 2 cores), so that a laptop's estimate is its own."""
+    size = 384
+    a = np.random.default_rng(0).standard_normal((size, size))
+    best = float("inf")
+    for _ in range(3):
+        began = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - began)
+    return REFERENCE_SHARE_OF_GEMM * 2 * size**3 / max(best, 1e-9)
 
 
 def _torch_reference(torch_source, all_feeds, onnx_first, original_runs, evaluator, began: float, budget_s: float):

@@ -22,7 +22,9 @@ sessions are made and warmed one after the other:
    runs, at most WARM_BUDGET_S of them).
 4. Peak memory: on CUDA the device memory in use (NVML) after the warm-up over before the
    session, in this process; on the CPU in a fresh process per model (peak_memory.py), where
-   nothing of this one is counted, once every session is released. (Measured in this process
+   nothing of this one is counted, once every session is released; the two models' processes
+   run at the same time (each reads its own resident set), a large model's one after the
+   other. (Measured in this process
    instead, the sessions of a small model read a tenth of what a process of their own shows:
    ONNX Runtime's per-session costs are paid once a process; bench/RESULTS.md.)
 Then two models are timed against each other in pairs until the speedup's interval is narrow
@@ -181,7 +183,10 @@ def profile_models(
         result["paired"] = paired
     if one_at_a_time:
         result["one_at_a_time"] = True  # timed one after the other, not taking turns (see the module doc)
-    for label, model in models.items():
+    memories = {}
+    if memory and device != "cuda":
+        memories = _peak_memories(models, feeds, MEMORY_RUNS, threads, together=not one_at_a_time)
+    for label in models:
         latency = _latency(samples[label])
         entry = {
             "latency_ms": latency,
@@ -189,10 +194,10 @@ def profile_models(
             "warmup_runs": sessions[label].warmup_runs,
             **sessions[label].measured,
         }
-        if memory and device != "cuda":
-            memory_began = time.perf_counter()
-            entry.update(_peak_memory(model, fed_as_declared(model, feeds), MEMORY_RUNS, threads))
-            entry["phases_s"]["memory"] = time.perf_counter() - memory_began
+        if label in memories:
+            measured = dict(memories[label])
+            entry["phases_s"]["memory"] = measured.pop("seconds")
+            entry.update(measured)
         entry["phases_s"] = {phase: round(seconds, 3) for phase, seconds in entry["phases_s"].items()}
         if "op_time_ms" in entry:
             entry.update(_op_time_check(entry["op_time_ms"], entry.get("profiled_run_ms"), device))
@@ -402,24 +407,55 @@ def _op_time_check(op_time_ms: dict[str, float], run_ms: float | None, device: s
     return {"op_time_total_ms": total, "op_time_coverage": coverage, "op_times_trusted": trusted}
 
 
-def _peak_memory(model: onnx.ModelProto, feeds, runs: int, threads: int | None) -> dict:
-    """Measured in a fresh Python process (peak_memory.py), so that nothing of this one is
-    counted; a process of its own rather than multiprocessing's spawn, which re-runs the caller's
-    script (a script without an `if __name__ == "__main__":` guard would start over)."""
+def _peak_memories(
+    models: dict[str, onnx.ModelProto], feeds: dict, runs: int, threads: int | None, together: bool
+) -> dict[str, dict]:
+    """Each model's peak memory per label, measured in a fresh Python process of its own
+    (peak_memory.py), so that nothing of this one is counted; a process of its own rather than
+    multiprocessing's spawn, which re-runs the caller's script (a script without an
+    `if __name__ == "__main__":` guard would start over). `together`: the processes run at the
+    same time (each reads only its own resident set, and the wait is one process's start, not
+    one a model); else one after the other (large models: never two models' weights in memory
+    at once). Each entry's `seconds` is its process's wall time."""
     with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as large:
-        model_path, feeds_path = os.path.join(folder, "model.onnx"), os.path.join(folder, "feeds.npz")
-        if kept_from_serialisation(model):  # its weights mapped from their files, as validation's sessions
-            model_path = large.enter_context(files_for_runtime(model))
-        else:
-            onnx.save(model, model_path)
-        np.savez(feeds_path, **feeds)
-        command = [sys.executable, "-m", "convexport.peak_memory", model_path, feeds_path, str(runs), str(threads or 0)]
-        command += registered_custom_op_libraries()
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=PEAK_MEMORY_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise ConvexportError(f"measuring peak memory took over {PEAK_MEMORY_TIMEOUT_S} s") from None
-        if done.returncode != 0:
-            reason = (done.stderr.strip().splitlines() or ["no message"])[-1]
-            raise ConvexportError(f"measuring peak memory failed: {reason}")
-        return json.loads(done.stdout)
+        commands = {}
+        for index, (label, model) in enumerate(models.items()):
+            model_path, feeds_path = os.path.join(folder, f"{index}.onnx"), os.path.join(folder, f"{index}.npz")
+            if kept_from_serialisation(model):  # its weights mapped from their files, as validation's sessions
+                model_path = large.enter_context(files_for_runtime(model))
+            else:
+                onnx.save(model, model_path)
+            np.savez(feeds_path, **fed_as_declared(model, feeds))
+            commands[label] = [
+                sys.executable, "-m", "convexport.peak_memory", model_path, feeds_path, str(runs), str(threads or 0),
+                *registered_custom_op_libraries(),
+            ]  # fmt: skip
+        if together:
+            return _measured(commands)
+        return {label: _measured({label: command})[label] for label, command in commands.items()}
+
+
+def _measured(commands: dict[str, list[str]]) -> dict[str, dict]:
+    """Runs the peak-memory processes at once; each one's JSON, with its wall `seconds`."""
+    began = time.perf_counter()
+    running = {
+        label: subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for label, command in commands.items()
+    }
+    results = {}
+    try:
+        for label, process in running.items():
+            try:
+                out, err = process.communicate(timeout=max(PEAK_MEMORY_TIMEOUT_S - (time.perf_counter() - began), 1))
+            except subprocess.TimeoutExpired:
+                raise ConvexportError(f"measuring peak memory took over {PEAK_MEMORY_TIMEOUT_S} s") from None
+            if process.returncode != 0:
+                reason = (err.strip().splitlines() or ["no message"])[-1]
+                raise ConvexportError(f"measuring peak memory failed: {reason}")
+            results[label] = {**json.loads(out), "seconds": time.perf_counter() - began}
+    finally:
+        for process in running.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return results

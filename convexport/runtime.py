@@ -24,8 +24,6 @@ except ImportError as missing:  # an install that skipped it, or one of the two 
         "ONNX Runtime is not importable: pip install onnxruntime-gpu (Linux x86-64, Windows) or onnxruntime "
         f"(macOS, Linux aarch64), only one of the two ({missing})"
     ) from missing
-from . import ir
-from .ir import kept_from_serialisation
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -189,6 +187,8 @@ def create_session(
     try:
         if isinstance(model, str | bytes):
             return ort.InferenceSession(model, options, providers=providers)
+        from .ir import kept_from_serialisation  # here: a session of a file (peak_memory's child) needs no graph code
+
         if kept_from_serialisation(model):
             return _session_from_files(model, options, providers)
         return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
@@ -252,7 +252,9 @@ def _session_from_files(model: onnx.ModelProto, options, providers) -> ort.Infer
     """A large model's session from a file (ir.files_for_runtime: ONNX Runtime maps the
     weights of a model it opens from a file, and copies those of one given as bytes), which
     lives as long as the session: its generator's clean-up runs when the session is collected."""
-    files = ir.files_for_runtime(model)
+    from .ir import files_for_runtime
+
+    files = files_for_runtime(model)
     path = files.__enter__()
     try:
         session = ort.InferenceSession(path, options, providers=providers)

@@ -148,12 +148,25 @@ def test_explicit_tolerances_are_a_bound_besides(tmp_path):
 
 
 def test_a_model_over_the_budget_is_checked_against_float32_and_says_so(monkeypatch):
-    monkeypatch.setattr("convexport.exact_check.FLOAT64_FLOPS_PER_S", 1.0)
+    monkeypatch.setattr("convexport.exact_check.reference_rate", lambda: 1.0)
+    monkeypatch.setattr("convexport.stages.check.FULL_REFERENCE_FLOPS", 0)  # no floor for models this size
     result = convexport.optimize(well_conditioned(), write=False, profile=False)
     validation = result.report["validation"]
     assert validation["passed"] and validation["reference"] == "float32" and "skipped" in validation["reference_note"]
     (error,) = validation["outputs"].values()
     assert error["exact_error"] is None and error["rtol"] == 1e-4  # judged as before, by the tolerances
+
+
+def test_a_model_of_real_size_gets_the_float64_reference_on_every_input_set(monkeypatch):
+    """optimize's budget covers every input set of a model of up to 10 GFLOPs a run, however
+    little the run spent before validating (the share of that time alone gave 1 of 3 sets)."""
+    import convexport.stages.check as check
+
+    monkeypatch.setattr(check, "FLOAT64_SHARE", 0.0)
+    monkeypatch.setattr(check, "FLOAT64_MIN_S", 1e-6)
+    result = convexport.optimize(well_conditioned(), write=False, profile=False)
+    validation = result.report["validation"]
+    assert validation["reference"] == "float64" and validation.get("reference_note") is None, validation
 
 
 def test_the_budget_takes_what_fits():
@@ -196,3 +209,24 @@ def test_the_float64_run_of_a_grouped_conv_transpose_with_bias_is_right(group, p
     exact = Float64Evaluator(model).run({"x": x})[0]
     runtime = create_session(model).run(None, {"x": x})[0]
     np.testing.assert_allclose(exact, runtime, rtol=1e-5, atol=1e-5)
+
+
+def test_an_unchanged_graph_is_judged_by_the_reference_runs_alone(monkeypatch):
+    """A candidate that is the reference with renamed tensors (ir/same.py) computes alike: it is
+    neither run on ONNX Runtime nor widened to float64 again, and its error is the original's."""
+    import convexport.validate as validate
+    from convexport.inputs import parse_input_spec
+
+    model = well_conditioned()
+    renamed = onnx.ModelProto()
+    renamed.CopyFrom(model)
+    renamed.graph.node[0].output[0] = renamed.graph.node[1].input[0] = "renamed"
+
+    def never(*args, **kwargs):
+        raise AssertionError("the unchanged graph was run again")
+
+    monkeypatch.setattr(validate, "_candidate_runs", never)
+    monkeypatch.setattr(validate, "_float64_or_none", never)
+    result = validate.compare_models(model, renamed, [parse_input_spec("x:1x4x10x10")], runs=2)
+    (error,) = result.outputs.values()
+    assert result.passed and result.reference == "float64" and error.exact_error == error.exact_error_original

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import sys
 import warnings
 
 import numpy as np
@@ -464,6 +465,39 @@ def test_onnx_erf_is_not_float64_and_ours_is():
     exact = torch.special.erf(torch.from_numpy(x).double()).numpy()
     theirs = float64_outputs(model, feeds, kernels=[k for k in float64.KERNELS if k.__name__ != "Erf"])[0]
     assert np.abs(float64_outputs(model, feeds)[0] - exact).max() < 1e-15 < np.abs(theirs - exact).max()
+
+
+def test_numpy_erf_is_within_two_ulps_of_math_erf():
+    """float64/erf.py, the Erf kernel's path where torch is not loaded (an .onnx route):
+    against math.erf on a dense grid, random values, tiny and subnormal ones, and the edges."""
+    import math
+
+    from convexport.float64.erf import erf
+
+    rng = np.random.default_rng(0)
+    x = np.concatenate(
+        [np.linspace(-7, 7, 200_001), rng.normal(0, 2, 100_000), np.geomspace(5e-324, 1e-3, 2000),
+         -np.geomspace(5e-324, 1e-3, 2000), [5.9999, 6.0, 6.0001, 1e300, -1e300]]
+    )  # fmt: skip
+    exact = np.array([math.erf(value) for value in x])
+    ulps = np.abs(erf(x) - exact) / np.spacing(np.abs(exact)).clip(min=np.finfo(np.float64).smallest_subnormal)
+    assert ulps.max() <= 2
+    edges = erf(np.array([np.nan, np.inf, -np.inf, 0.0, -0.0]))
+    assert np.isnan(edges[0]) and edges[1] == 1 and edges[2] == -1
+    assert edges[3] == 0 and not np.signbit(edges[3]) and edges[4] == 0 and np.signbit(edges[4])
+
+
+def test_erf_kernel_without_torch_is_float64(monkeypatch):
+    """The Erf kernel where torch is not imported uses erf.py, in float64, and keeps float32
+    inputs (the node check's) float32."""
+    x = np.linspace(-8, 8, 4001, dtype=np.float32).reshape(1, -1)
+    model, feeds = one_node("Erf", [x], 13)
+    exact = torch.special.erf(torch.from_numpy(x).double()).numpy()
+    monkeypatch.setitem(sys.modules, "torch", None)  # as on a route that never imported it
+    ours = float64_outputs(model, feeds)[0]
+    assert ours.dtype == np.float64 and np.allclose(ours, exact, rtol=1e-15, atol=0)
+    (narrow,) = float64.elementwise.Erf._run(None, x)
+    assert narrow.dtype == np.float32 and np.allclose(narrow, exact, rtol=2**-24, atol=0)
 
 
 # ---------------------------------------------------------------------------------------------

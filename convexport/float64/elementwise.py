@@ -1,16 +1,17 @@
 """Elementwise ops whose ONNX reference kernels are slow or not float64 throughout: Erf (onnx
 1.23's is math.erf through np.vectorize with a float32 output type, so every Gelu of the
-"float64" graph was rounded to float32; here math.erf in float64, or torch's float64 erf where
-torch is loaded already, 30x faster per element) and Sigmoid (its reference evaluates two
+"float64" graph was rounded to float32; here erf.py's table-driven series in float64, or
+torch's float64 erf where torch is loaded already) and Sigmoid (its reference evaluates two
 exponentials and a where: 143 ms of yolov9t's float64 run, 180 nodes; here one, in place)."""
 
 from __future__ import annotations
 
-import math
 import sys
 
 import numpy as np
 from onnx.reference.op_run import OpRun
+
+from .erf import erf
 
 
 class Erf(OpRun):
@@ -19,12 +20,9 @@ class Erf(OpRun):
     def _run(self, x):
         torch = sys.modules.get("torch")  # not imported for this alone: 1.5 s
         if torch is None or x.dtype != np.float64:
-            return (_math_erf(x).astype(x.dtype),)
+            return (erf(np.asarray(x, dtype=np.float64)).astype(x.dtype, copy=False),)
         with torch.no_grad():
             return (torch.special.erf(torch.from_numpy(np.ascontiguousarray(x))).numpy(),)
-
-
-_math_erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 class Sigmoid(OpRun):
