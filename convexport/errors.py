@@ -28,11 +28,19 @@ class InternalError(ConvexportError):
 _ANSI_CODE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def first_line(exc: BaseException, limit: int = 300) -> str:
+def first_line(exc: BaseException, limit: int = 400) -> str:
     """The first line of an exception's message, without terminal codes, for one-line error
-    reports; a first line that ends in a colon goes on with the lines after it, on one line."""
+    reports; a first line that ends in a colon goes on with the lines after it, on one line.
+    Over `limit` characters it ends at the last whole word before it, with "..." after."""
     text = _ANSI_CODE.sub("", str(exc)).strip() or type(exc).__name__
     lines = text.splitlines()
     if lines[0].rstrip().endswith(":") and len(lines) > 1:  # "... input 'c' of node:" then the node
-        return " ".join(text.split())[:limit]
-    return lines[0][:limit]
+        return _whole_words(" ".join(text.split()), limit)
+    return _whole_words(lines[0].rstrip(), limit)
+
+
+def _whole_words(line: str, limit: int) -> str:
+    if len(line) <= limit:
+        return line
+    cut = line.rfind(" ", 0, limit)
+    return line[: cut if cut > limit // 2 else limit].rstrip(" ,;:") + " ..."

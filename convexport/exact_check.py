@@ -76,10 +76,6 @@ FIRST_RUN_OVER_BUDGET = 2
 # on real CNNs they run at 20-60% of numpy's float64 GEMM rate on the same machine (depthwise
 # convolutions and elementwise work the low end; bench/RESULTS.md), so the estimate takes 25%.
 REFERENCE_SHARE_OF_GEMM = 0.25
-# Besides its arithmetic, each node costs the reference evaluator's Python work (0.1-0.2 ms a
-# node a run on models of many small nodes; bench/RESULTS.md), and the node check's session.
-REFERENCE_NODE_S = 3e-4
-REFERENCE_CHECK_S = 0.1
 FLOAT64_WEIGHT_BYTES = 512 << 20
 
 
@@ -160,8 +156,10 @@ def exact_reference(
         heap.release_after(model)  # the float64 evaluator's ops refer back to it: its weights (2x) in a cycle
     outputs = outputs[: len(all_feeds)]
     ran = sum(value is not None for value in outputs)
-    per_run = (time.perf_counter() - began) / max(ran, 1)
-    candidate_too = candidate_flops is not None and ran * per_run * candidate_flops / flops < budget_s
+    spent = time.perf_counter() - began
+    per_run = spent / max(ran, 1)
+    # the optimized graph's float64 runs, where they fit in what the reference left of the budget
+    candidate_too = candidate_flops is not None and ran * per_run * candidate_flops / flops < budget_s - spent
     note = None
     if ran < len(all_feeds):
         note = (
@@ -180,27 +178,30 @@ def reference_flops(model: onnx.ModelProto) -> float:
     return max(node_flops(model, conv_work), 1.0)
 
 
-def reference_seconds(flops: float, nodes: int, sets: int) -> float:
-    """The float64 reference's estimated time on `sets` input sets of a model of `flops` a run
-    in `nodes` nodes: a run per set (its FLOPs at reference_rate(), REFERENCE_NODE_S a node
-    besides), and about a run each for building the evaluator and checking it node by node
-    (float64/node_check.py), whose ONNX Runtime session is REFERENCE_CHECK_S more."""
-    return (sets + 2) * (flops / reference_rate() + nodes * REFERENCE_NODE_S) + REFERENCE_CHECK_S
+def reference_seconds(flops: float, sets: int) -> float:
+    """The float64 reference's estimated time on `sets` input sets of a model of `flops` a run:
+    a run per set at reference_rate(), and about a run each for building the evaluator and
+    checking it node by node (float64/node_check.py)."""
+    return (sets + 2) * flops / reference_rate()
 
 
 @functools.cache
 def reference_rate() -> float:
     """FLOP/s the float64 reference is estimated to run at here: REFERENCE_SHARE_OF_GEMM of
-    numpy's float64 matrix product's rate on this machine (the best of three 384^3 products,
-    about 10 ms on 2 cores), so that a laptop's estimate is its own."""
-    size = 384
+    numpy's float64 matrix product's rate on this machine (384^3 products, about 10 ms on 2
+    cores), so that a laptop's estimate is its own."""
+    return REFERENCE_SHARE_OF_GEMM * gemm_rate(384)
+
+
+def gemm_rate(size: int) -> float:
+    """numpy's float64 FLOP/s on a size x size matrix product, the best of three."""
     a = np.random.default_rng(0).standard_normal((size, size))
     best = float("inf")
     for _ in range(3):
         began = time.perf_counter()
         a @ a
         best = min(best, time.perf_counter() - began)
-    return REFERENCE_SHARE_OF_GEMM * 2 * size**3 / max(best, 1e-9)
+    return 2 * size**3 / max(best, 1e-9)
 
 
 def _torch_reference(torch_source, all_feeds, onnx_first, original_runs, evaluator, began: float, budget_s: float):

@@ -264,15 +264,22 @@ def _run_exporter(loaded: LoadedModel, args: tuple, names: list[str], opset: int
 
 
 def _returns_dict_advice(loaded: LoadedModel) -> str:
-    """Why a TorchScript archive may fail to export: the TorchScript exporter has no
+    """What to do where a TorchScript archive fails to export. The TorchScript exporter has no
     translation for a dict of outputs (prim::DictConstruct), which a module traced with
-    strict=False returns where its forward returned one (a transformers model's ModelOutput)."""
+    strict=False returns where its forward returned one (a transformers model's ModelOutput);
+    and for any other failure an archive can only be exported as it was traced, where the
+    module itself goes through torch.export."""
     returns = getattr(getattr(loaded.program, "forward", None), "schema", None)
-    if returns is None or not any("Dict" in str(value.type) for value in returns.returns):
+    if returns is not None and any("Dict" in str(value.type) for value in returns.returns):
+        return (
+            "; the archive's forward returns a dict, which the TorchScript exporter cannot write: save one that "
+            "returns a tuple (transformers: trace with torchscript=True), or give the module as file.py:factory"
+        )
+    if loaded.route.kind != "torchscript":
         return ""
     return (
-        "; the archive's forward returns a dict, which the TorchScript exporter cannot write: save one that returns "
-        "a tuple (transformers: trace with torchscript=True), or give the module as file.py:factory"
+        "; a TorchScript archive is exported as it was traced: save the module with torch.export instead "
+        "(torch.export.save(torch.export.export(module, inputs), 'model.pt2')) or give it as file.py:factory"
     )
 
 

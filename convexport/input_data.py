@@ -105,7 +105,15 @@ def _read_header(stream, version):
 
 def _as_input(path: Path, array: np.ndarray, spec: InputSpec) -> np.ndarray:
     """A given array as the input's type: strings for a string input (ONNX Runtime takes
-    numpy's), else numbers of the same kind that the type holds."""
+    numpy's), else numbers of the same kind that the type holds; of the input's rank and fixed
+    dims (a dynamic dim, named, takes any size)."""
+    fixed = [dim if isinstance(dim, int) else None for dim in spec.dims]
+    if spec.dims and (
+        array.ndim != len(fixed) or any(want is not None and want != got for want, got in zip(fixed, array.shape))
+    ):
+        shape = "x".join(map(str, array.shape)) or "a scalar"
+        declared = "x".join(map(str, spec.dims))
+        raise ConvexportError(f"{path}: array {spec.name!r} is {shape}; the model's input {spec.name} is {declared}")
     if spec.dtype == "string":
         if array.dtype.kind not in "US":
             raise ConvexportError(f"{path}: array {spec.name!r} is {array.dtype}, but the input is string")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,7 @@ class LoadedModel:
     files: list[Path] = field(default_factory=list)  # what it was read from: never to be written
     program_inputs: list[ProgramInput] = field(default_factory=list)  # an exported program's, in order
     notes: list[str] = field(default_factory=list)  # what a user should know of how it was read, in words
+    restore: Callable[[], None] | None = None  # undoes what loading changed in the caller's own object
 
 
 def train_mode_note(source: str) -> str:
@@ -106,9 +108,10 @@ def train_mode_note(source: str) -> str:
     )
 
 
-def check_readable_file(source: str, path: Path) -> None:
+def check_readable_file(source: str, path: Path, what: str = "a model file") -> None:
     """A regular file, or a ConvexportError saying what the path is instead (nothing there, a
-    folder, a FIFO or device, which opening would block on or misread, or an unusable name)."""
+    folder, a FIFO or device, which opening would block on or misread, or an unusable name);
+    `what` names the file wanted."""
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -116,6 +119,6 @@ def check_readable_file(source: str, path: Path) -> None:
     except OSError as exc:
         raise ConvexportError(f"{source}: {exc.strerror or exc}") from None
     if stat.S_ISDIR(info.st_mode):
-        raise ConvexportError(f"{source}: is a folder, not a model file")
+        raise ConvexportError(f"{source}: is a folder, not {what}")
     if not stat.S_ISREG(info.st_mode):
-        raise ConvexportError(f"{source}: is not a regular file (a FIFO, socket or device); give a model file")
+        raise ConvexportError(f"{source}: is not a regular file (a FIFO, socket or device); give {what}")

@@ -129,6 +129,8 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
     say = request.steps.start
     say("loading")
     loaded = load.loaded_model(model, options.trust_pickle, request.examples)
+    if loaded.restore is not None:  # the API's module, exported in eval mode: given back as it came
+        cleanup.callback(loaded.restore)
     asked = rewrite.rules_asked(request)
     destination = load.destination(loaded, options.output, options.other_outputs) if options.write else None
     if destination is None:
@@ -139,7 +141,7 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
     graph = exported.graph
     say("rewriting")
     rewritten = rewrite.rewritten(graph, loaded.source, asked, request)
-    report = stage_report.base_report(loaded, destination, graph, rewritten)
+    report = stage_report.base_report(loaded, graph, rewritten)
     outcome = rewritten.outcome
     write.spill_before_validation(outcome, graph.reference, destination, cleanup, say)
     check.refuse_if_invalid(graph, rewritten, options.validate, report, say)
@@ -176,6 +178,7 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
     weights = None
     if destination is not None:
         weights = write.written(outcome.model, destination, loaded.files, say)
+        report["output"] = str(destination)
         report["output_weights"] = str(weights) if weights is not None else None
     report["timings_s"] = request.steps.finish()
     if graph.exporter == "onnx":  # a large model's weights in files: named as a model read from its folder names them
@@ -205,8 +208,12 @@ def _export_only(model, output, inputs, opset, dynamic_batch, trust_pickle, warn
     examples = example_tensors(inputs)
     specs = input_specs([] if examples is not None else as_list(inputs))
     loaded = load.loaded_model(model, trust_pickle, examples)
-    destination = load.destination(loaded, output)
-    exported = export_model(loaded, specs, opset, dynamic_batch)
+    try:
+        destination = load.destination(loaded, output)
+        exported = export_model(loaded, specs, opset, dynamic_batch)
+    finally:
+        if loaded.restore is not None:
+            loaded.restore()
     if warn is not None:
         for warning in exported.warnings:
             warn(warning)

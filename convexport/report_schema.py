@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import report_types
-from .errors import ConvexportError
+from .errors import ConvexportError, first_line
 from .loading import check_readable_file
 
 SCHEMA_ID = f"urn:convexport:report-schema:{report_types.SCHEMA_VERSION}"  # a name, not an address to fetch
@@ -124,13 +124,18 @@ def report_header(report: dict, where: str = "the report") -> ReportHeader:
 def read_report_header(path: str | Path) -> ReportHeader:
     """The kind and version of the report in the file at `path` (a regular file: a FIFO or a
     device is refused, never read)."""
-    check_readable_file(str(path), Path(path))
+    check_readable_file(str(path), Path(path), "a report's JSON file")
     try:
         report = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConvexportError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConvexportError(f"{path}: not JSON ({exc})") from None
+    except RecursionError:  # arrays or objects nested tens of thousands deep
+        raise ConvexportError(f"{path}: not a convexport report (JSON nested too deep to read)") from None
+    except ValueError as exc:  # a number of more digits than Python converts ("Exceeds the limit ...")
+        reason = first_line(exc)
+        raise ConvexportError(f"{path}: not a convexport report (JSON that cannot be read: {reason})") from None
     return report_header(report, str(path))
 
 

@@ -137,6 +137,6 @@ def _report_in(path: Path):
     try:
         found = json.loads(path.read_text(encoding="utf-8"))
         report_header(found)
-    except (OSError, ValueError, ConvexportError):
+    except (OSError, ValueError, RecursionError, ConvexportError):  # RecursionError: a test's hostile JSON
         return None
     return found

@@ -79,6 +79,20 @@ def test_a_plain_npy_is_one_line_that_says_npz(command, tmp_path):
     assert_user_error(invoke(command, *args), "x.npy", "a .npy file holds one array", ".npz")
 
 
+@pytest.mark.parametrize("command", ["optimize", "validate"])
+@pytest.mark.parametrize("shape", [(1, 5), (1, 4, 1), ()])
+def test_an_array_of_the_wrong_shape_names_both_shapes(command, shape, tmp_path):
+    """ONNX Runtime's own message is cut at its newline ("Got invalid dimensions for input: x
+    for the following indices"); the file's shape and the input's are both said instead."""
+    model = relu_model(tmp_path)
+    np.savez(tmp_path / "d.npz", x=np.ones(shape, np.float32))
+    args = [model, "--input-data", tmp_path / "d.npz", "--no-profile", "-o", tmp_path / "o.onnx"]
+    if command == "validate":
+        args = [model, model, "--inputs", tmp_path / "d.npz"]
+    said = "x".join(map(str, shape)) or "a scalar"
+    assert_user_error(invoke(command, *args), f"d.npz: array 'x' is {said}; the model's input x is 1x4")
+
+
 def test_a_truncated_npz_is_one_line(tmp_path):
     model = relu_model(tmp_path)
     np.savez(tmp_path / "d.npz", x=np.ones([1, 4], np.float32))

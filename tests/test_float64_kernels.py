@@ -327,6 +327,20 @@ def test_conv(rank, stride, dilation, groups, bias, pads):
         assert_agrees_with_torch(model, feeds, expected)
 
 
+@pytest.mark.parametrize("multiplier, stride, dilation", itertools.product((1, 3), ((1, 1), (2, 1)), ((1, 1), (1, 2))))
+def test_a_depthwise_conv_of_an_uneven_kernel(multiplier, stride, dilation):
+    """The depthwise path (a sum over taps): 6 channels, a 3x5 kernel, each channel's output
+    `multiplier` times, against torch in float64 and ONNX Runtime."""
+    x, w, b = rand(2, 6, 13, 12), rand(6 * multiplier, 1, 3, 5, seed=1), rand(6 * multiplier, seed=2)
+    model, feeds = one_node(
+        "Conv", [x, w, b], 11, group=6, strides=list(stride), dilations=list(dilation), pads=[1, 2, 1, 2]
+    )
+    assert_agrees_with_runtime(model, feeds)
+    expected = F.conv2d(*(torch.from_numpy(a).double() for a in (x, w, b)), stride=stride, padding=(1, 2),
+                        dilation=dilation, groups=6)  # fmt: skip
+    assert_agrees_with_torch(model, feeds, expected)
+
+
 @pytest.mark.parametrize("taps, groups", [(11, 1), (13, 2), (15, 4)])
 def test_a_large_kernel_through_the_fft(taps, groups):
     x, w = rand(1, 4, 40, 33), rand(8, 4 // groups, taps, taps, seed=1)

@@ -107,6 +107,23 @@ def test_a_factory_that_gives_a_module_in_train_mode_is_noted(tmp_path):
     assert "gave the module in train mode; it was exported in eval mode" in " ".join(result.stdout.split())
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_api_gives_the_callers_module_back_in_its_own_modes(tmp_path, fails):
+    """optimize() and export_only() export in eval mode and leave the caller's module (and each
+    submodule, one of them in eval mode on purpose) in the modes it was given in, also when the
+    run fails."""
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Dropout(0.5), torch.nn.BatchNorm1d(4)).train()
+    module[2].eval()
+    modes = [m.training for m in module.modules()]
+    if fails:
+        with pytest.raises(convexport.ConvexportError):
+            convexport.optimize(module, inputs=["x:2x3"], output=tmp_path / "missing" / "o.onnx", profile=False)
+    else:
+        convexport.optimize(module, inputs=["x:2x3"], write=False, profile=False)
+        convexport.export_only(module, tmp_path / "e.onnx", inputs=["x:2x3"])
+    assert [m.training for m in module.modules()] == modes == [True, True, True, False]
+
+
 @pytest.mark.parametrize("command", [["optimize"], ["validate"], ["profile"], ["export"], ["rules", "test"]])
 def test_help_shows_placeholders_not_python_types(command):
     """typer shows `<bool>` for a switch, `<list[str]>` for a repeatable option: the command

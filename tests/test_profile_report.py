@@ -251,10 +251,14 @@ def test_failed_validation_still_writes_the_html_with_the_culprit(small_net_path
     rules.write_text("rules:\n  - name: relu-is-identity\n    doc: wrong\n    match: [y = Relu(x)]\n"
                      "    apply: forward_input\n")
     result = CliRunner().invoke(app, ["optimize", f"{small_net_path}:build", "-o", str(tmp_path / "o.onnx"),
-                                      "--rules", str(rules), "--no-profile", "--html", str(tmp_path / "r.html")])
+                                      "--rules", str(rules), "--no-profile", "--html", str(tmp_path / "r.html"),
+                                      "--report", str(tmp_path / "r.json")])
     assert result.exit_code == 3
     page = (tmp_path / "r.html").read_text()
     assert "validation FAILED" in page and "first bad rewrite" in page and "relu-is-identity" in page
+    # nothing was written, and neither report says otherwise (the schema's null)
+    assert not (tmp_path / "o.onnx").exists() and json.loads((tmp_path / "r.json").read_text())["output"] is None
+    assert "written to <code>(not written)</code>" in page and "o.onnx" not in page
 
 
 def test_only_the_profiles_sessions_pack_their_weights(monkeypatch):

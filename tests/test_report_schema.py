@@ -80,8 +80,22 @@ def test_what_is_not_a_report_is_said_in_one_line(tmp_path):
     assert_user_error(invoke("report-schema", broken), "broken.json", "not JSON")
     fifo = tmp_path / "pipe.json"
     os.mkfifo(fifo)  # reading it would wait for a writer forever
-    assert_user_error(invoke("report-schema", fifo), "pipe.json", "not a regular file")
-    assert_user_error(invoke("report-schema", tmp_path), str(tmp_path), "is a folder")
+    assert_user_error(invoke("report-schema", fifo), "pipe.json", "not a regular file", "give a report's JSON file")
+    assert "model" not in invoke("report-schema", fifo).stderr
+    assert_user_error(invoke("report-schema", tmp_path), str(tmp_path), "is a folder, not a report's JSON file")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[" * 100_000 + "]" * 100_000, '{"a": ' * 50_000 + "1" + "}" * 50_000, '{"schema_version": 1' + "0" * 100_000 + "}"],
+    ids=["nested-arrays", "nested-objects", "a-number-of-100000-digits"],
+)
+def test_hostile_json_is_one_line_and_exit_1(tmp_path, text):
+    """JSON that Python's reader cannot take (RecursionError, the integer digits limit) was an
+    internal error, exit 70."""
+    hostile = tmp_path / "hostile.json"
+    hostile.write_text(text)
+    assert_user_error(invoke("report-schema", hostile), "hostile.json", "not a convexport report")
 
 
 def _mutated(change) -> dict:

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import pickle
+import re
 import sys
 import textwrap
 import zipfile
@@ -420,3 +421,30 @@ def test_a_torchscript_custom_class_names_its_library(tmp_path):
     archive = rewritten(scripted, tmp_path / "custom_class.pt", edit)
     assert_user_error(invoke("optimize", archive, "--input", "x:1x3x16x16"), "custom class mylib.Helper",
                       "torch.ops.load_library")
+
+
+def test_a_traced_archive_that_does_not_export_gives_the_reason_whole_and_the_way_out(tmp_path):
+    """A torch.jit.trace of nn.MultiheadAttention: the TorchScript exporter fails with a first
+    line of torch's some 300 characters long, which was cut mid-word; the message keeps it whole
+    and says what to give instead."""
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+
+        def forward(self, x):
+            return self.attention(x, x, x)[0]
+
+    torch.jit.trace(Attention().eval(), torch.randn(2, 5, 16), check_trace=False).save(str(tmp_path / "tfm.pt"))
+    result = invoke("optimize", tmp_path / "tfm.pt", "--input", "x:2x5x16", "--no-profile")
+    assert_user_error(result, "ONNX export failed", "unknown rank", "torch.export", "file.py:factory")
+    assert re.search(r"functional\.py:\d+:\d+;", result.stderr), result.stderr  # torch's line, to its end
+
+
+def test_a_long_reason_is_cut_at_a_word():
+    from convexport.errors import first_line
+
+    line = first_line(RuntimeError("word " * 200 + "\nsecond line"))
+    assert len(line) <= 404 and line.endswith("word ...") and "second" not in line
+    assert first_line(RuntimeError("short reason\nmore")) == "short reason"

@@ -33,7 +33,14 @@ def _load(argument: ModelArgument, trust_pickle: bool) -> LoadedModel:
             "them; build the module, load_state_dict() it, and pass the module"
         )
     in_train_mode = given.training
-    loaded = LoadedModel(argument.source, ROUTE, Path.cwd() / "model.opt.onnx", program=given.eval())
+    modes = [(module, module.training) for module in given.modules()]
+
+    def restore() -> None:
+        """The caller's module and each submodule back in the mode it was given in."""
+        for module, training in modes:
+            module.training = training
+
+    loaded = LoadedModel(argument.source, ROUTE, Path.cwd() / "model.opt.onnx", program=given.eval(), restore=restore)
     if in_train_mode:
         loaded.notes.append(train_mode_note(argument.source))
     return loaded

@@ -3,8 +3,6 @@ exporter, interface, environment) and the graph before and after."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import onnx
 
 from .. import __version__, ir
@@ -21,9 +19,7 @@ from .rewrite import Rewritten
 REGRESSION_RATIO = 1.05
 
 
-def base_report(
-    loaded: LoadedModel, destination: Path | None, exported: ExportResult, rewritten: Rewritten
-) -> OptimizeReport:
+def base_report(loaded: LoadedModel, exported: ExportResult, rewritten: Rewritten) -> OptimizeReport:
     """The report as the rewrite leaves it: validation and profile still to come (null)."""
     model = rewritten.outcome.model
     before = _stats(exported.reference)
@@ -39,7 +35,7 @@ def base_report(
         "schema_version": SCHEMA_VERSION,
         "convexport_version": __version__,
         "model": loaded.source,
-        "output": str(destination) if destination else None,
+        "output": None,  # the written model's path, once the write stage has written it
         "exporter": exported.exporter,
         "export_warnings": exported.warnings,
         "opset": ir.onnx_opset(exported.model),
