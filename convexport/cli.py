@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from .errors import ConvexportError, InternalError, ValidationError, first_line
+from .errors import ConvexportError, InternalError, ValidationError, did_you_mean, first_line
 from .files import Terminated, ending_signals_raise
 
 EXIT_USER, EXIT_VALIDATION, EXIT_INTERNAL = 1, 3, 70
@@ -33,7 +33,7 @@ rules_app = typer.Typer(no_args_is_help=True, context_settings=HELP, help="List,
 app.add_typer(rules_app, name="rules")
 
 # emoji off: a model named weights.onnx:x would print with ":x:" as a cross mark
-stdout = Console(soft_wrap=True, emoji=False)
+stdout = Console(highlight=False, soft_wrap=True, emoji=False)  # user text and numbers unmarked
 stderr = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 _debug = False
 
@@ -230,9 +230,11 @@ def optimize(
                 )
                 result = pipeline.optimize(model, options=options)
         except ValidationError as exc:
-            if exc.report is not None:
-                write_reports(exc.report)
-            raise
+            written = [f"{option} {path}" for option, path in reports if path is not None]
+            if exc.report is None or not written:
+                raise
+            write_reports(exc.report)
+            raise ValidationError(f"{exc} ({' and '.join(written)}: this failure's report)", exc.report) from exc
         from .report_sections import print_explanations, print_optimize_summary
 
         write_reports(result.report)
@@ -283,7 +285,7 @@ def validate_command(
     """Compare two ONNX models on the same inputs (exit 3 when they differ)."""
     from . import validate as checks
     from .inputs import input_specs
-    from .report import write_json
+    from .report import nonfinite_line, write_json
     from .report_types import SCHEMA_VERSION
     from .runtime import custom_op_libraries
 
@@ -306,6 +308,9 @@ def validate_command(
                 else ""
             )
             stdout.print(f"validation {verdict} over {result.runs} run(s){judged}: {result.summary()}", markup=False)
+            note = nonfinite_line(result.to_report())
+            if note is not None:
+                stdout.print(note, markup=False)
         if not result.passed:
             raise ValidationError(f"{candidate} does not match {reference}: {result.summary()}")
 
@@ -431,9 +436,11 @@ def rules_show(name: Annotated[str, typer.Argument(help="A rule name.")], rules:
     """A rule's text and doc."""
 
     def run():
-        found = [rule for rule in _all_rules(rules) if rule.name == name]
+        every = _all_rules(rules)
+        found = [rule for rule in every if rule.name == name]
         if not found:
-            raise ConvexportError(f"no rule named {name!r}; `convexport rules list` lists them")
+            hint = did_you_mean(name, [rule.name for rule in every], "; `convexport rules list` lists them")
+            raise ConvexportError(f"no rule named {name!r}{hint}")
         rule = found[0]
         lines = Path(rule.file).read_text(encoding="utf-8").splitlines()
         end = next((i for i in range(rule.line, len(lines)) if lines[i].lstrip().startswith("- name:")), len(lines))

@@ -44,3 +44,30 @@ def _whole_words(line: str, limit: int) -> str:
         return line
     cut = line.rfind(" ", 0, limit)
     return line[: cut if cut > limit // 2 else limit].rstrip(" ,;:") + " ..."
+
+
+def did_you_mean(given: str, names, otherwise: str = "") -> str:
+    """ "; did you mean A, B?" for the names nearest `given` (at most three), or `otherwise`.
+    Nearest first: names of which each hyphen-separated part of `given` abbreviates the part in
+    its place (its letters in order, the first one first: conv-bn for conv-batchnorm), then
+    difflib's close matches."""
+    import difflib
+
+    names = sorted(set(names))
+    parts = given.lower().split("-")
+
+    def abbreviates(name: str) -> bool:
+        theirs = name.lower().split("-")
+        return len(theirs) == len(parts) and all(_abbreviation(short, long) for short, long in zip(parts, theirs))
+
+    close = [name for name in names if abbreviates(name) and name != given]
+    close += [name for name in difflib.get_close_matches(given, names, n=3) if name not in close]
+    return f"; did you mean {', '.join(close[:3])}?" if close else otherwise
+
+
+def _abbreviation(short: str, long: str) -> bool:
+    """`short`'s letters appear in `long` in order, beginning with its first letter."""
+    if not short or not long or short[0] != long[0]:
+        return False
+    letters = iter(long)
+    return all(letter in letters for letter in short)

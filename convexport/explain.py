@@ -4,9 +4,9 @@ to the nodes of one PyTorch module (a dotted path as the report's `module` field
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 
+from .errors import did_you_mean
 from .ir import Provenance
 
 
@@ -56,6 +56,5 @@ def _no_nodes_in(request: ExplainRequest, provenance: Provenance) -> str:
         return f"the rule looked at no node of {request.module}"
     if not paths:
         return f"no module {request.module}: the model records no module paths"
-    close = difflib.get_close_matches(request.module, sorted(paths), n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    hint = did_you_mean(request.module, paths)
     return f"no module {request.module} in the model{hint}"

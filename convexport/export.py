@@ -103,7 +103,7 @@ def _exported_on_examples(
     dynamic = _dynamic_axes(args, ask.specs, ask.dynamic_batch)
     if dynamic:
         args = tuple(_at_least_two_along(t, axes) for t, axes in zip(args, dynamic))
-    _check_runs_on(loaded, args)
+    _check_runs_on(loaded, args, given=bool(ask.specs))
     model, exporter, tracer_warnings = torch_graph(loaded, args, names, ask.opset, dynamic, exporters)
     return ExportResult(
         ir.infer_shapes(model, loaded.source), graph_input_specs(model), exporter, tracer_warnings,
@@ -153,9 +153,10 @@ def example_arguments(
         )
         return args, [spec.name for spec in specs]
     if loaded.example_inputs is None:
+        factory = ", or have the factory return (module, example_inputs)" if loaded.route.entries == "callable" else ""
         raise ConvexportError(
             f"{loaded.source}: {hint or 'no example inputs'}; pass --input NAME:DIMS (e.g. --input "
-            "x:1x3x224x224), or have the factory return (module, example_inputs)"
+            f"x:1x3x224x224){factory}"
         )
     args = loaded.example_inputs
     names = loaded.input_names or signature_names
@@ -202,11 +203,11 @@ def _at_least_two_along(tensor, axes: dict[int, str]):
     return tensor
 
 
-def _check_runs_on(loaded: LoadedModel, args: tuple) -> None:
-    """Run the module once on the example inputs: inputs of the wrong count, rank or dtype
-    fail here with the model's own reason, where an exporter would fail deep in its passes
-    (the TorchScript one with an internal error). (An exported program checks its inputs
-    itself and is not run.)"""
+def _check_runs_on(loaded: LoadedModel, args: tuple, given: bool) -> None:
+    """Run the module once on the example inputs (`given` by --input, else the model's own):
+    inputs of the wrong count, rank or dtype fail here with the model's own reason, where an
+    exporter would fail deep in its passes (the TorchScript one with an internal error). (An
+    exported program checks its inputs itself and is not run.)"""
     import torch
 
     try:
@@ -217,9 +218,10 @@ def _check_runs_on(loaded: LoadedModel, args: tuple) -> None:
             f"{'x'.join(map(str, tensor.shape)) or 'scalar'}:{str(tensor.dtype).removeprefix('torch.')}"
             for tensor in args
         )
+        check = "--input's" if given else "the example inputs'"
         raise ConvexportError(
             f"{loaded.source}: the model does not run on the example inputs ({shapes}): {_run_failure(exc)}; "
-            "check --input's count, dims and dtypes against the model's forward()"
+            f"check {check} count, dims and dtypes against the model's forward()"
         ) from exc
 
 

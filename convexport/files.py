@@ -86,7 +86,11 @@ def writable_place(destination: str | Path) -> Path:
             _check_link_resolves(destination)
         target = Path(os.path.realpath(destination))
         if not target.parent.is_dir():
-            raise ConvexportError(f"{destination}: folder {target.parent} does not exist")
+            # the folder as the user wrote it, unless a link led elsewhere
+            folder = destination.parent if target.parent == Path(os.path.abspath(destination.parent)) else target.parent
+            if target.parent.exists():
+                raise ConvexportError(f"{destination}: {folder} is a file, not a folder")
+            raise ConvexportError(f"{destination}: folder {folder} does not exist")
         if target.is_dir():
             raise ConvexportError(f"{destination}: is a folder; give a file name")
         os.stat(target) if target.exists() else _check_name(target)

@@ -165,7 +165,7 @@ def precision_lines(precision: dict, where_listed: str = "the report's kept_floa
     ]
 
 
-def nonfinite_line(validation: dict, made_up_inputs=None) -> str | None:
+def nonfinite_line(validation: dict) -> str | None:
     """A note where the original itself gives NaN or infinities: there the optimized graph is
     only checked to give the same, so the validation says less than its verdict suggests."""
     counted = [(name, e) for name, e in validation["outputs"].items() if e.get("nonfinite")]
@@ -173,11 +173,11 @@ def nonfinite_line(validation: dict, made_up_inputs=None) -> str | None:
         return None
     name, worst = max(counted, key=lambda item: item[1]["nonfinite"])
     others = f" (and {len(counted) - 1} more output{'s' if len(counted) > 2 else ''})" if len(counted) > 1 else ""
-    data = "the given inputs" if made_up_inputs else "made-up inputs"
+    data = validation.get("nonfinite_on", "the input sets")  # (a report before 1.6 does not say which)
     return (
         f"note: on {data} the original gives NaN or infinity at {worst['nonfinite']} of {worst['elements']} "
         f"elements of output {name!r}{others}; there the optimized graph was only checked to give the same"
-        + ("" if made_up_inputs else "; give real inputs with --input-data DATA.npz for a full check")
+        + ("; give real inputs with --input-data DATA.npz for a full check" if data == "made-up inputs" else "")
     )
 
 

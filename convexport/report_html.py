@@ -141,7 +141,7 @@ def low_rank_branches(report: OptimizeReport) -> list[str]:
 def validation(report: OptimizeReport) -> list[str]:
     if not report.get("validation"):
         return []
-    return ["<h2>Validation</h2>", _validation(report["validation"], report.get("made_up_inputs"))]
+    return ["<h2>Validation</h2>", _validation(report["validation"])]
 
 
 def precision(report: OptimizeReport) -> list[str]:
@@ -448,7 +448,7 @@ def _skipped(entries) -> str:
     return f"<table><tr><th>rule</th><th>nodes</th><th>why not</th></tr>{body}</table>"
 
 
-def _validation(validation, made_up_inputs=None) -> str:
+def _validation(validation) -> str:
     """Per output: against the float64 result, the optimized graph's error, the original's own
     (its noise floor) and the bound; against the original's run, the differences; the
     tolerances where they bound it."""
@@ -483,7 +483,7 @@ def _validation(validation, made_up_inputs=None) -> str:
     warning = export_check_line(validation)
     if warning:
         blame += f"<p class=badges><span class=bad>{_e(warning.removeprefix('warning: '))}</span></p>"
-    nonfinite = nonfinite_line(validation, made_up_inputs)
+    nonfinite = nonfinite_line(validation)
     if nonfinite:
         text = nonfinite.removeprefix("note: ")
         blame += f"<p>{_e(text[0].upper() + text[1:])}</p>"

@@ -147,7 +147,7 @@ def validation(report: OptimizeReport, console: Console) -> None:
     if not checked:
         return
     console.print(validation_line(checked))
-    for line in (export_check_line(checked), nonfinite_line(checked, report.get("made_up_inputs"))):
+    for line in (export_check_line(checked), nonfinite_line(checked)):
         if line:
             console.print(line, markup=False)
     if checked.get("on_device"):

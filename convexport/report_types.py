@@ -19,7 +19,7 @@ added, its major number for one removed, renamed or retyped.
 
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
-SCHEMA_VERSION = "1.5"
+SCHEMA_VERSION = "1.6"
 
 
 # -- what several sections share ------------------------------------------------------------
@@ -240,6 +240,12 @@ class Comparison(TypedDict):
     reference_source: NotRequired[Annotated[str, "whose float64 run: the ONNX graph's or torch's"]]
     export_check: NotRequired[Annotated[ExportCheck, "torch's float64 run against the exported graph's"]]
     problem: NotRequired[Annotated[str, "a structural mismatch: a missing output, a shape"]]
+    nonfinite_on: NotRequired[
+        Annotated[
+            Literal["made-up inputs", "the given inputs", "made-up and given inputs"],
+            "the input sets on which the original gives NaN or infinity (since 1.6)",
+        ]
+    ]
     precision: NotRequired[
         Annotated[
             str,

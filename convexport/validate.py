@@ -196,6 +196,7 @@ class ValidationResult:
     inputs: list[str] = field(default_factory=list)
     reference: str = "float32"  # what the outputs were judged against: float64 (the exact result) or float32
     reference_note: str | None = None  # input sets without a float64 reference, and why
+    nonfinite_on: str | None = None  # the input sets where the reference gives NaN or infinity, in words
     exact: ExactReference | None = field(default=None, repr=False)  # for another check on the same input sets
     precision: str | None = None  # the candidate's compute type where coarser than its outputs' (float16)
     # the first input set and the candidate's outputs on it, for a second look at the candidate
@@ -224,6 +225,8 @@ class ValidationResult:
             report["export_check"] = self._named(self.exact.export_check)
         if self.problem:
             report["problem"] = self.problem
+        if self.nonfinite_on:
+            report["nonfinite_on"] = self.nonfinite_on
         if self.precision:
             report["precision"] = self.precision  # judged at its roundoff
         return report
@@ -293,6 +296,7 @@ def compare_models(
     # at once doubled validation's peak memory on large models).
     names, all_feeds, expected_runs = reference_runs(reference, inputs, runs, seed, extra_feeds, labels[0], device)
     result.reference_runs = ReferenceRuns(names, all_feeds, expected_runs, device)
+    result.nonfinite_on = _nonfinite_on(expected_runs, runs)
     heap.release_after(reference)  # its session, before the float64 evaluator's or the candidate's
     if exact is True:
         exact = exact_reference(
@@ -342,6 +346,23 @@ def compare_models(
         heap.release_after(candidate)
     result.passed = all(error.mismatches == 0 for error in result.outputs.values())
     return result
+
+
+def _nonfinite_on(expected_runs: list[list[np.ndarray]], made_up: int) -> str | None:
+    """Which input sets (the first `made_up` made up, the rest the caller's) the reference gives
+    NaN or infinity on, in words; None where it gives none."""
+    sets = {
+        "made-up" if index < made_up else "given"
+        for index, outputs in enumerate(expected_runs)
+        if any(output.dtype.kind in "fc" and not np.isfinite(output).all() for output in outputs)
+    }
+    if not sets:
+        return None
+    return (
+        {"made-up": "made-up inputs", "given": "the given inputs"}.get(sets.pop())
+        if len(sets) == 1
+        else ("made-up and given inputs")
+    )
 
 
 def reference_runs(reference, inputs, runs, seed, extra_feeds, label, device):

@@ -93,6 +93,43 @@ def test_an_array_of_the_wrong_shape_names_both_shapes(command, shape, tmp_path)
     assert_user_error(invoke(command, *args), f"d.npz: array 'x' is {said}; the model's input x is 1x4")
 
 
+def test_the_nonfinite_note_names_the_inputs_that_gave_them(tmp_path):
+    """y = Log(x): NaN where x < 0. On made-up inputs the note says so and asks for real data;
+    on the user's own NaN data (validate --inputs, no made-up sets) it says the given inputs."""
+    import json
+
+    model = make_model([helper.make_node("Log", ["x"], ["y"])], [tensor("x", [1, 64])], [tensor("y", [1, 64])])
+    onnx.save(model, tmp_path / "m.onnx")
+    made_up = invoke("optimize", tmp_path / "m.onnx", "--no-profile", "-o", tmp_path / "o.onnx")
+    said = " ".join(made_up.stdout.split())
+    assert made_up.exit_code == 0 and "note: on made-up inputs the original gives NaN" in said, made_up.output
+    assert "--input-data DATA.npz" in said
+    data = np.abs(np.random.default_rng(0).standard_normal((1, 64))).astype(np.float32)
+    data[0, :3] = np.nan
+    np.savez(tmp_path / "x_nan.npz", x=data)
+    report = tmp_path / "v.json"
+    given = invoke("validate", tmp_path / "m.onnx", tmp_path / "o.onnx", "--inputs", tmp_path / "x_nan.npz",
+                   "--runs", "0", "--report", report)  # fmt: skip
+    said = " ".join(given.stdout.split())
+    assert given.exit_code == 0 and "note: on the given inputs the original gives NaN or infinity at 3 of 64" in said, given.output
+    assert "made-up" not in said and json.loads(report.read_text())["nonfinite_on"] == "the given inputs"
+
+
+def test_a_colour_terminal_gets_numbers_and_names_unmarked(tmp_path):
+    """rich's highlighter coloured fragments of plain text ("1." of "1.11x" bold, "Intel("
+    magenta); only convexport's own emphasis is marked now."""
+    import re
+
+    model = relu_model(tmp_path)
+    shown = subprocess.run(
+        [sys.executable, "-m", "convexport", "optimize", model, "--no-profile", "-o", tmp_path / "o.onnx"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "FORCE_COLOR": "1", "COLUMNS": "200"},
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "\x1b[" in shown.stdout  # a colour terminal indeed
+    assert not re.search(r"\x1b\[[0-9;]*m[0-9(.]", shown.stdout), shown.stdout  # no code right before a number
+
+
 def test_a_truncated_npz_is_one_line(tmp_path):
     model = relu_model(tmp_path)
     np.savez(tmp_path / "d.npz", x=np.ones([1, 4], np.float32))
@@ -213,3 +250,37 @@ def test_damaged_external_data_is_one_line(damage, fragment, tmp_path):
         damaged.graph.initializer[0].dims[:] = [400, 4]
     onnx.save(damaged, tmp_path / "damaged.onnx")
     assert_user_error(invoke("optimize", tmp_path / "damaged.onnx", "--no-profile"), "damaged.onnx", fragment)
+
+
+# Small words (issue 72, item 10)
+
+
+def test_a_misspelt_name_gets_the_nearest_names(tmp_path):
+    """--explain conv-bn names conv-batchnorm (its abbreviation), rules show does too, and a
+    factory name with a typo gets the file's callables."""
+    model = relu_model(tmp_path)
+    explained = invoke("optimize", model, "--explain", "conv-bn", "--no-profile", "-o", tmp_path / "o.onnx")
+    assert_user_error(explained, "--explain conv-bn: no rule of that name; did you mean conv-batchnorm")
+    assert_user_error(invoke("rules", "show", "conv-bn"), "no rule named 'conv-bn'; did you mean conv-batchnorm")
+    (tmp_path / "net.py").write_text(
+        "import torch\ndef build():\n    return torch.nn.Linear(3, 4), (torch.randn(2, 3),)\n"
+    )
+    assert_user_error(invoke("optimize", f"{tmp_path / 'net.py'}:buidl", "--no-profile"), "no callable 'buidl'",
+                      "did you mean build?")  # fmt: skip
+
+
+def test_advice_names_only_what_the_user_gave(tmp_path):
+    """A TorchScript archive without example inputs is not told about a factory; a factory
+    whose forward raises on its own example inputs is not told to check --input."""
+    import torch
+
+    torch.jit.script(torch.nn.Linear(3, 4)).save(str(tmp_path / "m.pt"))
+    archive = invoke("optimize", tmp_path / "m.pt", "--no-profile")
+    assert_user_error(archive, "m.pt", "--input NAME:DIMS")
+    assert "factory" not in archive.stderr
+    (tmp_path / "net.py").write_text(
+        "import torch\ndef build():\n    return torch.nn.Linear(3, 4), (torch.randn(2, 5),)\n"
+    )
+    raising = invoke("optimize", tmp_path / "net.py", "--no-profile", "-o", tmp_path / "o.onnx")
+    assert_user_error(raising, "does not run on the example inputs (2x5:float32)", "check the example inputs' count")
+    assert "--input" not in raising.stderr

@@ -226,8 +226,14 @@ def test_cuda_without_a_gpu_is_a_user_error(small_net_path, monkeypatch):
     assert_user_error(invoke("optimize", f"{small_net_path}:build", "--device", "cuda"), "--device cuda")
 
 
-def test_missing_output_folder_and_overwriting_the_input(small_net_path, tmp_path):
+def test_missing_output_folder_and_overwriting_the_input(small_net_path, tmp_path, monkeypatch):
     assert_user_error(invoke("optimize", f"{small_net_path}:build", "-o", tmp_path / "no" / "o.onnx"), "does not exist")
+    monkeypatch.chdir(tmp_path)  # the folder as written, relative (docs/commands.md shows it so)
+    (tmp_path / "afile").write_text("not a folder")
+    assert_user_error(invoke("optimize", f"{small_net_path}:build", "-o", "out/x.onnx"),
+                      "out/x.onnx: folder out does not exist")  # fmt: skip
+    assert_user_error(invoke("optimize", f"{small_net_path}:build", "-o", "afile/x.onnx"),
+                      "afile/x.onnx: afile is a file, not a folder")  # fmt: skip
     model = tmp_path / "m.onnx"
     assert invoke("export", f"{small_net_path}:build", "-o", model).exit_code == 0
     before = model.read_bytes()
@@ -363,7 +369,7 @@ def test_validate_with_arrays_the_model_cannot_take(tmp_path):
     data = tmp_path / "d.npz"
     np.savez(data, x=np.zeros((2, 2), np.float32))
     result = invoke("validate", model, model, "--inputs", data, "--runs", "0")
-    assert_user_error(result, "cannot run the reference model on x:2x2:float32", "Invalid rank")
+    assert_user_error(result, "d.npz: array 'x' is 2x2; the model's input x is Nx3xHxW")
     assert "--input" not in result.stderr
 
 

@@ -113,6 +113,16 @@ def test_an_interface_the_model_does_not_have_is_one_line(tmp_path):
                       "inputs and outputs are float16")  # fmt: skip
 
 
+def test_dtype_bf16_alone_on_a_float16_interface_names_what_was_given(tmp_path):
+    """--dtype bf16 on a model of float16 inputs and outputs: no --io-dtype was given, so the
+    message is not "--io-dtype fp16 with --dtype bf16"."""
+    path = tmp_path / "m.onnx"
+    onnx.save(repvgg_block(), path)
+    result = invoke("optimize", path, "--dtype", "bf16", "--no-profile", "-o", tmp_path / "o.onnx")
+    assert_user_error(result, "--dtype bf16: the model's inputs and outputs are float16", "--io-dtype fp32")
+    assert "--io-dtype fp16" not in result.stderr
+
+
 def test_x_itself_is_not_folded_into_float16_taps_beside_it(tmp_path):
     """x + gamma * (branches of x): folded, x lands in the centre taps, 1 + O(gamma), which
     float16 rounds to a 2048th of themselves; left unfolded, the branches still fold."""

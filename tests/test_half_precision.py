@@ -607,6 +607,25 @@ def test_a_float16_interface_that_alone_misses_the_bound_writes_nothing(tmp_path
     assert {entry["op"] for entry in result.report["precision"]["kept_float32"]} >= {"Mul", "Sin"}
 
 
+def test_an_integer_interface_is_not_called_float16(tmp_path):
+    """--io-dtype fp16 on a model whose inputs and outputs are int64: nothing of the interface is
+    float16, and neither the report nor the summary says it is."""
+    nodes = [
+        helper.make_node("Cast", ["ids"], ["f"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["f", "two"], ["g"]),
+        helper.make_node("Cast", ["g"], ["y"], to=TensorProto.INT64),
+    ]
+    model = make_model(nodes, [tensor("ids", [2, 3], TensorProto.INT64)], [tensor("y", [2, 3], TensorProto.INT64)],
+                       {"two": np.float32(2.0)})  # fmt: skip
+    path, report = tmp_path / "m.onnx", tmp_path / "r.json"
+    onnx.save(model, path)
+    done = invoke("optimize", path, "--dtype", "fp16", "--io-dtype", "fp16", "--no-profile", "--report", report,
+                  "-o", tmp_path / "o.onnx")  # fmt: skip
+    assert done.exit_code == 0, done.output
+    assert json.loads(report.read_text())["precision"]["io_dtype"] == "float32"
+    assert "inputs and outputs" not in " ".join(done.stdout.split())
+
+
 @pytest.mark.parametrize("interface", ["fp32", "fp16"])
 def test_validate_judges_a_float16_file_at_float16s_roundoff_and_still_finds_a_wrong_one(tmp_path, interface):
     """`convexport validate original.onnx model.fp16.onnx`: the candidate computes in float16,

@@ -259,6 +259,8 @@ def test_failed_validation_still_writes_the_html_with_the_culprit(small_net_path
     # nothing was written, and neither report says otherwise (the schema's null)
     assert not (tmp_path / "o.onnx").exists() and json.loads((tmp_path / "r.json").read_text())["output"] is None
     assert "written to <code>(not written)</code>" in page and "o.onnx" not in page
+    said = " ".join(result.stderr.split())
+    assert "nothing was written" in said and f"--report {tmp_path / 'r.json'}" in said and "this failure's report" in said
 
 
 def test_only_the_profiles_sessions_pack_their_weights(monkeypatch):

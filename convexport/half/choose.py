@@ -159,6 +159,8 @@ def to_half_precision(
     judged on `runs`, each node measured on `values` (the exact value of every tensor on the
     first input set), the nodes of each of `fused` (kernel, node names) in one precision, the
     weights of `given` rounded as given (WeightRounding.given)."""
+    if not _float_interface(model):  # nothing of an int64 or bool interface takes the half type
+        io_dtype = "float32"
     io_type = HALF_TYPES[dtype] if io_dtype == dtype else FLOAT
     choice = _Choice(model, HALF_TYPES[dtype], io_type, runs, device, given)
     kept = choice.kept_by_own_error(values, fused)
@@ -184,6 +186,12 @@ def to_half_precision(
         choice.attempts, len(choice.local), converted.weights_rounded, bound_by=choice.bound_by,
         files=handed_over(converted), rounding=choice.rounding,
     )  # fmt: skip
+
+
+def _float_interface(model: onnx.ModelProto) -> bool:
+    """Whether any input or output of the model is a float32 tensor (what --io-dtype changes)."""
+    values = (*model.graph.input, *model.graph.output)
+    return any(value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for value in values)
 
 
 class _Choice:

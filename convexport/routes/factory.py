@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConvexportError, first_line
+from ..errors import ConvexportError, did_you_mean, first_line
 from ..export import export_module
 from ..files import Terminated
 from ..loading import LoadedModel, ModelArgument, check_readable_file, train_mode_note
@@ -36,7 +36,10 @@ def _load(argument: ModelArgument, trust_pickle: bool) -> LoadedModel:
     module = _import_factory_module(source, path_text)
     factory = getattr(module, factory_name, None)
     if not callable(factory):
-        raise ConvexportError(f"{source}: {path_text} has no callable {factory_name!r}")
+        callables = [name for name, value in vars(module).items() if callable(value) and not name.startswith("_")]
+        raise ConvexportError(
+            f"{source}: {path_text} has no callable {factory_name!r}{did_you_mean(factory_name, callables)}"
+        )
     produced = _user_call(source, f"{factory_name}()", factory)
     program, inputs = _unpack_factory_result(source, produced)
     if inputs is None and callable(getattr(module, "example_inputs", None)):

@@ -64,6 +64,11 @@ def in_its_precision(graph: ExportResult, request: Request) -> None:
         graph.conversions.append(f"float16 weights folded in float64, rounded into float16 by the rewrite ({reason})")
         return
     request.dtype = request.dtype or "float16"
+    if request.io_dtype is None and request.dtype == "bfloat16" and interface == "float16":
+        raise ConvexportError(
+            f"--dtype {TYPE_FLAGS[request.dtype]}: the model's inputs and outputs are float16, which a "
+            f"{TYPE_FLAGS[request.dtype]} model keeps only as fp32; give --io-dtype fp32 as well to change them"
+        )
     request.io_dtype = request.io_dtype or interface
     if request.dtype != "float32":
         check_interface(request.dtype, request.io_dtype)

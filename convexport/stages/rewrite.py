@@ -3,7 +3,6 @@ weight written once; and, for a bisection, the same rewrite stopped after its fi
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import onnx
 
 from .. import ir, transformer_fusions
-from ..errors import ConvexportError
+from ..errors import ConvexportError, did_you_mean
 from ..explain import ExplainRequest, explanations
 from ..export import ExportResult
 from ..float32_twin import is_twin_of, twin_types
@@ -51,8 +50,7 @@ def _rules(paths: Sequence[str | Path], builtin: bool, disabled: Sequence[str] =
     for option, given in (("--disable-rule", disabled), ("--explain", explained)):
         for name in given:
             if name not in names:
-                close = difflib.get_close_matches(name, names, n=3)
-                hint = f"; did you mean {', '.join(close)}?" if close else "; `convexport rules list` names them"
+                hint = did_you_mean(name, names, "; `convexport rules list` names them")
                 raise ConvexportError(f"{option} {name}: no rule of that name{hint}")
     return [rule for rule in rules if rule.name not in set(disabled)]
 
