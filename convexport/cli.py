@@ -195,6 +195,7 @@ def optimize(
         reports = [("--report", report), ("--html", html)]
         if inputs is not None and input_data is not None:
             raise ConvexportError("--inputs and --input-data: give one (besides random inputs, or instead of them)")
+        _check_model_is_there(model)
         _check_outputs([model_file(model), inputs or input_data], [("-o", output), *reports])
         try:
             with _progress(quiet) as progress:
@@ -257,17 +258,18 @@ def export(
     trust_pickle: TrustOpt = False,
 ):
     """Export MODEL to ONNX without rewriting it."""
-    from .pipeline import export_only
-    from .report import tracer_warning
 
-    def warn(warning: str) -> None:
-        stdout.print(tracer_warning(warning), markup=False)
+    def run():
+        _check_model_is_there(model)
+        from .pipeline import export_only
+        from .report import tracer_warning
 
-    _guarded(
-        lambda: stdout.print(
-            f"wrote {export_only(model, output, input or [], opset, dynamic_batch, trust_pickle, warn=warn)}"
-        )
-    )
+        def warn(warning: str) -> None:
+            stdout.print(tracer_warning(warning), markup=False)
+
+        stdout.print(f"wrote {export_only(model, output, input or [], opset, dynamic_batch, trust_pickle, warn=warn)}")
+
+    _guarded(run)
 
 
 @app.command("validate")
@@ -424,9 +426,13 @@ def rules_list(rules: RulesOpt = None):
     """Every rule, one line each, with its file."""
 
     def run():
-        for rule in _all_rules(rules):
-            location = f"{_shown_path(rule.file)}:{rule.line}"
-            stdout.print(f"{rule.name:26} {location:32} {rule.doc}", markup=False, highlight=False, soft_wrap=True)
+        every = _all_rules(rules)
+        locations = [f"{_shown_path(rule.file)}:{rule.line}" for rule in every]
+        name_width = max((len(rule.name) for rule in every), default=0)  # columns as wide as their longest
+        where_width = max(map(len, locations), default=0)
+        for rule, location in zip(every, locations):
+            line = f"{rule.name:{name_width}}  {location:{where_width}}  {rule.doc}"
+            stdout.print(line, markup=False, highlight=False, soft_wrap=True)
 
     _guarded(run)
 
@@ -597,6 +603,18 @@ def _check_outputs(inputs, outputs) -> None:
     from .files import check_paths
 
     check_paths([path for path in inputs if path is not None], outputs)
+
+
+# The model files the routes read (routes/*.py's suffixes), named here so that a file that is not
+# there is said before the stages' libraries are imported (seconds), not after.
+MODEL_SUFFIXES = (".onnx", ".pt", ".pth", ".pt2", ".py")
+
+
+def _check_model_is_there(model: str) -> None:
+    """MODEL names a model file that does not exist: the one line loading would give, at once."""
+    path = model_file(model)
+    if path.suffix.lower() in MODEL_SUFFIXES and not os.path.lexists(path):
+        raise ConvexportError(f"{model}: no such file")
 
 
 def model_file(model: str) -> Path:

@@ -284,3 +284,25 @@ def test_advice_names_only_what_the_user_gave(tmp_path):
     raising = invoke("optimize", tmp_path / "net.py", "--no-profile", "-o", tmp_path / "o.onnx")
     assert_user_error(raising, "does not run on the example inputs (2x5:float32)", "check the example inputs' count")
     assert "--input" not in raising.stderr
+
+
+@pytest.mark.parametrize("command", ["optimize", "export"])
+@pytest.mark.parametrize("model", ["nope.onnx", "nope.pt2", "net.py:build", "weights.pt:model"])
+def test_a_missing_model_file_is_said_before_the_stages_are_imported(tmp_path, command, model):
+    """A missing MODEL took the stages' imports (seconds) before its one line."""
+    script = (
+        "import sys\nfrom convexport.console import main\nsys.argv = ['convexport', *sys.argv[1:]]\n"
+        "try:\n    main()\nexcept SystemExit as end:\n    print(end.code, 'convexport.pipeline' in sys.modules)\n"
+    )
+    arguments = [command, model, "-o", "o.onnx"]
+    done = subprocess.run([sys.executable, "-c", script, *arguments], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120)  # fmt: skip
+    assert done.stderr.strip() == f"convexport: {model}: no such file", done.stderr
+    assert done.stdout.split()[-2:] == ["1", "False"], done.stdout
+
+
+def test_the_early_check_knows_every_routes_files():
+    from convexport.cli import MODEL_SUFFIXES
+    from convexport.routes import ROUTES
+
+    assert set(MODEL_SUFFIXES) == {suffix for route in ROUTES for suffix in route.suffixes}

@@ -193,6 +193,9 @@ def test_latency_alone_skips_the_per_op_pass(exported_pair, tmp_path):
 def test_rules_commands(tmp_path):
     listed = invoke("rules", "list")
     assert listed.exit_code == 0 and "conv-conv" in listed.stdout and "20_linear_chain.yaml" in listed.stdout
+    # the columns line up, however long the longest name (concat-relu-linear-branches ran into its file)
+    starts = {line.index("rules/") for line in listed.stdout.splitlines() if "rules/" in line}
+    assert len(starts) == 1 and "concat-relu-linear-branches  rules/" in listed.stdout
     shown = invoke("rules", "show", "conv-conv")
     assert shown.exit_code == 0 and "y = Conv(h, w2, b2?)" in shown.stdout
     assert_user_error(invoke("rules", "show", "no-such-rule"), "no rule named")

@@ -196,3 +196,44 @@ def test_a_failing_rewrite_is_blamed_on_its_module(tmp_path):
         convexport.optimize(exported("dynamo-unoptimized"), write=False, rules=[rules], profile=False)
     assert caught.value.report["validation"]["culprit"]["module"] == "block.act (ReLU)"
     assert "(in block.act (ReLU)) is the first that breaks it" in str(caught.value)
+
+
+class Bottleneck(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv3 = nn.Sequential(nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 1))
+
+    def forward(self, x):
+        return torch.relu(self.conv3(x))
+
+
+class Stacked(nn.Module):
+    """Containers inside modules inside containers: blocks.0.conv3.0, as torch names it, which
+    the TorchScript exporter's node names spell /blocks/blocks.0/conv3/conv3.0/Conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.Sequential(Bottleneck(), Bottleneck())
+        self.head = nn.ModuleList([nn.Sequential(nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 1))])
+
+    def forward(self, x):
+        return self.head[0](self.blocks(x))
+
+
+@pytest.mark.parametrize("route", ["dynamo-unoptimized", "torchscript"])
+def test_module_paths_are_torchs_whichever_exporter_wrote_them(route):
+    """The TorchScript exporter's names gave blocks.blocks.0.conv3.conv3.0 (each segment joined);
+    both exporters now give the module's own path, and --explain takes it."""
+    torch.manual_seed(0)
+    module, args = Stacked().eval(), (torch.randn(1, 4, 6, 6),)
+    if route == "torchscript":
+        buffer = io.BytesIO()
+        torch.onnx.export(module, args, buffer, dynamo=False, do_constant_folding=False)
+        model = onnx.load_from_string(buffer.getvalue())
+    else:
+        model = torch.onnx.export(module, args, dynamo=True, optimize=False).model_proto
+    result = convexport.optimize(model, write=False, profile=False, explain=["conv-conv@blocks.1"])
+    folded = {entry.get("module") for entry in result.report["rewrites"] if entry["rule"] == "conv-conv"}
+    assert {path.split(" ")[0] for path in folded if path} == {"blocks.0.conv3", "blocks.1.conv3", "head.0"}
+    assert not result.report["explain"]["conv-conv@blocks.1"].get("(module)")  # found, not "no module"
+    assert all(path.startswith("blocks.1.") for path in result.report["explain_modules"].values() if "blocks" in path)

@@ -201,9 +201,24 @@ def _module_chain(origin: Origin | None, name: str) -> list[tuple[str, str | Non
         return [(path, kind.rsplit(".", 1)[-1] if kind else None) for path, kind in zip(scopes[1:-1], kinds[1:-1])]
     given = origin.name if origin else name
     if given.startswith("/"):
-        parts = given.strip("/").split("/")[:-1]
-        return [(".".join(parts[: i + 1]), None) for i in range(len(parts))]
+        return [(path, None) for path in _torchscript_paths(given)]
     return None
+
+
+def _torchscript_paths(name: str) -> list[str]:
+    """The module paths, outermost first, in a TorchScript-exported node's name. Each segment
+    names a module relative to the innermost module whose forward ran: a container's children
+    (Sequential, ModuleList) join its name with a dot, so /blocks/blocks.0/conv3/conv3.1/Conv
+    is blocks, blocks.0, blocks.0.conv3, blocks.0.conv3.1 (a segment that extends the one before
+    is relative to the same module; any other to the module the one before named)."""
+    paths: list[str] = []
+    base, previous = "", None
+    for segment in name.strip("/").split("/")[:-1]:
+        if previous is None or not segment.startswith(previous + "."):
+            base = paths[-1] if paths else ""
+        paths.append(f"{base}.{segment}" if base else segment)
+        previous = segment
+    return paths
 
 
 def _module(origin: Origin | None, name: str) -> str | None:
@@ -217,5 +232,6 @@ def _module(origin: Origin | None, name: str) -> str | None:
         return f"{path} ({kind.rsplit('.', 1)[-1]})" if kind else path
     given = origin.name if origin else name
     if given.startswith("/"):
-        return ".".join(given.strip("/").split("/")[:-1]) or "(the model)"
+        paths = _torchscript_paths(given)
+        return paths[-1] if paths else "(the model)"
     return None
