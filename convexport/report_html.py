@@ -374,7 +374,7 @@ def _transformer_fusions(entry: dict) -> str:
         lost = entry["lost"].get(model_type)
         verdict = f"<span class=bad>lost {_e(kernels(lost))}</span>" if lost else "all kept"
         optimized = kernels(counts["optimized"])
-        if counts["optimized"] is None:  # only the model type that fuses most is checked after
+        if counts["optimized"] is None:  # a model type the optimizer's time budget left unchecked after
             optimized, verdict = "not checked", "kept whole"
         body += (
             f"<tr><td><code>{_e(model_type)}</code></td><td>{_e(kernels(counts['original']))}</td>"

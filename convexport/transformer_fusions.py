@@ -307,7 +307,7 @@ def report_entry(stage: FusionAwareRewrite) -> dict:
             "budget_s": OPTIONAL_RUNS_BUDGET_S,
         }
     entry["model_types"] = {
-        model_type: {"original": counts, "optimized": (after.counts.get(model_type, {}) if after else None)}
+        model_type: {"original": counts, "optimized": after.counts.get(model_type) if after else None}
         for model_type, counts in before.counts.items()
     }
     entry["lost"] = lost(before, after) if after is not None else {}
@@ -402,16 +402,30 @@ def rewrite_keeping_fusions(
     keep = frozenset(name for _, names in kept for name in names) | unfolded
     chosen = _attempt(model, reference, source, rewrite, before, kept, keep, clock)
     if strategy == "all" or not before.counts or _attention_kernels(chosen.after) >= _softmaxes(model):
-        return chosen  # (every attention fused already: keeping shape arithmetic cannot add one)
+        return _every_type_after(chosen)  # (every attention fused already: keeping shape arithmetic cannot add one)
     with_shapes = keep | shape_arithmetic(model)
     if with_shapes == keep:
-        return chosen
+        return _every_type_after(chosen)
     if not clock.affords_another():
         chosen.shape_arithmetic_untried = True
-        return chosen
+        return _every_type_after(chosen)
     other = _attempt(model, reference, source, rewrite, before, kept, with_shapes, clock)
     other.shape_arithmetic_kept = True
-    return other if _fuses_more(other.after, chosen.after) else chosen
+    return _every_type_after(other if _fuses_more(other.after, chosen.after) else chosen)
+
+
+def _every_type_after(stage: FusionAwareRewrite) -> FusionAwareRewrite:
+    """The chosen rewrite's fusions measured for each model type the original was measured for
+    (its attempts measured one: the type that fuses most), while the clock affords; a type not
+    measured stays out of `after` (the report says null for it, not that nothing fuses)."""
+    if stage.after is None:
+        return stage
+    for model_type in stage.before.counts:
+        if model_type in stage.after.counts or not stage.clock.affords_another():
+            continue
+        measured = measure(stage.outcome.model, [model_type], stage.clock)
+        stage.after.counts[model_type] = measured.counts.get(model_type, {})
+    return stage
 
 
 _ATTENTION = ("Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention")

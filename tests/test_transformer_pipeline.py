@@ -189,6 +189,23 @@ def test_where_a_run_of_the_optimizer_is_slow_only_the_check_runs_and_the_report
     assert "not run as gpt2, t5, bart nor with the shape arithmetic kept" in shown.output, shown.output
 
 
+def test_every_model_type_measured_on_the_original_is_measured_on_the_result(tmp_path):
+    """The LoRA-adapted encoder is measured as several model types; the report's `optimized`
+    for each was {} ("nothing fuses") for all but the one checked, while ORT's optimizer finds
+    on convexport's output what it finds on the original."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    adapted = export_encoder(tmp_path, lora=True)
+    out, report = optimized(adapted, tmp_path)
+    types = report["transformer_fusions"]["model_types"]
+    assert len(types) > 1, types  # the test has teeth
+    for model_type, counts in types.items():
+        assert counts["optimized"] is not None, model_type
+        independent = optimize_model(out, model_type=model_type, opt_level=0, use_gpu=False)
+        found = {op: n for op, n in independent.get_fused_operator_statistics().items() if n}
+        assert counts["optimized"] == found, (model_type, counts, found)
+
+
 def test_under_strategy_all_what_breaks_a_fusion_is_made_and_reported(exported, tmp_path):
     out, report = optimized(exported, tmp_path, "--strategy", "all")
     lost = report["transformer_fusions"]["lost"]
