@@ -59,7 +59,7 @@ import onnx
 
 from . import heap
 from .errors import first_line
-from .float64 import Float64Evaluator, Float64Unavailable
+from .float64 import Float64Evaluator, Float64OutOfTime, Float64Unavailable
 from .float64.node_check import NodeCheck, NodeDisagreement, check_nodes
 from .float64.precision import UNIT_ROUNDOFF, dtype_name, rms
 
@@ -72,6 +72,7 @@ FLOOR_ULPS = 32
 # rest of optimize together (issue 34).
 FLOAT64_BUDGET_S = 2.0
 FIRST_RUN_OVER_BUDGET = 2
+FIRST_RUN_LEAST_S = 1.0  # the evaluator's own work on a small model: a budget of milliseconds still gets one set
 # The reference's float64 convolutions and matrix products are BLAS products of their own shapes:
 # on real CNNs they run at 20-60% of numpy's float64 GEMM rate on the same machine (depthwise
 # convolutions and elementwise work the low end; bench/RESULTS.md), so the estimate takes 25%.
@@ -105,7 +106,10 @@ class ExactReference:
         if self.check is None:
             return {"nodes_checked": 0, "note": self.check_note or "not run"}
         suspect = self.suspect
-        return {"nodes_checked": self.check.nodes_checked, "disagreement": suspect.to_report() if suspect else None}
+        report = {"nodes_checked": self.check.nodes_checked, "disagreement": suspect.to_report() if suspect else None}
+        if self.check.stopped_at is not None:
+            report["note"] = f"stopped at its time budget, {self.check.nodes_checked} of {self.check.stopped_at} nodes"
+        return report
 
 
 def exact_reference(
@@ -138,18 +142,26 @@ def exact_reference(
     if flops / reference_rate() > FIRST_RUN_OVER_BUDGET * budget_s:
         return ExactReference(none, note=f"skipped: the model takes {flops:.3g} FLOPs a run, over its time budget")
     began = time.perf_counter()
+    # the first run and the node check may go on to what the first run's estimate was allowed
+    # (at least FIRST_RUN_LEAST_S); a further run is started within the budget, stopped at its end
+    first_deadline = began + max(FIRST_RUN_OVER_BUDGET * budget_s, FIRST_RUN_LEAST_S)
+    deadline = began + budget_s
     try:
         evaluator = Float64Evaluator(model)
-        onnx_first = evaluator.run(all_feeds[0]) if all_feeds else []
-        check, check_note = _checked(model, all_feeds, evaluator)
+        onnx_first = evaluator.run(all_feeds[0], deadline=first_deadline) if all_feeds else []
+        check, check_note = _checked(model, all_feeds, evaluator, first_deadline)
         torch_outputs, export_check = _torch_reference(
             torch_source, all_feeds, onnx_first, original_runs, evaluator, began, budget_s
         )
         if torch_outputs is not None:
             outputs, source = torch_outputs, "torch"
         else:
-            left = budget_s - (time.perf_counter() - began)
-            outputs, source = [onnx_first, *_float64_runs(evaluator.run, all_feeds[1:], left)], "onnx"
+            outputs, source = [onnx_first, *_float64_runs(evaluator, all_feeds[1:], deadline)], "onnx"
+    except Float64OutOfTime:
+        took = time.perf_counter() - began
+        return ExactReference(
+            none, note=f"skipped: its first float64 run did not finish within its time budget ({took:.3g} s)"
+        )
     except Float64Unavailable as exc:
         return ExactReference(none, note=f"unavailable: {exc}")
     finally:
@@ -277,22 +289,28 @@ def _as_near_as_first(original: list, torch_outputs: list, first_bound: float) -
     return True
 
 
-def _checked(model: onnx.ModelProto, all_feeds: list[dict], evaluator) -> tuple[NodeCheck | None, str | None]:
+def _checked(
+    model: onnx.ModelProto, all_feeds: list[dict], evaluator, deadline: float
+) -> tuple[NodeCheck | None, str | None]:
     """The node-by-node check of the reference on the first input set (float64/node_check.py),
-    or why it could not run."""
+    up to `deadline`, or why it could not run."""
     if not all_feeds:
         return None, "no input set"
     try:
-        return check_nodes(model, all_feeds[0], evaluator), None
+        return check_nodes(model, all_feeds[0], evaluator, deadline), None
     except Exception as exc:  # ONNX Runtime refuses the model with its values exposed
         return None, f"not run: {type(exc).__name__}: {first_line(exc, 160)}"
 
 
-def _float64_runs(run, all_feeds: list[dict], budget_s: float) -> list:
-    """run(feeds) on the input sets, in order, while `budget_s` lasts (None after)."""
-    outputs, began = [], time.perf_counter()
+def _float64_runs(evaluator, all_feeds: list[dict], deadline: float) -> list:
+    """The evaluator's run on the input sets, in order, each started and finished before
+    `deadline` (None for a set that was not)."""
+    outputs = []
     for feeds in all_feeds:
-        outputs.append(run(feeds) if time.perf_counter() - began < budget_s else None)
+        try:
+            outputs.append(evaluator.run(feeds, deadline=deadline) if time.perf_counter() < deadline else None)
+        except Float64OutOfTime:
+            outputs.append(None)
     return outputs
 
 

@@ -199,7 +199,7 @@ class ReferenceCheck(TypedDict):
 
     nodes_checked: Annotated[int, "nodes compared"]
     disagreement: NotRequired[Annotated[NodeDisagreement | None, "the first node that disagreed"]]
-    note: NotRequired[Annotated[str, "why no node was checked"]]
+    note: NotRequired[Annotated[str, "why no node was checked, or where the check stopped"]]
 
 
 class ExportCheck(TypedDict):

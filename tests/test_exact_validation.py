@@ -230,3 +230,40 @@ def test_an_unchanged_graph_is_judged_by_the_reference_runs_alone(monkeypatch):
     result = validate.compare_models(model, renamed, [parse_input_spec("x:1x4x10x10")], runs=2)
     (error,) = result.outputs.values()
     assert result.passed and result.reference == "float64" and error.exact_error == error.exact_error_original
+
+
+def test_the_float64_reference_stops_at_its_budget_within_a_run(monkeypatch):
+    """100,000 chained Identity nodes took 87 s against a budget of 4.5 s: the estimate (no
+    FLOPs) let the first run start, and nothing stopped it. A run now stops at the first node
+    past its deadline, and the note says so; the node check stops too and says where."""
+    from convexport import exact_check
+    from convexport.float64 import Float64Evaluator
+    from convexport.float64.node_check import check_nodes
+
+    nodes = [helper.make_node("Identity", [f"t{i}"], [f"t{i + 1}"]) for i in range(3000)]
+    nodes[0].input[0], nodes[-1].output[0] = "x", "y"
+    model = model_of(nodes, [1, 4], [1, 4], {})
+    feeds = [{"x": RNG.standard_normal((1, 4)).astype(np.float32)} for _ in range(3)]
+    monkeypatch.setattr(exact_check, "Float64Evaluator", lambda m: _SlowEvaluator(m))
+    monkeypatch.setattr(exact_check, "FIRST_RUN_LEAST_S", 0.1)
+    reference = exact_reference(model, feeds, budget_s=0.05)
+    assert not reference.available(0) and "did not finish within its time budget" in reference.note
+    stopped = check_nodes(model, feeds[0], Float64Evaluator(model), deadline=0.0)  # a deadline long past
+    assert stopped.nodes_checked == 0 and stopped.stopped_at == 3000 and stopped.disagreement is None
+
+
+class _SlowEvaluator:
+    """The float64 evaluator with each node 1 ms slower (the 100,000-node model's pace)."""
+
+    def __init__(self, model):
+        import time
+
+        from convexport.float64 import Float64Evaluator
+
+        self.inner = Float64Evaluator(model)
+        for node in self.inner.evaluator.rt_nodes_:
+            node._run = (lambda run: lambda *a, **k: (time.sleep(1e-3), run(*a, **k))[1])(node._run)
+        self.evaluator = self.inner.evaluator
+
+    def run(self, feeds, intermediate=False, deadline=None):
+        return self.inner.run(feeds, intermediate, deadline)

@@ -607,6 +607,26 @@ def test_a_float16_interface_that_alone_misses_the_bound_writes_nothing(tmp_path
     assert {entry["op"] for entry in result.report["precision"]["kept_float32"]} >= {"Mul", "Sin"}
 
 
+def test_an_initializer_that_is_also_an_input_keeps_its_declared_type(tmp_path):
+    """MatMul(x, W) with W both a graph input and an eye(4) default: the float16 model stored
+    W in float16 under its float32 input, which ONNX Runtime refuses to load (exit 1, blamed on
+    the user). W stays float32, read through a Cast, and an override of it still works."""
+    import onnxruntime as ort
+
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["y"])]
+    model = make_model(nodes, [tensor("x", [1, 4]), tensor("W", [4, 4])], [tensor("y", [1, 4])],
+                       {"W": np.eye(4, dtype=np.float32)})  # fmt: skip
+    path, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(model, path)
+    done = invoke("optimize", path, "--dtype", "fp16", "--no-profile", "-o", out)
+    assert done.exit_code == 0, done.output
+    written = onnx.load(out)
+    assert {v.name: v.type.tensor_type.elem_type for v in written.graph.input}["W"] == TensorProto.FLOAT
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    x, w = np.ones((1, 4), np.float32), 2 * np.eye(4, dtype=np.float32)
+    np.testing.assert_array_equal(session.run(None, {"x": x, "W": w})[0], x @ w)
+
+
 def test_an_integer_interface_is_not_called_float16(tmp_path):
     """--io-dtype fp16 on a model whose inputs and outputs are int64: nothing of the interface is
     float16, and neither the report nor the summary says it is."""

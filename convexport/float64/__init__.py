@@ -17,6 +17,7 @@ by node. What the evaluator cannot run makes the float64 reference unavailable
 from __future__ import annotations
 
 import sys
+import time
 from contextlib import contextmanager
 
 import numpy as np
@@ -38,7 +39,8 @@ KERNELS = [
 ]  # fmt: skip
 
 __all__ = [
-    "DOUBLE", "FFT_TAPS", "FLOAT_TYPES", "KERNELS", "WINDOW_ELEMENTS", "Float64Evaluator", "Float64Unavailable",
+    "DOUBLE", "FFT_TAPS", "FLOAT_TYPES", "KERNELS", "WINDOW_ELEMENTS", "Float64Evaluator", "Float64OutOfTime",
+    "Float64Unavailable",
     "as_float64", "conv_work",
 ]  # fmt: skip
 
@@ -59,16 +61,50 @@ class Float64Evaluator:
         except Exception as exc:  # an op the evaluator lacks, a type it refuses
             raise Float64Unavailable(_reason(exc)) from None
 
-    def run(self, feeds: dict[str, np.ndarray], intermediate: bool = False):
-        """The outputs in order; with `intermediate`, every value the graph computes by name."""
+    def run(self, feeds: dict[str, np.ndarray], intermediate: bool = False, deadline: float | None = None):
+        """The outputs in order; with `intermediate`, every value the graph computes by name.
+        `deadline` (time.perf_counter()'s): the run stops at the first node that would start
+        after it, with Float64OutOfTime."""
         wide = {name: widen_array(value) for name, value in feeds.items()}
         try:
-            with np.errstate(all="ignore"), _torch_on_one_thread():
+            with np.errstate(all="ignore"), _torch_on_one_thread(), _until(self.evaluator, deadline):
                 if intermediate:
                     return self.evaluator.run(None, wide, intermediate=True)
                 return [np.asarray(value) for value in self.evaluator.run(None, wide)]
+        except Float64OutOfTime:
+            raise
         except Exception as exc:
             raise Float64Unavailable(_reason(exc)) from None
+
+
+class Float64OutOfTime(Float64Unavailable):
+    """A float64 run stopped at its deadline."""
+
+
+@contextmanager
+def _until(evaluator, deadline: float | None):
+    """Each of the evaluator's nodes checks the clock before it runs (ONNX's evaluator calls
+    each node's run() in turn: a run of 100,000 small nodes took a minute past any budget)."""
+    if deadline is None:
+        yield
+        return
+    nodes = evaluator.rt_nodes_
+
+    def timed(run):
+        def checked(*args, **kwargs):
+            if time.perf_counter() > deadline:
+                raise Float64OutOfTime("the float64 run did not finish within its time budget")
+            return run(*args, **kwargs)
+
+        return checked
+
+    for node in nodes:
+        node.run = timed(node.run)
+    try:
+        yield
+    finally:
+        for node in nodes:
+            del node.run  # the class's own again
 
 
 @contextmanager

@@ -23,6 +23,7 @@ nodes are not exposed by ONNX Runtime either. Ops whose result is drawn at rando
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +62,7 @@ class NodeCheck:
 
     nodes_checked: int
     disagreement: NodeDisagreement | None
+    stopped_at: int | None = None  # where the check stopped at its deadline: of how many nodes
 
 
 def tolerance(value: np.ndarray) -> float:
@@ -101,14 +103,20 @@ def disagreement(float32: np.ndarray, float64: np.ndarray, within: float = 0.0) 
     return float((np.abs(ours - exact) / np.maximum(np.abs(exact), scale)).max())
 
 
-def check_nodes(model: onnx.ModelProto, feeds: dict, evaluator: Float64Evaluator | None = None) -> NodeCheck:
+def check_nodes(
+    model: onnx.ModelProto, feeds: dict, evaluator: Float64Evaluator | None = None, deadline: float | None = None
+) -> NodeCheck:
     """Each node of `model`'s float64 graph run on ONNX Runtime's float32 inputs to it, against
-    ONNX Runtime's output (module doc), in graph order up to the first disagreement."""
+    ONNX Runtime's output (module doc), in graph order up to the first disagreement, or up to
+    `deadline` (time.perf_counter()'s: `stopped_at` then says of how many nodes)."""
     values = _runtime_values(model, feeds)
     evaluator = evaluator or Float64Evaluator(model)
     constants = evaluator.evaluator.rt_inits_
     checked = 0
-    for node in evaluator.evaluator.rt_nodes_:
+    nodes = evaluator.evaluator.rt_nodes_
+    for node in nodes:
+        if deadline is not None and time.perf_counter() > deadline:
+            return NodeCheck(checked, None, stopped_at=len(nodes))
         outputs = [name for name in node.output if name]
         if node.op_type in _RANDOM_OPS or node.need_context() or node.has_linked_attribute:
             continue

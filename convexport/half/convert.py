@@ -203,9 +203,11 @@ def _home_types(graph, nodes, plan: PrecisionPlan, types, wanted, outer: dict[in
             readers.setdefault(name, set()).add(FLOAT)
     constants = [t.name for t in graph.initializer if t.data_type == FLOAT]
     constants += [node.output[0] for node in nodes if node.op_type == "Constant" and types.get(node.output[0]) == FLOAT]
-    outputs = {value.name for value in graph.output}
+    # a graph output, or an initializer that is also a graph input (a default the caller may
+    # override), keeps the type the interface declares
+    interface = {value.name for value in (*graph.output, *graph.input)}
     for name in constants:
-        home[name] = plan.half if readers.get(name) == {plan.half} and name not in outputs else FLOAT
+        home[name] = plan.half if readers.get(name) == {plan.half} and name not in interface else FLOAT
     return home
 
 
