@@ -129,7 +129,7 @@ def parse_input_spec(text: str) -> InputSpec:
         raise ConvexportError(f"--input {text!r}: unknown dtype {dtype!r} (one of {', '.join(sorted(set(DTYPES)))})")
     dims: list[int | str] = []
     for token in dims_text.split("x"):  # so a dimension name cannot contain an 'x'
-        if token.isascii() and token.isdigit() and int(token) > 0:  # "²" is a digit to str.isdigit
+        if token.isascii() and token.isdigit():  # "²" is a digit to str.isdigit; 0 is an empty dim
             dims.append(int(token))
         elif _DIM_NAME.match(token):
             dims.append("batch" if token in ("N", "n", "batch") else token)

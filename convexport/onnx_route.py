@@ -169,7 +169,7 @@ def graph_input_specs(model: onnx.ModelProto) -> list[InputSpec]:
             continue
         tensor_type = value.type.tensor_type
         dims = tuple(
-            d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or f"{value.name}_{i}")
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or f"{value.name}_{i}")  # 0: an empty dim
             for i, d in enumerate(tensor_type.shape.dim)
         )
         specs.append(InputSpec(value.name, dims, _dtype_name(value.type), value_range=ranges.get(value.name)))

@@ -40,11 +40,30 @@ def test_unknown_suffix(tmp_path):
 
 
 @pytest.mark.parametrize("spec, fragment", [
-    ("x", "NAME:DIMS"), ("x:", "NAME:DIMS"), ("x:1x3xx4", "bad dimension"), ("x:0x3", "bad dimension"),
+    ("x", "NAME:DIMS"), ("x:", "NAME:DIMS"), ("x:1x3xx4", "bad dimension"), ("x:-1x3", "bad dimension"),
     (":1x2", "NAME:DIMS"), ("x:1x3x4:complex7", "unknown dtype 'complex7'"),
 ])
 def test_malformed_input_spec(small_net_path, spec, fragment):
     assert_user_error(invoke("optimize", f"{small_net_path}:build", "--input", spec), f"--input {spec!r}", fragment)
+
+
+@pytest.mark.parametrize("given", [[], ["--input", "x:0x4"]])
+def test_an_empty_dim_is_an_empty_dim(tmp_path, given):
+    """A graph input declared [0, 4] was fed as if its 0 were dynamic (1x4), while --input x:0x4
+    was refused "bad dimension '0'": both are the empty tensor the model declares."""
+    import json
+
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Relu", ["x"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [0, 4])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [0, 4])],
+    )  # fmt: skip
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(model, tmp_path / "m.onnx")
+    report = tmp_path / "r.json"
+    done = invoke("optimize", tmp_path / "m.onnx", *given, "--no-profile", "-o", tmp_path / "o.onnx", "--report", report)
+    assert done.exit_code == 0, done.output
+    assert json.loads(report.read_text())["validation"]["inputs"] == ["x:0x4:float32"]
 
 
 def test_an_input_given_twice(small_net_path, tmp_path):
