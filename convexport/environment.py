@@ -44,3 +44,19 @@ def _gpu_name() -> str | None:
         return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
     except (OSError, subprocess.TimeoutExpired):
         return None
+
+
+def available_memory_bytes() -> int | None:
+    """The memory a new allocation can take here without swapping (Linux's MemAvailable), or
+    the machine's physical memory where the system says only that; None where it says neither."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as stream:
+            for line in stream:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

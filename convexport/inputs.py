@@ -149,8 +149,8 @@ def parse_input_spec(text: str) -> InputSpec:
     size = spec.data_bytes()
     if size > MAX_INPUT_BYTES:
         raise ConvexportError(
-            f"--input {text!r}: {_in_units(size)} of data for one input; convexport makes test data of at most "
-            f"{_in_units(MAX_INPUT_BYTES)} per input"
+            f"--input {text!r}: {in_units(size)} of data for one input; convexport makes test data of at most "
+            f"{in_units(MAX_INPUT_BYTES)} per input"
         )
     return spec
 
@@ -169,8 +169,9 @@ def _value_range(text: str, given: str) -> tuple[float, float]:
     return bounds
 
 
-def _in_units(size: int) -> str:
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20)):
+def in_units(size: int) -> str:
+    """A size in bytes in the largest binary unit it reaches, to three digits."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if size >= scale:
             return f"{size / scale:.3g} {unit}"
     return f"{size} bytes"
@@ -198,8 +199,8 @@ def random_inputs(specs: list[InputSpec], seed: int, dynamic_size: int = DEFAULT
         size = math.prod(shape) * np.dtype(dtype).itemsize
         if size > MAX_INPUT_BYTES:  # a graph's own dims (2**40) are not --input's, checked when parsed
             raise ConvexportError(
-                f"input {spec.name!r} of shape {'x'.join(map(str, shape))} is {_in_units(size)} of data; convexport "
-                f"makes test data of at most {_in_units(MAX_INPUT_BYTES)} per input (give --input with smaller dims)"
+                f"input {spec.name!r} of shape {'x'.join(map(str, shape))} is {in_units(size)} of data; convexport "
+                f"makes test data of at most {in_units(MAX_INPUT_BYTES)} per input (give --input with smaller dims)"
             )
         low, high = spec.value_range or (None, None)
         if np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16:

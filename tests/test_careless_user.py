@@ -306,3 +306,22 @@ def test_the_early_check_knows_every_routes_files():
     from convexport.routes import ROUTES
 
     assert set(MODEL_SUFFIXES) == {suffix for route in ROUTES for suffix in route.suffixes}
+
+
+def test_inputs_beyond_the_free_memory_are_refused_before_any_is_drawn(tmp_path, monkeypatch):
+    """An input drawn to 8 GiB on a 24 GB machine was widened and run until the kernel killed
+    the process (exit -9, no message). Here the machine has 4 MiB free: a 0.75 MiB input set,
+    held six times over, is refused in one line before anything is drawn; without validation
+    and profile nothing holds it and the model is written."""
+    import convexport.stages.inputs as stage_inputs
+
+    monkeypatch.setattr(stage_inputs, "available_memory_bytes", lambda: 4 << 20)
+    monkeypatch.setattr(stage_inputs.input_domains, "sized_by_running", lambda *a: pytest.fail("drawn"))
+    nodes = [helper.make_node("Relu", ["x"], ["y"])]
+    onnx.save(make_model(nodes, [tensor("x", [1, 3, 256, 256])], [tensor("y", [1, 3, 256, 256])]), tmp_path / "m.onnx")
+    refused = invoke("optimize", tmp_path / "m.onnx", "-o", tmp_path / "o.onnx")
+    assert_user_error(refused, "the inputs take 768 KiB a set (x 1x3x256x256 float32 the most)",
+                      "hold about 4.5 MiB of them, more than the 4 MiB this machine has free", "--no-validate --no-profile")  # fmt: skip
+    assert not (tmp_path / "o.onnx").exists()
+    written = invoke("optimize", tmp_path / "m.onnx", "-o", tmp_path / "o.onnx", "--no-validate", "--no-profile")
+    assert written.exit_code == 0, written.output

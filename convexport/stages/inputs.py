@@ -9,9 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import input_domains
+from ..environment import available_memory_bytes
+from ..errors import ConvexportError
 from ..export import ExportResult
 from ..input_data import load_npz
-from ..inputs import InputSpec
+from ..inputs import InputSpec, in_units
 from ..validate import DEFAULT_RUNS
 from .request import Request
 
@@ -24,15 +26,40 @@ class RunInputs:
     note: str | None = None  # the report's made_up_inputs where --input-data replaces them
 
 
+# Validation holds every input set, and beside the one it judges that set's float64 copy (twice
+# its float32 bytes) and ONNX Runtime's copy: the input sets need this many times one set's bytes
+# besides their own (the outputs and the model's weights come on top).
+HELD_BESIDE_THE_SETS = 3
+
+
 def run_inputs(exported: ExportResult, request: Request) -> RunInputs:
     options = request.options
     specs = _validation_inputs(exported, request.specs)
-    real_data = [load_npz(Path(options.input_data), specs)] if options.input_data is not None else []
     made_up_runs = DEFAULT_RUNS if options.made_up_inputs else 0
+    if options.validate or options.profile:
+        _check_memory(specs, made_up_runs + (options.input_data is not None))
+    real_data = [load_npz(Path(options.input_data), specs)] if options.input_data is not None else []
     if made_up_runs and (options.validate or options.profile):
         specs = input_domains.sized_by_running(exported.reference, specs)
     note = None if options.made_up_inputs else "not used: --input-data replaces them"
     return RunInputs(specs, real_data, made_up_runs, note)
+
+
+def _check_memory(specs: list[InputSpec], sets: int) -> None:
+    """Refuse, before any is drawn or read, input sets that validation and the profile would
+    hold beyond the memory this machine has free (an 8 GiB input on a 24 GB machine was drawn,
+    widened and run until the kernel killed the process, taking other work with it)."""
+    available = available_memory_bytes()
+    one_set = sum(spec.data_bytes() for spec in specs)
+    needed = one_set * (sets + HELD_BESIDE_THE_SETS)
+    if available is None or needed <= available:
+        return
+    largest = max(specs, key=lambda spec: spec.data_bytes())
+    raise ConvexportError(
+        f"the inputs take {in_units(one_set)} a set ({largest.name} {'x'.join(map(str, largest.concrete_shape()))} "
+        f"{largest.dtype} the most); validating and profiling hold about {in_units(needed)} of them, more than the "
+        f"{in_units(available)} this machine has free: give smaller dims with --input, or --no-validate --no-profile"
+    )
 
 
 def reported_inputs(exported: ExportResult, request: Request) -> list[str]:
