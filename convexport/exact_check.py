@@ -324,6 +324,7 @@ class ExactJudgement:
     bound: float
     beyond: int  # elements over the bound
     error_rounded: float | None = None  # max |rounded - exact|, where judge was given that run
+    special: int = 0  # of those, elements where the exact result or the original is NaN or infinite
 
 
 def judge(original, candidate, exact, candidate64, dtype: str, rounded=None) -> ExactJudgement:
@@ -351,7 +352,8 @@ def judge(original, candidate, exact, candidate64, dtype: str, rounded=None) -> 
     if candidate64 is not None:
         over64, worst64 = _beyond(candidate64, exact, original, bound)
         over |= over64
-    return ExactJudgement(own, worst, worst64, bound, int(np.count_nonzero(over)), own_rounded)
+    special = int(np.count_nonzero(over & ~measured))
+    return ExactJudgement(own, worst, worst64, bound, int(np.count_nonzero(over)), own_rounded, special)
 
 
 def _errors(values, exact, where) -> np.ndarray:

@@ -932,3 +932,21 @@ def test_each_cast_the_conversion_adds_is_shaped_and_the_flops_stay_counted(tmp_
     assert graph_stats(half)["flops"] >= 2 * 8 * 64 * 256
     assert result.report["after"]["flops"] == graph_stats(half)["flops"] >= 0.99 * result.report["before"]["flops"]
     onnx.checker.check_model(half, full_check=True)
+
+
+def test_a_miss_at_special_values_is_said_as_one():
+    """Where the exact result is infinite and the half model gives NaN there (an inf weight tap
+    read against padding), the output misses its bound at those elements only: the message said
+    "output 'y' is 1.73e-06 off (bound 0.117, 45 of 1536 elements beyond)", contradicting itself."""
+    from convexport.exact_check import judge
+    from convexport.half.outputs import OutputJudgement
+
+    exact = np.array([np.inf, 1.0, 2.0, np.nan])
+    verdict = judge(exact.copy(), np.array([np.nan, 1.0, 2.0, np.nan]), exact, None, "float16")
+    assert verdict.beyond == verdict.special == 1 and verdict.error == 0.0
+    judged = OutputJudgement()
+    judged.add(1.73e-06, 1e-7, 0.117, 45, 1536, special=45)
+    said = judged.missed("y")
+    assert said.startswith("output 'y' differs from the exact result's NaN or infinity at 45 of 1536 elements")
+    judged.add(0.5, 1e-7, 0.117, 3, 1536)
+    assert judged.missed("y") == "output 'y' is 0.5 off (bound 0.117, 48 of 3072 elements beyond)"

@@ -117,12 +117,11 @@ class HalfPrecision:
 
     def failure(self) -> str:
         """Why the outputs fail, where they do: the worst output against its bound."""
-        name, worst = max(self.outputs.items(), key=lambda item: item[1].error / max(item[1].bound, 1e-300))
+        name, worst = max(self.outputs.items(), key=_missing_most)
         hint = "; with a float32 interface (--io-dtype fp32) it may" if self.io_dtype != "float32" else ""
         return (
             f"the {self.dtype} model misses the bound against the {self.against} result with every node it "
-            f"depends on float32: output {name!r} is {worst.error:.3g} off (bound {worst.bound:.3g}, "
-            f"{worst.beyond} of {worst.elements} elements beyond){hint}"
+            f"depends on float32: {worst.missed(name)}{hint}"
         )
 
     def to_report(self) -> dict:
@@ -488,14 +487,21 @@ def _kept_for_range(node: onnx.NodeProto) -> KeptFloat32:
     return KeptFloat32.of(node, reason)
 
 
+def _missing_most(item) -> tuple:
+    """The output that misses its bound most: one with elements beyond it before one without,
+    then by its error over its bound."""
+    judged = item[1]
+    return judged.beyond > 0, judged.error / max(judged.bound, 1e-300)
+
+
 def _keep_worst(kept: dict, indices: list[int], nodes, local: dict[int, NodeError], failing) -> None:
     """The nodes kept float32 so that the outputs meet the bound, with the output that missed it."""
-    name, worst = max(failing.items(), key=lambda item: item[1].error / max(item[1].bound, 1e-300))
+    name, worst = max(failing.items(), key=_missing_most)
     for index in indices:
         error = local[index]
         reason = (
-            f"kept so that the outputs meet the bound (with it in half, output {name!r} is {worst.error:.3g} off, "
-            f"bound {worst.bound:.3g}); its own error in half is {error.ratio:.2g} of its bound"
+            f"kept so that the outputs meet the bound (with it in half, {worst.missed(name)}); its own error in "
+            f"half is {error.ratio:.2g} of its bound"
         )
         kept[index] = KeptFloat32.of(nodes[index], reason, error.error, error.bound)
 

@@ -38,15 +38,19 @@ class OutputJudgement:
     beyond: int = 0
     elements: int = 0
     error_rounded: float | None = None  # the model's with every value rounded to half, where it ran
+    special: int = 0  # of `beyond`, elements where the exact result (or the original) is NaN or infinite
     # over the input sets: the half model's squared error summed, and the exact (or float32)
     # result's squares (for rms_ratio)
     squared_error: float = 0.0
     squared_exact: float = 0.0
 
-    def add(self, error: float, own: float, bound: float, beyond: int, elements: int, rounded=None) -> None:
+    def add(
+        self, error: float, own: float, bound: float, beyond: int, elements: int, rounded=None, special: int = 0
+    ) -> None:
         self.error, self.error_original = max(self.error, error), max(self.error_original, own)
         self.bound = max(self.bound, bound)
         self.beyond += beyond
+        self.special += special
         self.elements += elements
         if rounded is not None:
             self.error_rounded = max(self.error_rounded or 0.0, rounded)
@@ -56,6 +60,17 @@ class OutputJudgement:
         finite = np.isfinite(exact) & np.isfinite(half)
         self.squared_error += float(np.sum(np.square(half[finite] - exact[finite])))
         self.squared_exact += float(np.sum(np.square(exact[finite])))
+
+    def missed(self, name: str) -> str:
+        """How the output misses its bound, in words that say which way: values off, or special
+        values (NaN, infinity) the half model does not give where the exact result has them."""
+        if self.special and self.error <= self.bound:
+            return (
+                f"output {name!r} differs from the exact result's NaN or infinity at {self.special} of "
+                f"{self.elements} elements (elsewhere {self.error:.3g} off, bound {self.bound:.3g})"
+            )
+        beyond = f"{self.beyond} of {self.elements} elements beyond"
+        return f"output {name!r} is {self.error:.3g} off (bound {self.bound:.3g}, {beyond})"
 
     @property
     def ratio(self) -> float:
@@ -116,7 +131,7 @@ def judge_outputs(model: onnx.ModelProto, runs: HalfRuns, dtype: str, device: st
                 noise = max(verdict.error_original, verdict.error_rounded or 0.0)
                 own_seen[name] = max(own_seen[name], noise)
                 judged[name].add(verdict.error, verdict.error_original, verdict.bound, verdict.beyond, orig.size,
-                                 verdict.error_rounded)  # fmt: skip
+                                 verdict.error_rounded, verdict.special)  # fmt: skip
             else:
                 # the rounded run's distance from the float32 one on this set: its noise here
                 apart = None if rounded is None else largest_apart(rounded[name], orig)
