@@ -46,7 +46,7 @@ FLAG_KEYWORDS = {
 # like a value (a digit, a path or spec character, a placeholder's capital), without the
 # clause's closing punctuation
 _FLAG = re.compile(r"(?<![\w-])(" + "|".join(sorted(map(re.escape, FLAG_KEYWORDS), key=len, reverse=True)) + r")\b"
-                   r"(?:[ =](?!-)(?=[^\s;,()]*[0-9:./_A-Z])([^\s;,()]*[^\s;,().:]))?")  # fmt: skip
+                   r"(?:('s)|[ =](?!-)(?=[^\s;,()]*[0-9:./_A-Z])([^\s;,()]*[^\s;,().:]))?")  # fmt: skip
 
 _command_line: contextvars.ContextVar[bool] = contextvars.ContextVar("command_line", default=False)
 
@@ -80,7 +80,9 @@ def in_api_words(message: str) -> str:
 
 def _keyword(found: re.Match) -> str:
     keyword, form = FLAG_KEYWORDS[found[1]]
-    value = found[2]
+    if found[2]:  # "--input's count": the argument's
+        return f"the {keyword} argument's"
+    value = found[3]
     if form in ("True", "False"):
         return f"{keyword}={form}" + (f" {value}" if value else "")
     if value is None:

@@ -72,6 +72,7 @@ def test_every_flag_in_the_table_is_an_option_of_optimize():
     ("pass --trust-pickle if you trust the file", "pass trust_pickle=True if you trust the file"),
     ("--opset 99: convexport exports at", "opset=99: convexport exports at"),
     ("a--input-like word, pre--opset", "a--input-like word, pre--opset"),
+    ("check --input's count, dims and dtypes", "check the inputs argument's count, dims and dtypes"),  # not inputs='s
 ])
 def test_flags_become_keywords(message, said):
     assert in_api_words(message) == said
