@@ -27,7 +27,7 @@ body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2r
 h1{font-size:1.4rem;margin:0 0 .2rem}h2{font-size:1.1rem;margin:2rem 0 .6rem;border-bottom:1px solid #e4e7eb;padding-bottom:.3rem}
 .sub{color:#616e7c;margin:0 0 1rem}.badges span{display:inline-block;border-radius:4px;padding:.15rem .55rem;margin-right:.4rem;font-weight:600}
 .ok{background:#e3f9e5;color:#05400a}.bad{background:#ffe3e3;color:#610404}.info{background:#e6f0ff;color:#0b3b8c}
-table{border-collapse:collapse;width:100%;margin:.3rem 0}th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid #eef0f2;vertical-align:top;overflow-wrap:anywhere}td code{white-space:nowrap}small.path{overflow-wrap:normal}
+table{border-collapse:collapse;width:100%;margin:.3rem 0}th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid #eef0f2;vertical-align:top;overflow-wrap:anywhere}td code{white-space:nowrap}small.path{overflow-wrap:normal}tr:first-child th{white-space:nowrap;overflow-wrap:normal}td.done{min-width:12em}
 th{color:#52606d;font-weight:600}td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}td:first-child{white-space:nowrap}
 .legend span{display:inline-block;width:.8rem;height:.8rem;border-radius:2px;margin:0 .3rem 0 1rem;vertical-align:-1px}
 svg text{font:12px system-ui,sans-serif;fill:#323f4b}code{font-size:12px}
@@ -298,7 +298,7 @@ def _rewrites(entries) -> str:
         rows += [
             f"<tr><td>{index}</td><td><code>{_e(e['rule'])}</code><br><small class=path>{_path_breaks(e.get('file', ''))}</small></td>"
             f"<td>{_region(e)}<br><small>{_e(_nodes_and_modules(e))}</small></td>"
-            f"<td>{_e(e['reason'])}{_decision(e.get('decision'))}</td></tr>"
+            f"<td class=done>{_e(e['reason'])}{_decision(e.get('decision'))}</td></tr>"
             for index, e in members
         ]
     return f"<table><tr><th>#</th><th>rule</th><th>region: before → after</th><th>what was done</th></tr>{''.join(rows)}</table>"
