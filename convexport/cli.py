@@ -459,18 +459,23 @@ def rules_show(name: Annotated[str, typer.Argument(help="A rule name.")], rules:
 @rules_app.command("check")
 def rules_check(
     files: Annotated[
-        list[Path],
+        list[Path] | None,
         typer.Argument(
             help="Rule files to check; their apply: file.py:f and samplers: are imported (their code runs)."
         ),
-    ],
+    ] = None,
+    builtin: Annotated[bool, typer.Option("--builtin", help="Also check the built-in rules.")] = False,
 ):
     """Parse rule files and report every error as file:line:col: message."""
     from .folds import builtin_primitives
-    from .rewrite.rulefile import rule_file_errors, rule_files
+    from .rewrite.rulefile import builtin_rule_files, rule_file_errors, rule_files
+
+    if not files and not builtin:
+        raise typer.BadParameter("give rule files or folders, or --builtin", param_hint="FILES")
 
     def run():
-        good, errors = rule_file_errors(rule_files(list(files)), set(builtin_primitives()))
+        checked = (builtin_rule_files() if builtin else []) + rule_files(list(files or []))
+        good, errors = rule_file_errors(checked, set(builtin_primitives()))
         if len(errors) == 1:  # the one line on stderr is the error itself
             raise ConvexportError(errors[0])
         for error in errors:

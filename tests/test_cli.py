@@ -218,6 +218,8 @@ def test_rules_commands(tmp_path):
     shown = invoke("rules", "show", "conv-conv")
     assert shown.exit_code == 0 and "y = Conv(h, w2, b2?)" in shown.stdout
     assert_user_error(invoke("rules", "show", "no-such-rule"), "no rule named")
+    builtin = invoke("rules", "check", "--builtin")  # an installed user's way: no rules/ folder there
+    assert builtin.exit_code == 0 and builtin.stdout.strip().endswith("rule(s) OK"), builtin.output
     bad = tmp_path / "bad.yaml"
     bad.write_text("rules:\n  - name: a\n    doc: d\n    match: [y = Nope(x)]\n    apply: forward_input\n")
     assert_user_error(invoke("rules", "check", bad), f"{bad}:4:", "unknown ONNX op")
