@@ -97,7 +97,7 @@ class LoadedModel:
     files: list[Path] = field(default_factory=list)  # what it was read from: never to be written
     program_inputs: list[ProgramInput] = field(default_factory=list)  # an exported program's, in order
     notes: list[str] = field(default_factory=list)  # what a user should know of how it was read, in words
-    restore: Callable[[], None] | None = None  # undoes what loading changed in the caller's own object
+    restore: Callable[[], None] = lambda: None  # undoes what loading changed in the caller's own object
 
 
 def train_mode_note(source: str) -> str:

@@ -129,8 +129,7 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
     say = request.steps.start
     say("loading")
     loaded = load.loaded_model(model, options.trust_pickle, request.examples)
-    if loaded.restore is not None:  # the API's module, exported in eval mode: given back as it came
-        cleanup.callback(loaded.restore)
+    cleanup.callback(loaded.restore)  # the API's module, exported in eval mode, given back as it came
     asked = rewrite.rules_asked(request)
     destination = load.destination(loaded, options.output, options.other_outputs) if options.write else None
     if destination is None:
@@ -175,11 +174,9 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
     if tf32_sample and not check.tf32_effect_recorded(report["validation"]):  # not profiled, or skipped
         say("validating on cuda", "TF32's effect")
         check.record_tf32_effect(report["validation"], outcome.model, tf32_sample)
-    weights = None
+    weights = write.written(outcome.model, destination, loaded.files, say) if destination is not None else None
     if destination is not None:
-        weights = write.written(outcome.model, destination, loaded.files, say)
-        report["output"] = str(destination)
-        report["output_weights"] = str(weights) if weights is not None else None
+        report["output"], report["output_weights"] = str(destination), str(weights) if weights is not None else None
     report["timings_s"] = request.steps.finish()
     if graph.exporter == "onnx":  # a large model's weights in files: named as a model read from its folder names them
         ir.relative_to(graph.reference, Path(loaded.source).parent)
@@ -212,8 +209,7 @@ def _export_only(model, output, inputs, opset, dynamic_batch, trust_pickle, warn
         destination = load.destination(loaded, output)
         exported = export_model(loaded, specs, opset, dynamic_batch)
     finally:
-        if loaded.restore is not None:
-            loaded.restore()
+        loaded.restore()
     if warn is not None:
         for warning in exported.warnings:
             warn(warning)

@@ -398,7 +398,8 @@ def rewrite_keeping_fusions(
     over, and, for a model with attention, the better of two (module doc)."""
     clock = OptimizerClock()
     before = measure(model, clock=clock)
-    kept = [] if strategy == "all" else [(kernel.kind, kernel.nodes) for kernel in before.kernels]
+    constant = _constant_outputs(model)
+    kept = [] if strategy == "all" else [(k.kind, k.nodes | _feeding(model, k.nodes, constant)) for k in before.kernels]
     keep = frozenset(name for _, names in kept for name in names) | unfolded
     chosen = _attempt(model, reference, source, rewrite, before, kept, keep, clock)
     if strategy == "all" or not before.counts or _attention_kernels(chosen.after) >= _softmaxes(model):
@@ -412,6 +413,42 @@ def rewrite_keeping_fusions(
     other = _attempt(model, reference, source, rewrite, before, kept, with_shapes, clock)
     other.shape_arithmetic_kept = True
     return _every_type_after(other if _fuses_more(other.after, chosen.after) else chosen)
+
+
+def _feeding(model: onnx.ModelProto, kernel_nodes: frozenset[str], constant: set[str]) -> frozenset[str]:
+    """The nodes outside a kernel that make an input of it from constants alone: constant
+    folding would turn that input into a constant, which changes the kernel's pattern
+    (SkipLayerNormalization is an Add of two computed values then a LayerNormalization; with
+    edgenext's positional encoding, which depends on no input, folded, the optimizer fuses an
+    Add of a constant no more). They are kept with the kernel (they stay nodes; what they read
+    may fold)."""
+    produced_by = {  # a Constant node is a constant either way: the optimizer tells it from no initializer
+        output: node.name for node in model.graph.node if node.op_type != "Constant" for output in node.output if output
+    }
+    return frozenset(
+        produced_by[name]
+        for node in model.graph.node
+        if node.name in kernel_nodes
+        for name in node.input
+        if name in constant and name in produced_by and produced_by[name] not in kernel_nodes
+    )
+
+
+def _constant_outputs(model: onnx.ModelProto) -> set[str]:
+    """The main graph's node outputs that depend on no graph input (what constant folding
+    computes), in one pass in graph order; a node with a subgraph or a random op counts as
+    depending on its inputs."""
+    known = {tensor.name for tensor in model.graph.initializer} - {value.name for value in model.graph.input}
+    constant: set[str] = set()
+    for node in model.graph.node:
+        if node.op_type.startswith("Random") or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                                                    for a in node.attribute):  # fmt: skip
+            continue
+        if all(not name or name in known for name in node.input):
+            outputs = [name for name in node.output if name]
+            known.update(outputs)
+            constant.update(outputs)
+    return constant
 
 
 def _every_type_after(stage: FusionAwareRewrite) -> FusionAwareRewrite:

@@ -7,6 +7,7 @@ additive mask of finfo.min), re-implemented so the test needs neither transforme
 from __future__ import annotations
 
 import json
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -362,3 +363,43 @@ def test_an_output_dim_the_exporter_named_stays_named_where_inference_knows_its_
     assert result.exit_code == 0, result.output
     (output,) = onnx.load(out).graph.output
     assert [d.dim_param or d.dim_value for d in output.type.tensor_type.shape.dim] == ["batch", "width"]
+
+
+class _PositionedNorm(torch.nn.Module):
+    """EdgeNeXt's shape: a positional encoding computed from the image's size alone (so from
+    constants: ones, their cumulative sums, sin and cos), added to the tokens, then LayerNorm,
+    which the optimizer fuses as SkipLayerNormalization."""
+
+    def __init__(self, channels: int = 16, height: int = 6, width: int = 5):
+        super().__init__()
+        self.size = (channels, height, width)
+        self.proj = torch.nn.Conv2d(channels, channels, 1)
+        self.norm = torch.nn.LayerNorm(channels)
+
+    def forward(self, x):
+        channels, height, width = self.size
+        ones = torch.ones_like(x[:, : channels // 2])  # EdgeNeXt's not_mask: of x's shape, not its values
+        position = torch.cat([torch.sin(ones.cumsum(2) / 7.0), torch.cos(ones.cumsum(3) / 5.0)], dim=1)
+        tokens = self.proj(x).reshape(1, channels, height * width).transpose(1, 2)
+        return self.norm(tokens + position.reshape(1, channels, height * width).transpose(1, 2))
+
+
+def test_constant_folding_keeps_the_computed_input_a_fusion_needs(tmp_path):
+    """Folding the positional encoding (it depends on no input) into a constant left an Add of a
+    constant before the LayerNorm: ORT's optimizer lost the SkipLayerNormalization, and
+    convexport exited 0 saying "lost 1 SkipLayerNormalization" (edgenext_xx_small, TorchScript
+    export at opset 17). The node that makes the kernel's input stays a node."""
+    path = str(tmp_path / "block.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_PositionedNorm().eval(), (torch.randn(1, 16, 6, 5),), path, dynamo=False, opset_version=17)
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    def skip_layer_norms(model_path: str) -> int:  # its own fusions only, as convexport checks them
+        found = optimize_model(model_path, model_type="bert", opt_level=0, use_gpu=False)
+        return found.get_fused_operator_statistics()["SkipLayerNormalization"]
+
+    assert skip_layer_norms(path) == 1  # the test has teeth
+    out, report = optimized(path, tmp_path)
+    assert report["transformer_fusions"]["lost"] == {}
+    assert skip_layer_norms(out) == 1

@@ -188,9 +188,10 @@ def to_half_precision(
 
 
 def _float_interface(model: onnx.ModelProto) -> bool:
-    """Whether any input or output of the model is a float32 tensor (what --io-dtype changes)."""
-    values = (*model.graph.input, *model.graph.output)
-    return any(value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for value in values)
+    """Whether any input or output of the model is a floating-point tensor (what --io-dtype
+    changes; a float16 model's float32 twin keeps its float16 interface)."""
+    floats = (FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
+    return any(value.type.tensor_type.elem_type in floats for value in (*model.graph.input, *model.graph.output))
 
 
 class _Choice:
