@@ -10,8 +10,12 @@ gives NaN. Two rules, each a fact of the graph or of the naming every exporter o
                         move or convert values (Cast, Reshape, Unsqueeze, ...) takes values in
                         [0, rows - 1] of the smallest such table (a constant's axis length)
     mask                an integer input named like a mask (`attention_mask`,
-                        `decoder_attention_mask`, `pixel_mask`) takes the values 0 and 1,
-                        each row with a 1 at its first position (inputs.random_inputs)
+                        `decoder_attention_mask`, `pixel_mask`), or read as one whatever its
+                        name (an export from a factory names it `input_1`): through ops that
+                        only move or convert values it reaches `1 - mask` (a Sub from a
+                        constant 1, transformers' extended attention mask) or a Cast to bool
+                        (a Where's condition); it takes the values 0 and 1, each row with a 1
+                        at its first position (inputs.random_inputs)
 
 The ranges only narrow made-up data; a range given with --input wins.
 
@@ -28,9 +32,11 @@ made-up data only; the model written keeps its dims as they are.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import onnx
+from onnx import numpy_helper
 
 from .inputs import MASK_NAME, InputSpec, random_inputs
 from .ir import proto_constants
@@ -57,7 +63,7 @@ def integer_ranges(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
     graph = model.graph
     constants, readers = _constant_shapes(graph), _readers(graph)
     initializers = {init.name for init in graph.initializer}
-    ranges = {}
+    ranges, read_as_masks = {}, masks(model)
     for value in graph.input:
         element = value.type.tensor_type.elem_type
         if value.name in initializers or not _is_integer(element):
@@ -65,9 +71,47 @@ def integer_ranges(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
         rows = _table_rows(value.name, readers, constants)
         if rows:
             ranges[value.name] = (0, rows - 1)
-        elif MASK_NAME.search(value.name):
+        elif MASK_NAME.search(value.name) or value.name in read_as_masks:
             ranges[value.name] = (0, 1)
     return ranges
+
+
+def masks(model: onnx.ModelProto) -> set[str]:
+    """The integer inputs the graph reads as a mask (module doc), by name."""
+    graph = model.graph
+    readers, values = _readers(graph), proto_constants(graph)
+    initializers = {init.name for init in graph.initializer}
+    return {
+        value.name
+        for value in graph.input
+        if value.name not in initializers
+        and _is_integer(value.type.tensor_type.elem_type)
+        and _read_as_mask(value.name, readers, values)
+    }
+
+
+def _read_as_mask(name: str, readers, values: dict[str, onnx.TensorProto]) -> bool:
+    """Whether the values of `name`, moved or converted, reach `1 - them` or a Cast to bool."""
+    seen, pending = set(), [name]
+    while pending:
+        tensor = pending.pop()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        for node in readers.get(tensor, ()):
+            if node.op_type == "Sub" and node.input[1] == tensor and _is_one(values.get(node.input[0])):
+                return True
+            if node.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.BOOL for a in node.attribute):
+                return True
+            if node.op_type in _VALUE_PRESERVING and node.input[0] == tensor:
+                pending.extend(node.output)
+    return False
+
+
+def _is_one(tensor: onnx.TensorProto | None) -> bool:
+    if tensor is None or math.prod(tensor.dims) != 1:
+        return False
+    return float(numpy_helper.to_array(tensor).reshape(-1)[0]) == 1.0
 
 
 def _table_rows(name: str, readers, constants: dict[str, tuple[int, ...]]) -> int | None:

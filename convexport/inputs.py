@@ -56,6 +56,7 @@ class InputSpec:
     dtype: str = "float32"
     dtype_given: bool = field(default=False, compare=False)  # by --input, not the default
     value_range: tuple[float, float] | None = None
+    mask: bool = field(default=False, compare=False)  # the graph reads it as a mask (input_domains.py)
 
     @property
     def numpy_dtype(self) -> np.dtype:
@@ -213,7 +214,7 @@ def random_inputs(specs: list[InputSpec], seed: int, dynamic_size: int = DEFAULT
             feeds[spec.name] = rng.integers(0, 4, shape).astype(dtype)
         else:
             feeds[spec.name] = rng.integers(math.ceil(low), math.floor(high) + 1, shape).astype(dtype)
-        if MASK_NAME.search(spec.name) and spec.value_range == (0, 1) and len(shape) > 1 and shape[-1]:
+        if (spec.mask or MASK_NAME.search(spec.name)) and spec.value_range == (0, 1) and len(shape) > 1 and shape[-1]:
             # a padding mask attends to at least one position of each row: a row of zeros has no
             # defined result (a softmax of finfo.min everywhere, uniform in float32 by absorption
             # alone, NaN or another distribution in float16), so no model's output is judged on one

@@ -78,6 +78,7 @@ def _validation_inputs(exported: ExportResult, specs: list[InputSpec]) -> list[I
             same_rank = len(override.dims) == len(spec.dims)
             dims = tuple(o if isinstance(o, int) else s for o, s in zip(override.dims, spec.dims))
             value_range = override.value_range or spec.value_range  # --input's range, else the graph's
-            spec = InputSpec(spec.name, dims if same_rank else spec.dims, spec.dtype, value_range=value_range)
+            shape = dims if same_rank else spec.dims
+            spec = InputSpec(spec.name, shape, spec.dtype, value_range=value_range, mask=spec.mask)
         resolved.append(spec)
     return resolved
