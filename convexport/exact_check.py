@@ -74,8 +74,9 @@ FLOAT64_BUDGET_S = 2.0
 FIRST_RUN_OVER_BUDGET = 2
 FIRST_RUN_LEAST_S = 1.0  # the evaluator's own work on a small model: a budget of milliseconds still gets one set
 # The reference's float64 convolutions and matrix products are BLAS products of their own shapes:
-# on real CNNs they run at 20-60% of numpy's float64 GEMM rate on the same machine (depthwise
-# convolutions and elementwise work the low end; bench/RESULTS.md), so the estimate takes 25%.
+# on plain convolutions they run near half of numpy's float64 GEMM rate on the same machine, far
+# below it where depthwise convolutions and elementwise work dominate (bench/RESULTS.md, "Real-size
+# CNNs"); the estimate takes a quarter.
 REFERENCE_SHARE_OF_GEMM = 0.25
 FLOAT64_WEIGHT_BYTES = 512 << 20
 

@@ -33,6 +33,7 @@ made-up data only; the model written keeps its dims as they are.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import onnx
@@ -60,38 +61,38 @@ _VALUE_PRESERVING = {
 def integer_ranges(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
     """{integer input name: (low, high), inclusive} for the inputs the rules of the
     module doc bound; the others are left out."""
-    graph = model.graph
-    constants, readers = _constant_shapes(graph), _readers(graph)
-    initializers = {init.name for init in graph.initializer}
-    ranges, read_as_masks = {}, masks(model)
-    for value in graph.input:
-        element = value.type.tensor_type.elem_type
-        if value.name in initializers or not _is_integer(element):
-            continue
-        rows = _table_rows(value.name, readers, constants)
-        if rows:
-            ranges[value.name] = (0, rows - 1)
-        elif MASK_NAME.search(value.name) or value.name in read_as_masks:
-            ranges[value.name] = (0, 1)
-    return ranges
+    return integer_domains(model)[0]
 
 
 def masks(model: onnx.ModelProto) -> set[str]:
     """The integer inputs the graph reads as a mask (module doc), by name."""
+    return integer_domains(model)[1]
+
+
+def integer_domains(model: onnx.ModelProto) -> tuple[dict[str, tuple[int, int]], set[str]]:
+    """integer_ranges' ranges and the inputs the graph reads as a mask, from one reading of
+    the graph."""
     graph = model.graph
-    readers, values = _readers(graph), proto_constants(graph)
+    values, readers = proto_constants(graph), _readers(graph)
     initializers = {init.name for init in graph.initializer}
-    return {
-        value.name
-        for value in graph.input
-        if value.name not in initializers
-        and _is_integer(value.type.tensor_type.elem_type)
-        and _read_as_mask(value.name, readers, values)
-    }
+    ranges, read_as_masks = {}, set()
+    for value in graph.input:
+        element = value.type.tensor_type.elem_type
+        if value.name in initializers or not _is_integer(element):
+            continue
+        if _read_as_mask(value.name, readers, values):
+            read_as_masks.add(value.name)
+        rows = _table_rows(value.name, readers, values)
+        if rows:
+            ranges[value.name] = (0, rows - 1)
+        elif MASK_NAME.search(value.name) or value.name in read_as_masks:
+            ranges[value.name] = (0, 1)
+    return ranges, read_as_masks
 
 
-def _read_as_mask(name: str, readers, values: dict[str, onnx.TensorProto]) -> bool:
-    """Whether the values of `name`, moved or converted, reach `1 - them` or a Cast to bool."""
+def _reached(name: str, readers) -> Iterator[tuple[str, onnx.NodeProto]]:
+    """(tensor, node) for each node that reads the values of `name`, or those values moved or
+    converted (through the first input of _VALUE_PRESERVING ops)."""
     seen, pending = set(), [name]
     while pending:
         tensor = pending.pop()
@@ -99,13 +100,18 @@ def _read_as_mask(name: str, readers, values: dict[str, onnx.TensorProto]) -> bo
             continue
         seen.add(tensor)
         for node in readers.get(tensor, ()):
-            if node.op_type == "Sub" and node.input[1] == tensor and _is_one(values.get(node.input[0])):
-                return True
-            if node.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.BOOL for a in node.attribute):
-                return True
+            yield tensor, node
             if node.op_type in _VALUE_PRESERVING and node.input[0] == tensor:
                 pending.extend(node.output)
-    return False
+
+
+def _read_as_mask(name: str, readers, values: dict[str, onnx.TensorProto]) -> bool:
+    """Whether the values of `name`, moved or converted, reach `1 - them` or a Cast to bool."""
+    return any(
+        (node.op_type == "Sub" and node.input[1] == tensor and _is_one(values.get(node.input[0])))
+        or (node.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.BOOL for a in node.attribute))
+        for tensor, node in _reached(name, readers)
+    )
 
 
 def _is_one(tensor: onnx.TensorProto | None) -> bool:
@@ -114,24 +120,21 @@ def _is_one(tensor: onnx.TensorProto | None) -> bool:
     return float(numpy_helper.to_array(tensor).reshape(-1)[0]) == 1.0
 
 
-def _table_rows(name: str, readers, constants: dict[str, tuple[int, ...]]) -> int | None:
+def _table_rows(name: str, readers, values: dict[str, onnx.TensorProto]) -> int | None:
     """The fewest rows of a constant table the values of `name` index (Gather's indices)."""
-    fewest, seen, pending = None, set(), [name]
-    while pending:
-        tensor = pending.pop()
-        if tensor in seen:
-            continue
-        seen.add(tensor)
-        for node in readers.get(tensor, ()):
-            if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] == tensor:
-                shape = constants.get(node.input[0])
-                axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-                if shape and -len(shape) <= axis < len(shape) and shape[axis] > 0:
-                    rows = shape[axis]
-                    fewest = rows if fewest is None else min(fewest, rows)
-            elif node.op_type in _VALUE_PRESERVING and node.input[0] == tensor:
-                pending.extend(node.output)
-    return fewest
+    rows = [
+        _rows(node, values.get(node.input[0]))
+        for tensor, node in _reached(name, readers)
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] == tensor
+    ]
+    return min((count for count in rows if count), default=None)
+
+
+def _rows(gather: onnx.NodeProto, table: onnx.TensorProto | None) -> int | None:
+    """The length of a constant table along the Gather's axis (None for no constant, or none)."""
+    shape = tuple(table.dims) if table is not None else ()
+    axis = next((a.i for a in gather.attribute if a.name == "axis"), 0)
+    return shape[axis] if shape and -len(shape) <= axis < len(shape) and shape[axis] > 0 else None
 
 
 def _readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
@@ -141,11 +144,6 @@ def _readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
         for name in node.input:
             readers.setdefault(name, []).append(node)
     return readers
-
-
-def _constant_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
-    """The shapes of the graph's initializers and Constant nodes' tensors, by name."""
-    return {name: tuple(tensor.dims) for name, tensor in proto_constants(graph).items()}
 
 
 _INTEGER_TYPES = {

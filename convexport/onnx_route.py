@@ -22,7 +22,7 @@ from onnx import version_converter
 
 from . import ir
 from .errors import ConvexportError, first_line
-from .input_domains import integer_ranges, masks
+from .input_domains import integer_domains
 from .inputs import DTYPES, InputSpec
 
 MIN_OPSET = 13  # the oldest opset the rules are written for; older models are converted
@@ -162,7 +162,7 @@ def graph_input_specs(model: onnx.ModelProto) -> list[InputSpec]:
     """The graph's real inputs (not initializers) as InputSpecs, integer ones with the values
     made-up data of them may take (input_domains.py)."""
     initializers = {init.name for init in model.graph.initializer}
-    ranges, read_as_masks = integer_ranges(model), masks(model)
+    ranges, read_as_masks = integer_domains(model)
     specs = []
     for value in model.graph.input:
         if value.name in initializers:
@@ -172,10 +172,8 @@ def graph_input_specs(model: onnx.ModelProto) -> list[InputSpec]:
             d.dim_value if d.HasField("dim_value") else (d.dim_param or f"{value.name}_{i}")  # 0: an empty dim
             for i, d in enumerate(tensor_type.shape.dim)
         )
-        kind = _dtype_name(value.type)
-        specs.append(
-            InputSpec(value.name, dims, kind, value_range=ranges.get(value.name), mask=value.name in read_as_masks)
-        )
+        kind, value_range = _dtype_name(value.type), ranges.get(value.name)
+        specs.append(InputSpec(value.name, dims, kind, value_range=value_range, mask=value.name in read_as_masks))
     return specs
 
 

@@ -24,9 +24,9 @@ sessions are made and warmed one after the other:
    session, in this process; on the CPU in a fresh process per model (peak_memory.py), where
    nothing of this one is counted, once every session is released; the two models' processes
    run at the same time (each reads its own resident set), a large model's one after the
-   other. (Measured in this process
-   instead, the sessions of a small model read a tenth of what a process of their own shows:
-   ONNX Runtime's per-session costs are paid once a process; bench/RESULTS.md.)
+   other. (Measured in this process instead, the sessions of a small model read a tenth of
+   what a process of their own shows: ONNX Runtime's per-session costs are paid once a
+   process; bench/RESULTS.md.)
 Then two models are timed against each other in pairs until the speedup's interval is narrow
 (paired_timer.py), one model until its median's is. Where a model is large
 (ir.kept_from_serialisation: 256 MiB of weights or more), each model's session is made, timed

@@ -396,50 +396,53 @@ def rewrite_keeping_fusions(
     with the optimizer's kernels kept whole (but under --strategy all) and the nodes of
     `unfolded` (names, or ir.scoped_name) left unfolded, the dims `reference` named carried
     over, and, for a model with attention, the better of two (module doc)."""
+    return _every_type_after(_best_attempt(model, reference, source, strategy, rewrite, unfolded))
+
+
+def _best_attempt(model, reference, source, strategy, rewrite, unfolded) -> FusionAwareRewrite:
+    """The rewrite with the kernels kept whole, and for a model with attention the better of it
+    and the rewrite with the shape arithmetic also kept (module doc)."""
     clock = OptimizerClock()
     before = measure(model, clock=clock)
-    constant = _constant_outputs(model)
-    kept = [] if strategy == "all" else [(k.kind, k.nodes | _feeding(model, k.nodes, constant)) for k in before.kernels]
+    kept = [] if strategy == "all" else _with_constant_feeders(model, before.kernels)
     keep = frozenset(name for _, names in kept for name in names) | unfolded
     chosen = _attempt(model, reference, source, rewrite, before, kept, keep, clock)
     if strategy == "all" or not before.counts or _attention_kernels(chosen.after) >= _softmaxes(model):
-        return _every_type_after(chosen)  # (every attention fused already: keeping shape arithmetic cannot add one)
+        return chosen  # (every attention fused already: keeping shape arithmetic cannot add one)
     with_shapes = keep | shape_arithmetic(model)
     if with_shapes == keep:
-        return _every_type_after(chosen)
+        return chosen
     if not clock.affords_another():
         chosen.shape_arithmetic_untried = True
-        return _every_type_after(chosen)
+        return chosen
     other = _attempt(model, reference, source, rewrite, before, kept, with_shapes, clock)
     other.shape_arithmetic_kept = True
-    return _every_type_after(other if _fuses_more(other.after, chosen.after) else chosen)
+    return other if _fuses_more(other.after, chosen.after) else chosen
 
 
-def _feeding(model: onnx.ModelProto, kernel_nodes: frozenset[str], constant: set[str]) -> frozenset[str]:
-    """The nodes outside a kernel that make an input of it from constants alone: constant
-    folding would turn that input into a constant, which changes the kernel's pattern
-    (SkipLayerNormalization is an Add of two computed values then a LayerNormalization; with
-    edgenext's positional encoding, which depends on no input, folded, the optimizer fuses an
-    Add of a constant no more). They are kept with the kernel (they stay nodes; what they read
-    may fold)."""
-    produced_by = {  # a Constant node is a constant either way: the optimizer tells it from no initializer
-        output: node.name for node in model.graph.node if node.op_type != "Constant" for output in node.output if output
-    }
-    return frozenset(
-        produced_by[name]
-        for node in model.graph.node
-        if node.name in kernel_nodes
-        for name in node.input
-        if name in constant and name in produced_by and produced_by[name] not in kernel_nodes
-    )
+def _with_constant_feeders(model: onnx.ModelProto, kernels: list[FusedKernel]) -> list[tuple[str, frozenset[str]]]:
+    """Each kernel as (kind, node names) with the nodes outside it that make an input of it
+    from constants alone: constant folding would turn that input into a constant, which
+    changes the kernel's pattern (SkipLayerNormalization is an Add of two computed values then
+    a LayerNormalization; with edgenext's positional encoding, which depends on no input,
+    folded, the optimizer fuses an Add of a constant no more). They are kept with the kernel
+    (they stay nodes; what they read may fold)."""
+    feeders = _constant_producers(model)
+    inputs_of = {node.name: node.input for node in model.graph.node}
+    kept = []
+    for kernel in kernels:
+        read = {name for node in kernel.nodes for name in inputs_of.get(node, ())}
+        kept.append((kernel.kind, kernel.nodes | ({feeders[name] for name in read if name in feeders} - kernel.nodes)))
+    return kept
 
 
-def _constant_outputs(model: onnx.ModelProto) -> set[str]:
-    """The main graph's node outputs that depend on no graph input (what constant folding
-    computes), in one pass in graph order; a node with a subgraph or a random op counts as
-    depending on its inputs."""
+def _constant_producers(model: onnx.ModelProto) -> dict[str, str]:
+    """{output: its node's name} for the main graph's node outputs that depend on no graph
+    input (what constant folding computes), in one pass in graph order; a node with a subgraph
+    or a random op counts as depending on its inputs, and a Constant node is left out (a
+    constant either way: the optimizer tells it from no initializer)."""
     known = {tensor.name for tensor in model.graph.initializer} - {value.name for value in model.graph.input}
-    constant: set[str] = set()
+    producers: dict[str, str] = {}
     for node in model.graph.node:
         if node.op_type.startswith("Random") or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                                                     for a in node.attribute):  # fmt: skip
@@ -447,8 +450,9 @@ def _constant_outputs(model: onnx.ModelProto) -> set[str]:
         if all(not name or name in known for name in node.input):
             outputs = [name for name in node.output if name]
             known.update(outputs)
-            constant.update(outputs)
-    return constant
+            if node.op_type != "Constant":
+                producers.update(dict.fromkeys(outputs, node.name))
+    return producers
 
 
 def _every_type_after(stage: FusionAwareRewrite) -> FusionAwareRewrite:
