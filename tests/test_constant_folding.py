@@ -60,6 +60,26 @@ def test_every_export_route_folds_to_one_conv(route):
     assert model.SerializeToString() == before
 
 
+def test_the_model_folded_is_not_changed():
+    """onnx-ir holds the model's tensors without copying them: lifting a Constant node's tensor
+    to an initializer named that tensor in the caller's model too (a tensor without a name had
+    one after), and a node moved to the hidden domain and back had its domain field written."""
+    shape = helper.make_tensor("", onnx.TensorProto.INT64, [2], [4, 6])
+    shape.ClearField("name")
+    nodes = [
+        helper.make_node("Constant", [], ["shape"], value=shape),
+        helper.make_node("Reshape", ["x", "shape"], ["h"]),
+        helper.make_node("Relu", ["h"], ["y"]),
+    ]
+    model = make_model(nodes, [tensor("x", [2, 3, 4])], [tensor("y", [4, 6])])
+    before = model.SerializeToString()
+    folded = ir.fold_constants(model, keep=frozenset({"Reshape"} | {node.name for node in model.graph.node}))
+    assert folded is not model and not any(node.op_type == "Constant" for node in folded.graph.node)
+    assert model.SerializeToString() == before
+    convexport.optimize(model, write=False, profile=False)
+    assert model.SerializeToString() == before
+
+
 def test_nothing_to_fold_gives_the_model_itself():
     model = make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [1, 4])], [tensor("y", [1, 4])])
     assert ir.fold_constants(model) is model

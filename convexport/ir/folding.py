@@ -18,6 +18,9 @@ under the same limit.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 import onnx
 import onnx.reference
@@ -58,6 +61,11 @@ def fold_constants(model: onnx.ModelProto, keep: frozenset[str] = frozenset()) -
     finally:
         _unmark_nameless_nodes(model, nameless)
         _unhide(model, kept)
+    with _attribute_tensor_names_kept(model):
+        return _folded(model, graph, nameless, kept)
+
+
+def _folded(model: onnx.ModelProto, graph, nameless: int, kept: bool) -> onnx.ModelProto:
     with quiet_libraries():  # onnxscript logs each node it will not fold
         result = onnxscript.optimizer.fold_constants(
             graph,
@@ -74,6 +82,29 @@ def fold_constants(model: onnx.ModelProto, keep: frozenset[str] = frozenset()) -
     _unmark_nameless_nodes(folded, nameless)
     _unhide(folded, kept)
     return folded
+
+
+@contextlib.contextmanager
+def _attribute_tensor_names_kept(model: onnx.ModelProto) -> Iterator[None]:
+    """onnx-ir holds the model's tensors without copying them, and lifting a Constant node's
+    tensor to an initializer names that tensor, in `model` too: the tensors of the nodes'
+    attributes get their names back (none where they had none) once the folding is done."""
+    tensors = [
+        attribute.t
+        for scope in proto_scopes(model.graph)
+        for node in scope.node
+        for attribute in node.attribute
+        if attribute.HasField("t")
+    ]
+    names = [tensor.name if tensor.HasField("name") else None for tensor in tensors]
+    try:
+        yield
+    finally:
+        for tensor, name in zip(tensors, names):
+            if name is None:
+                tensor.ClearField("name")
+            else:
+                tensor.name = name
 
 
 _HIDDEN = "convexport.kept."  # a domain no model imports: onnxscript folds no node of it
@@ -104,6 +135,8 @@ def _unhide(model: onnx.ModelProto, hidden: bool) -> None:
         for node in scope.node:
             if node.domain.startswith(_HIDDEN):
                 node.domain = node.domain.removeprefix(_HIDDEN)
+                if not node.domain:  # the default domain, as exporters write it: no field
+                    node.ClearField("domain")
 
 
 MAX_FOLD_ROUNDS = 8  # EfficientViT-M's TorchScript export settles after 2
