@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from .errors import ConvexportError, InternalError, ValidationError, did_you_mean, first_line
-from .files import Terminated, ending_signals_raise
+from .files import Terminated, ending_signals_raise, interrupts_held
 
 EXIT_USER, EXIT_VALIDATION, EXIT_INTERNAL = 1, 3, 70
 
@@ -200,7 +200,8 @@ def optimize(
         try:
             with _progress(quiet) as progress:
                 progress("loading")  # the first line, before the libraries of the stages are imported
-                from . import pipeline
+                with interrupts_held():
+                    from . import pipeline
 
                 options = OptimizeOptions(
                     inputs=input or [],
@@ -261,8 +262,9 @@ def export(
 
     def run():
         _check_model_is_there(model)
-        from .pipeline import export_only
-        from .report import tracer_warning
+        with interrupts_held():
+            from .pipeline import export_only
+            from .report import tracer_warning
 
         def warn(warning: str) -> None:
             stdout.print(tracer_warning(warning), markup=False)
@@ -285,11 +287,12 @@ def validate_command(
     custom_ops_library: LibraryOpt = None,
 ):
     """Compare two ONNX models on the same inputs (exit 3 when they differ)."""
-    from . import validate as checks
-    from .inputs import input_specs
-    from .report import nonfinite_line, write_json
-    from .report_types import SCHEMA_VERSION
-    from .runtime import custom_op_libraries
+    with interrupts_held():
+        from . import validate as checks
+        from .inputs import input_specs
+        from .report import nonfinite_line, write_json
+        from .report_types import SCHEMA_VERSION
+        from .runtime import custom_op_libraries
 
     def run():
         _check_outputs([reference, candidate, inputs], [("--report", report)])
@@ -335,14 +338,15 @@ def profile(
     threads: ThreadsOpt = None,
 ):
     """Time an ONNX model on ONNX Runtime."""
-    from .input_domains import sized_by_running
-    from .inputs import input_specs, with_overrides
-    from .onnx_route import graph_input_specs
-    from .profile import profile_models
-    from .report import write_json
-    from .report_types import SCHEMA_VERSION
-    from .routes import load_model
-    from .runtime import custom_op_libraries, resolve_device
+    with interrupts_held():
+        from .input_domains import sized_by_running
+        from .inputs import input_specs, with_overrides
+        from .onnx_route import graph_input_specs
+        from .profile import profile_models
+        from .report import write_json
+        from .report_types import SCHEMA_VERSION
+        from .routes import load_model
+        from .runtime import custom_op_libraries, resolve_device
 
     def run():
         _check_outputs([model], [("--report", report)])
@@ -467,8 +471,9 @@ def rules_check(
     builtin: Annotated[bool, typer.Option("--builtin", help="Also check the built-in rules.")] = False,
 ):
     """Parse rule files and report every error as file:line:col: message."""
-    from .folds import builtin_primitives
-    from .rewrite.rulefile import builtin_rule_files, rule_file_errors, rule_files
+    with interrupts_held():
+        from .folds import builtin_primitives
+        from .rewrite.rulefile import builtin_rule_files, rule_file_errors, rule_files
 
     if not files and not builtin:
         raise typer.BadParameter("give rule files or folders, or --builtin", param_hint="FILES")
@@ -534,9 +539,10 @@ def rules_test(
 ):
     """Rewrite random instances of each rule's pattern and check them with ONNX Runtime; a
     failing instance is shrunk and saved as a small ONNX model (exit 3)."""
-    from .folds import builtin_primitives
-    from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
-    from .ruletest.verify import CRASHED, verify_rule
+    with interrupts_held():
+        from .folds import builtin_primitives
+        from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
+        from .ruletest.verify import CRASHED, verify_rule
 
     if not files and not builtin:
         raise typer.BadParameter("give rule files or folders, or --builtin", param_hint="FILES")
@@ -648,8 +654,9 @@ def _shown_path(path: str) -> str:
 
 
 def _all_rules(extra):
-    from .folds import builtin_primitives
-    from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
+    with interrupts_held():
+        from .folds import builtin_primitives
+        from .rewrite.rulefile import builtin_rule_files, load_rules, rule_files
 
     return load_rules(builtin_rule_files() + rule_files(list(extra or [])), set(builtin_primitives()))
 

@@ -267,6 +267,29 @@ def ending_signals_raise():
             signal.signal(getattr(signal, name), handler)
 
 
+@contextlib.contextmanager
+def interrupts_held():
+    """Ctrl-C (SIGINT) held back while the block runs (it imports the libraries the command
+    needs), then raised as KeyboardInterrupt: raised inside a C extension's module
+    initialisation it aborts the process with a C++ traceback (onnx's, built with nanobind,
+    calls back into Python: "terminate called ...") or makes the import fail (ONNX Runtime's:
+    "initialization failed"), where once the import is done it ends the command as Ctrl-C does.
+    Only the main thread can set handlers: elsewhere the block runs as it is."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed = []
+    previous = signal.signal(signal.SIGINT, lambda number, frame: pressed.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed:
+        raise KeyboardInterrupt
+
+
 def _stream(destination: Path, write: Callable[[str], None]) -> None:
     try:
         write(str(destination))

@@ -244,6 +244,24 @@ def test_ctrl_c_while_starting_is_no_traceback(model, tmp_path, delay):
     assert "Traceback" not in stderr and process.returncode in (130, -signal.SIGINT, 0), stderr
 
 
+def test_ctrl_c_during_the_libraries_imports_is_raised_once_they_are_done():
+    """A KeyboardInterrupt raised inside a C extension's initialisation aborted the process with
+    a C++ traceback ("terminate called after throwing an instance of 'nanobind::python_error'",
+    onnx's enums) or made ONNX Runtime's import fail ("ONNX Runtime is not importable ...
+    initialization failed", exit 1): the command's imports hold Ctrl-C back and raise it after."""
+    from convexport.files import interrupts_held
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(100_000):  # Python code runs on (a handler would have raised by now)
+                pass
+            reached.append("the block's end")
+    assert reached == ["the block's end"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_a_replaced_output_keeps_its_permissions(model, tmp_path):
     out = tmp_path / "o.onnx"
     out.write_bytes(b"old")
