@@ -40,10 +40,35 @@ class ExportResult:
     conversions: list[str] = field(default_factory=list)
     input_changes: list[str] = field(default_factory=list)  # fixed dims of an ONNX model --input changed
     argument_names: list[str] = field(default_factory=list)  # a torch source's, in the order it was called with
+    # the reference's main-graph value_info as given, before shape inference added to it: what
+    # the model written is annotated with (ir.as_declared); None: the reference's own
+    declared: tuple[onnx.ValueInfoProto, ...] | None = None
+
+    _as_given: onnx.ModelProto | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         if self.reference is None:
             self.reference = self.model
+        if self.declared is None:
+            self.declared = ir.declared_value_info(self.reference)
+
+    def as_given(self) -> onnx.ModelProto:
+        """The reference annotated as declared (ir.as_declared): the model a user runs without
+        convexport, which the optimized one is timed against. The reference itself where
+        inference added nothing to it, else a copy made once."""
+        if self._as_given is None:
+            entries = ir.declared_entries(self.reference, self.declared)
+            if _same_entries(entries, self.reference.graph.value_info):
+                self._as_given = self.reference
+            else:
+                self._as_given = onnx.ModelProto()
+                self._as_given.CopyFrom(self.reference)
+                ir.as_declared(self._as_given, self.declared)
+        return self._as_given
+
+
+def _same_entries(one, other) -> bool:
+    return len(one) == len(other) and all(a.SerializeToString() == b.SerializeToString() for a, b in zip(one, other))
 
 
 @dataclass(frozen=True)
@@ -78,12 +103,12 @@ def export_model(
 
 
 def export_onnx(loaded: LoadedModel, ask: ExportAsk) -> ExportResult:
-    reference, model, conversions, changed = prepare_onnx(
-        loaded.onnx_model, loaded.source, ask.specs, ask.dynamic_batch, ask.freeze_input_defaults
-    )
+    prepared = prepare_onnx(loaded.onnx_model, loaded.source, ask.specs, ask.dynamic_batch, ask.freeze_input_defaults)
+    model = prepared.model
     return ExportResult(
-        model, graph_input_specs(model), "onnx", reference=reference, conversions=conversions, input_changes=changed
-    )
+        model, graph_input_specs(model), "onnx", reference=prepared.reference, conversions=prepared.conversions,
+        input_changes=prepared.input_changes, declared=prepared.declared,
+    )  # fmt: skip
 
 
 def export_module(loaded: LoadedModel, ask: ExportAsk) -> ExportResult:
@@ -107,7 +132,7 @@ def _exported_on_examples(
     model, exporter, tracer_warnings = torch_graph(loaded, args, names, ask.opset, dynamic, exporters)
     return ExportResult(
         ir.infer_shapes(model, loaded.source), graph_input_specs(model), exporter, tracer_warnings,
-        argument_names=list(names),
+        argument_names=list(names), declared=ir.declared_value_info(model),
     )  # fmt: skip
 
 

@@ -16,6 +16,8 @@ the model given itself (no copy: nothing after this writes to them).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 from onnx import version_converter
@@ -33,10 +35,19 @@ FIRST_IR_WITH_DEFAULTS = 4
 FIRST_PRELU_WITH_NUMPY_BROADCAST = 7
 
 
+@dataclass
+class Prepared:
+    reference: onnx.ModelProto
+    model: onnx.ModelProto
+    conversions: list[str]
+    input_changes: list[str]  # the fixed dims --input changed, in words
+    declared: tuple[onnx.ValueInfoProto, ...]  # the reference's value_info before shape inference
+
+
 def prepare_onnx(
     given: onnx.ModelProto, source: str, specs: list[InputSpec], dynamic_batch: bool, freeze_input_defaults: bool
-) -> tuple[onnx.ModelProto, onnx.ModelProto, list[str], list[str]]:
-    """(reference, model, conversions, fixed dims --input changed, in words): see the module doc."""
+) -> Prepared:
+    """The reference and the model of the module doc, and what was done to make them."""
     reference, changed = given, []
     edits = bool(specs or dynamic_batch or freeze_input_defaults) or _has_negative_dims(given)
     if edits:
@@ -47,6 +58,7 @@ def prepare_onnx(
         changed = _apply_input_specs(reference, specs, dynamic_batch, source)
         if specs or dynamic_batch:  # the shapes the model declares were those of the old inputs
             _forget_inferred_shapes(reference)
+    declared = ir.declared_value_info(reference)
     if edits or not ir.fully_shaped(reference):
         # inference writes a size where the exporter named an output's dim (ViT's sequence,
         # fixed by its position table): the outputs keep the names, but where --input changed
@@ -54,7 +66,7 @@ def prepare_onnx(
         same_outputs = not (specs or dynamic_batch)
         reference = ir.carry_dim_names(ir.infer_shapes(reference, source), given, same_outputs=same_outputs)
     model, conversions = _brought_up_to_date(reference, source)
-    return reference, model, conversions, changed
+    return Prepared(reference, model, conversions, changed, declared)
 
 
 def _brought_up_to_date(reference: onnx.ModelProto, source: str) -> tuple[onnx.ModelProto, list[str]]:

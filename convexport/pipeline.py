@@ -154,23 +154,14 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
     if request.dtype != "float32":
         validated = checked.result if checked else None
         outcome.model = half.in_half(graph, rewritten, runs, validated, request, report, cleanup)
-        stage_report.restate_after(report, outcome.model)
+        stage_report.restate_after(report, outcome.model, graph.declared)
     exported.torch_source = None  # the torch model's float64 copy (twice its weights), before the profile's sessions
+    ir.as_declared(outcome.model, graph.declared)  # annotated as given, as it is timed and written
     tf32_sample = checked.tf32_sample if checked else None
     if options.profile:
         read_tf32 = functools.partial(check.record_tf32_effect, report["validation"], outcome.model, tf32_sample)
-        measure.profiled(graph.reference, outcome.model, runs, request, report, read_tf32 if tf32_sample else None)
-        faster = measure.faster_candidate(graph.reference, rewritten, runs, request, report)
-        if faster is not None:  # the whole rewrite is slower on the device: the fastest graph instead
-            outcome.model = faster
-            stage_report.restate_after(report, faster)
-            if options.validate:
-                check.checked(graph, rewritten, runs, request, exported.torch_source, report)
-            report["profile"] = None
-            if report["speed_choice"]["written_as_given"]:
-                report["profile_skipped"] = "every candidate was slower than the model as given, which is written"
-            else:
-                measure.profiled(graph.reference, faster, runs, request, report)
+        measure.profiled(graph, outcome.model, runs, request, report, read_tf32 if tf32_sample else None)
+        _faster_one_instead(exported, rewritten, runs, request, report)
     if tf32_sample and not check.tf32_effect_recorded(report["validation"]):  # not profiled, or skipped
         say("validating on cuda", "TF32's effect")
         check.record_tf32_effect(report["validation"], outcome.model, tf32_sample)
@@ -183,6 +174,27 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
         if destination is None:
             ir.relative_to(outcome.model, Path(loaded.source).parent)
     return OptimizeResult(report, outcome.model, graph.reference, destination, weights)
+
+
+def _faster_one_instead(
+    exported: export.Exported, rewritten: rewrite.Rewritten, runs, request, report: OptimizeReport
+) -> None:
+    """Where the whole rewrite is slower on the device, the fastest graph instead (stages/measure.py):
+    rewritten.outcome.model becomes it, restated, validated, annotated as given and profiled."""
+    graph, outcome = exported.graph, rewritten.outcome
+    faster = measure.faster_candidate(graph, rewritten, runs, request, report)
+    if faster is None:
+        return
+    outcome.model = faster
+    stage_report.restate_after(report, faster, graph.declared)
+    if request.options.validate:
+        check.checked(graph, rewritten, runs, request, exported.torch_source, report)
+    report["profile"] = None
+    if report["speed_choice"]["written_as_given"]:
+        outcome.model = graph.as_given()
+        report["profile_skipped"] = "every candidate was slower than the model as given, which is written"
+    else:
+        measure.profiled(graph, ir.as_declared(faster, graph.declared), runs, request, report)
 
 
 def export_only(

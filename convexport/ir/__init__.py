@@ -73,7 +73,7 @@ from .scopes import (
     tensor_map,
     toposort,
 )
-from .shapes import carry_dim_names, fully_shaped, infer_shapes
+from .shapes import as_declared, carry_dim_names, declared_entries, declared_value_info, fully_shaped, infer_shapes
 from .weight_files import counting_bytes, is_file_backed, moved_weights, point_at_files, relative_to, tensor_array
 
 __all__ = [
@@ -142,4 +142,7 @@ __all__ = [
     "toposort",
     "fully_shaped",
     "infer_shapes",
+    "as_declared",
+    "declared_entries",
+    "declared_value_info",
 ]

@@ -11,6 +11,7 @@ data out of it).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -42,13 +43,15 @@ def external_data_files(model: onnx.ModelProto) -> list[str]:
     )
 
 
-def serialized_bytes(model: onnx.ModelProto) -> int:
+def serialized_bytes(model: onnx.ModelProto, value_info: Sequence[onnx.ValueInfoProto] | None = None) -> int:
     """The bytes of the model as written (its external data included), summed over its parts
     (each with its field's tag and length): protobuf refuses to measure or serialise a message
     of 2 GiB or more as a whole. Only the graph's and the model's own names and numbers are
-    left out, a few dozen bytes."""
+    left out, a few dozen bytes. `value_info`: the main graph's, where it is written with
+    these instead of its own (shapes.as_declared)."""
     graph = model.graph
-    parts = (*graph.node, *graph.initializer, *graph.sparse_initializer, *graph.input, *graph.output, *graph.value_info)
+    annotations = graph.value_info if value_info is None else value_info
+    parts = (*graph.node, *graph.initializer, *graph.sparse_initializer, *graph.input, *graph.output, *annotations)
     extras = (*model.opset_import, *model.metadata_props, *model.functions, *model.training_info)
     framed = sum(_framed(part.ByteSize()) for part in (*parts, *extras))
     return framed + sum(_external_bytes(tensor) for tensor in graph.initializer)

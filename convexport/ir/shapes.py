@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 import onnx
 
@@ -110,6 +111,58 @@ def _drop_unshaped_value_info(graph: onnx.GraphProto) -> None:
 def _shaped_values(graph: onnx.GraphProto) -> int:
     """value_info entries with a shape, in the graph and its subgraphs."""
     return sum(value.type.tensor_type.HasField("shape") for scope in proto_scopes(graph) for value in scope.value_info)
+
+
+def declared_value_info(model: onnx.ModelProto) -> tuple[onnx.ValueInfoProto, ...]:
+    """A copy of the main graph's value_info, as the model declares it (before any inference)."""
+    return tuple(_copied(value) for value in model.graph.value_info)
+
+
+def declared_entries(model: onnx.ModelProto, declared: Sequence[onnx.ValueInfoProto]) -> list[onnx.ValueInfoProto]:
+    """The main graph's value_info of `model` as the model it stands in for declared them: an
+    entry for each tensor `declared` describes that `model` still computes, the declared dims in
+    the element type `model` gives the tensor (a float16 model's tensor that stays float32, a
+    --dtype fp16 model's float16 one), and none for the others.
+
+    Shape annotations are not computation, but ONNX Runtime reads them: where they let it prove
+    two shapes equal it fuses kernels it does not fuse on the model as given (an Add and a
+    LayerNormalization into a SkipLayerNormalization, whose CPU kernel can be the slower one:
+    bench/RESULTS.md). The annotations shape inference gave the rewrite are its own; the model
+    written (and timed) is annotated as the model given was, so that ONNX Runtime sees in the
+    tensors they share what it saw in the given one. A tensor `model` has no entry for is left
+    without one (its type is not known here). Subgraphs keep their own."""
+    own = {value.name: value for value in model.graph.value_info}
+    entries = []
+    for entry in declared:
+        mine = own.get(entry.name)
+        if mine is None or not _same_rank(mine.type, entry.type):
+            continue
+        value = _copied(entry)
+        value.type.tensor_type.elem_type = mine.type.tensor_type.elem_type
+        entries.append(value)
+    return entries
+
+
+def as_declared(model: onnx.ModelProto, declared: Sequence[onnx.ValueInfoProto]) -> onnx.ModelProto:
+    """`model` (changed in place, and returned) with the value_info declared_entries gives it."""
+    entries = declared_entries(model, declared)
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(entries)
+    return model
+
+
+def _same_rank(one: onnx.TypeProto, other: onnx.TypeProto) -> bool:
+    """Both tensor types with a shape of the same rank."""
+    if one.WhichOneof("value") != "tensor_type" or other.WhichOneof("value") != "tensor_type":
+        return False
+    first, second = one.tensor_type, other.tensor_type
+    return first.HasField("shape") and second.HasField("shape") and len(first.shape.dim) == len(second.shape.dim)
+
+
+def _copied(value: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+    copy = onnx.ValueInfoProto()
+    copy.CopyFrom(value)
+    return copy
 
 
 def carry_dim_names(model: onnx.ModelProto, original: onnx.ModelProto, same_outputs: bool = False) -> onnx.ModelProto:

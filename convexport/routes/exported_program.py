@@ -47,7 +47,7 @@ def _export(loaded: LoadedModel, ask: ExportAsk) -> ExportResult:
     _name_torch_symbols(model, specs)
     return ExportResult(
         ir.infer_shapes(model, loaded.source), graph_input_specs(model), exporter, tracer_warnings,
-        argument_names=list(names),
+        argument_names=list(names), declared=ir.declared_value_info(model),
     )  # fmt: skip
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from .. import ir
+from ..export import ExportResult
 from ..paired_timer import TARGET
 from ..profile import profile_models
 from ..report_types import OptimizeReport
@@ -38,16 +39,18 @@ SLOWER_MARGIN = TARGET
 
 
 def profiled(
-    original: onnx.ModelProto,
+    exported: ExportResult,
     optimized: onnx.ModelProto,
     inputs: RunInputs,
     request: Request,
     report: OptimizeReport,
     after_timing: Callable[[object], None] | None = None,
 ) -> None:
-    """report["profile"], or report["profile_skipped"] where the device has no kernel for a
-    graph or the graph is unchanged. `after_timing` is handed the optimized graph's session once
-    it is timed (TF32's effect is read on it: stages/check.py)."""
+    """report["profile"] of `optimized` (annotated as it is written) against the model as given,
+    or report["profile_skipped"] where the device has no kernel for a graph or the graph is
+    unchanged. `after_timing` is handed the optimized graph's session once it is timed (TF32's
+    effect is read on it: stages/check.py)."""
+    original = exported.as_given()
     if ir.same_computation(original, optimized):
         report["profile_skipped"] = "the optimized graph computes as the original does, node for node: nothing to time"
         return
@@ -71,11 +74,6 @@ def profiled(
         report["profile_skipped"] = str(exc)
         return
     report["profile"] = judged_profile(measured)
-
-
-def _timed_so_far(done: int, total: int) -> str:
-    """profile_models' progress in words: pairs timed, or models timed one after the other."""
-    return f"{done}/{total} timed" if total else f"{done} pairs"
 
 
 def _feeds(inputs: RunInputs) -> dict | None:
@@ -119,12 +117,14 @@ class Candidate:
 
 
 def faster_candidate(
-    original: onnx.ModelProto, rewritten: Rewritten, inputs: RunInputs, request: Request, report: OptimizeReport
+    exported: ExportResult, rewritten: Rewritten, inputs: RunInputs, request: Request, report: OptimizeReport
 ) -> onnx.ModelProto | None:
     """The graph to write instead of the whole rewrite, where the profile found it slower (module
-    doc); None where nothing is to change. Records report["speed_choice"], the written graph's
-    rewrites and refusals in report["rewrites"] and ["skipped"], and the whole rewrite's rewrites
-    it does not make in report["dropped_for_speed"]."""
+    doc); None where nothing is to change. Each candidate is timed annotated as it would be
+    written (ir.as_declared) against the model as given; the one chosen is returned with the
+    annotations the rewrite gave it (the reference itself for the model as given). Records
+    report["speed_choice"], the written graph's rewrites and refusals in report["rewrites"] and
+    ["skipped"], and the whole rewrite's rewrites it does not make in report["dropped_for_speed"]."""
     profile = report.get("profile")
     if not profile or request.strategy == "all" or request.dtype != "float32":
         return None
@@ -137,22 +137,23 @@ def faster_candidate(
         )
         return None
     say = request.steps.start
+    original = exported.as_given()
     fired = list(dict.fromkeys(rewrite["rule"] for rewrite in report["rewrites"]))
     timed: list[Candidate] = []
     for dropped in _drop_sets(fired):
         say("choosing for speed", f"without {', '.join(dropped)}")
-        outcome = rewritten.without(frozenset(dropped), original)
+        outcome = rewritten.without(frozenset(dropped), exported.reference)
         if ir.same_computation(original, outcome.model):
             continue
         measured = profile_models(
-            {"before": original, "after": outcome.model}, inputs.specs, request.device, feeds=_feeds(inputs),
-            memory=False, per_op=False, threads=request.options.threads,
+            {"before": original, "after": _as_written(outcome.model, exported.declared)}, inputs.specs,
+            request.device, feeds=_feeds(inputs), memory=False, per_op=False, threads=request.options.threads,
         )["paired"]  # fmt: skip
         timed.append(Candidate(
             tuple(dropped), outcome.model, outcome.applied, outcome.skipped,
             measured["speedup"], measured["low"], measured["high"],
         ))  # fmt: skip
-    given = Candidate(tuple(fired), original)
+    given = Candidate(tuple(fired), exported.reference)
     chosen = max([c for c in timed if c.high >= 1] + [given], key=lambda c: c.speedup)
     low, high = profile["speedup_interval"]
     whole = {"speedup": profile["speedup"], "low": low, "high": high}
@@ -170,6 +171,13 @@ def faster_candidate(
     ]
     report["rewrites"], report["skipped"] = chosen.applied, chosen.skipped
     return chosen.model
+
+
+def _as_written(model: onnx.ModelProto, declared) -> onnx.ModelProto:
+    """A copy of `model` annotated as it would be written (ir.as_declared)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return ir.as_declared(copy, declared)
 
 
 def _made(rewrite: dict) -> tuple:

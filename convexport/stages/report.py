@@ -3,6 +3,8 @@ exporter, interface, environment) and the graph before and after."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import onnx
 
 from .. import __version__, ir
@@ -22,14 +24,14 @@ REGRESSION_RATIO = 1.05
 def base_report(loaded: LoadedModel, exported: ExportResult, rewritten: Rewritten) -> OptimizeReport:
     """The report as the rewrite leaves it: validation and profile still to come (null)."""
     model = rewritten.outcome.model
-    before = _stats(exported.reference)
+    before = _stats(exported.reference, exported.declared)
     # FLOPs are counted from the shapes the value_info holds: a Reshape whose target a Shape
     # chain computes leaves what follows unshaped, and uncounted, until constant folding makes
     # the target a constant (in a merged decoder ONNX's inference cannot propagate it). The
     # folded model the rules ran on is the same computation: each count misses only what its
     # shapes do not give, so the larger.
     before["flops"] = max(before["flops"], graph_stats(rewritten.folded)["flops"])
-    after = before if model is exported.reference else _stats(model)
+    after = before if model is exported.reference else _stats(model, exported.declared)
     larger, growth = _against(before, after)
     return {
         "schema_version": SCHEMA_VERSION,
@@ -59,15 +61,17 @@ def base_report(loaded: LoadedModel, exported: ExportResult, rewritten: Rewritte
     }
 
 
-def restate_after(report: OptimizeReport, after: onnx.ModelProto) -> None:
+def restate_after(report: OptimizeReport, after: onnx.ModelProto, declared: Sequence[onnx.ValueInfoProto]) -> None:
     """The report's `after` (and what it gives) for the model written, when it is not the one
     the rewrite gave."""
-    report["after"] = _stats(after)
+    report["after"] = _stats(after, declared)
     report["size_regression"], report["growth"] = _against(report["before"], report["after"])
 
 
-def _stats(model: onnx.ModelProto) -> dict:
-    return {**graph_stats(model), "model_bytes": ir.serialized_bytes(model)}
+def _stats(model: onnx.ModelProto, declared: Sequence[onnx.ValueInfoProto]) -> dict:
+    """graph_stats (its FLOPs from every shape inference gave) and the bytes of the model as
+    written: annotated with what the model given declared (ir.as_declared)."""
+    return {**graph_stats(model), "model_bytes": ir.serialized_bytes(model, ir.declared_entries(model, declared))}
 
 
 def _against(before: dict, after: dict) -> tuple[bool, dict]:
