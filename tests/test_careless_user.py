@@ -291,8 +291,8 @@ def test_advice_names_only_what_the_user_gave(tmp_path):
 def test_a_missing_model_file_is_said_before_the_stages_are_imported(tmp_path, command, model):
     """A missing MODEL took the stages' imports (seconds) before its one line."""
     script = (
-        "import sys\nfrom convexport.console import main\nsys.argv = ['convexport', *sys.argv[1:]]\n"
-        "try:\n    main()\nexcept SystemExit as end:\n    print(end.code, 'convexport.pipeline' in sys.modules)\n"
+        "import sys\nfrom convexport.console import run\nsys.argv = ['convexport', *sys.argv[1:]]\n"
+        "try:\n    run()\nexcept SystemExit as end:\n    print(end.code, 'convexport.pipeline' in sys.modules)\n"
     )
     arguments = [command, model, "-o", "o.onnx"]
     done = subprocess.run([sys.executable, "-c", script, *arguments], capture_output=True, text=True, cwd=tmp_path,
