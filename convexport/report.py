@@ -254,6 +254,22 @@ def dropped_for_speed_line(report: dict) -> str | None:
 FIRST_RUN_NOTE_S = 0.5
 
 
+def timed_inputs_line(report: dict) -> str | None:
+    """The made-up inputs the profile timed, where the model leaves dims dynamic (their sizes
+    are convexport's choice, timed_sizes.py), else None."""
+    profile = report.get("profile") or {}
+    timed = profile.get("inputs")
+    dynamic = any(not dim.isdigit() for given in report.get("inputs", []) for dim in given.split(":")[1].split("x"))
+    if not timed or not dynamic:
+        return None
+    names = [":".join(spec.split(":")[:2]) for spec in timed]
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (
+        f"timed at {shown} (made up: the dims the model leaves dynamic, but the batch, grown until a run takes "
+        "2 ms; --input-data times other sizes)"
+    )
+
+
 def first_run_line(profile: dict) -> str | None:
     """The first run's time before -> after where either is long (see FIRST_RUN_NOTE_S)."""
     first = [profile.get(side, {}).get("phases_s", {}).get("first_run") for side in ("before", "after")]

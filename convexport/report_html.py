@@ -16,6 +16,7 @@ from .report import (
     precision_lines,
     si,
     size,
+    timed_inputs_line,
     tracer_warning,
 )
 from .report_types import OptimizeReport
@@ -107,8 +108,10 @@ def latency(report: OptimizeReport) -> list[str]:
     profile = report.get("profile")
     if not profile:
         return []
-    return [f"<h2>Latency on {_e(profile['provider'])}</h2>", _legend(), _latency_chart(profile)] + _op_time_section(
-        profile
+    timed = timed_inputs_line(report)
+    shown = [f"<p>{_e(timed)}</p>"] if timed else []
+    return [f"<h2>Latency on {_e(profile['provider'])}</h2>", *shown, _legend(), _latency_chart(profile)] + (
+        _op_time_section(profile)
     )
 
 

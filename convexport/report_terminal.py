@@ -24,6 +24,7 @@ from .report import (
     si,
     size,
     speed_line,
+    timed_inputs_line,
     tracer_warning,
     validation_line,
 )
@@ -180,6 +181,9 @@ def speed(report: OptimizeReport, console: Console) -> None:
         return
     if profile.get("speedup"):
         console.print(speed_line(profile))
+    timed = timed_inputs_line(report)
+    if timed:
+        console.print(timed, markup=False, highlight=False)
     cold = first_run_line(profile)
     if cold:
         console.print(cold, markup=False)

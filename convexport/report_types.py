@@ -19,7 +19,7 @@ added, its major number for one removed, renamed or retyped.
 
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
-SCHEMA_VERSION = "1.6"
+SCHEMA_VERSION = "1.7"
 
 
 # -- what several sections share ------------------------------------------------------------
@@ -444,6 +444,13 @@ class Profile(Timing):
     ]
     memory_ratio: NotRequired[Annotated[float, "after's peak memory over before's"]]
     memory_regression: NotRequired[Annotated[bool, "after's peak memory over 1.05 before's"]]
+    inputs: NotRequired[
+        Annotated[
+            list[str],
+            "the made-up inputs timed, as NAME:DIMS:DTYPE: the dims the model leaves dynamic, but its batch, grown "
+            "until a run takes 2 ms (since 1.7; absent where --input-data was timed)",
+        ]
+    ]
 
 
 class TimedRatio(TypedDict):

@@ -14,6 +14,7 @@ from ..errors import ConvexportError
 from ..export import ExportResult
 from ..input_data import load_npz
 from ..inputs import InputSpec, in_units
+from ..timed_sizes import timed_sizes
 from ..validate import DEFAULT_RUNS
 from .request import Request
 
@@ -24,6 +25,7 @@ class RunInputs:
     real_data: list[dict]  # the caller's input sets (--input-data), as arrays by name
     made_up_runs: int  # seeded random input sets (0: the caller's only)
     note: str | None = None  # the report's made_up_inputs where --input-data replaces them
+    timed: list[InputSpec] | None = None  # the sizes the profile times made-up inputs at (timed_sizes.py)
 
 
 # Validation holds every input set, and beside the one it judges that set's float64 copy (twice
@@ -42,7 +44,23 @@ def run_inputs(exported: ExportResult, request: Request) -> RunInputs:
     if made_up_runs and (options.validate or options.profile):
         specs = input_domains.sized_by_running(exported.reference, specs)
     note = None if options.made_up_inputs else "not used: --input-data replaces them"
-    return RunInputs(specs, real_data, made_up_runs, note)
+    timed = _timed_sizes(exported, specs, request) if made_up_runs and options.profile else None
+    return RunInputs(specs, real_data, made_up_runs, note, timed)
+
+
+def _timed_sizes(exported: ExportResult, specs: list[InputSpec], request: Request) -> list[InputSpec]:
+    """timed_sizes.py's sizes, the model as given run on the device it is profiled on (a session
+    made only where a size is to be tried)."""
+    from ..runtime import create_session
+
+    opened = []
+
+    def run(feeds: dict) -> None:
+        if not opened:
+            opened.append(create_session(exported.as_given(), request.device, threads=request.options.threads))
+        opened[0].run(None, feeds)
+
+    return timed_sizes(exported.inputs, specs, run)
 
 
 def _check_memory(specs: list[InputSpec], sets: int) -> None:

@@ -60,7 +60,7 @@ def profiled(
     try:
         measured = profile_models(
             {"before": original, "after": optimized},
-            inputs.specs,
+            _timed_specs(inputs),
             device,
             feeds=_feeds(inputs),
             per_op=request.options.per_op,
@@ -74,10 +74,17 @@ def profiled(
         report["profile_skipped"] = str(exc)
         return
     report["profile"] = judged_profile(measured)
+    if inputs.made_up_runs:
+        report["profile"]["inputs"] = [str(spec) for spec in _timed_specs(inputs)]
 
 
 def _feeds(inputs: RunInputs) -> dict | None:
     return inputs.real_data[0] if inputs.made_up_runs == 0 else None
+
+
+def _timed_specs(inputs: RunInputs) -> list:
+    """The sizes made-up inputs are timed at: grown where the model leaves dims dynamic (timed_sizes.py)."""
+    return inputs.timed or inputs.specs
 
 
 def judged_profile(measured: dict) -> dict:
@@ -146,7 +153,7 @@ def faster_candidate(
         if ir.same_computation(original, outcome.model):
             continue
         measured = profile_models(
-            {"before": original, "after": _as_written(outcome.model, exported.declared)}, inputs.specs,
+            {"before": original, "after": _as_written(outcome.model, exported.declared)}, _timed_specs(inputs),
             request.device, feeds=_feeds(inputs), memory=False, per_op=False, threads=request.options.threads,
         )["paired"]  # fmt: skip
         timed.append(Candidate(
