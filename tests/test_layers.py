@@ -106,7 +106,7 @@ FLOORS = {
         "convexport", "convexport.errors", "convexport.quiet", "convexport.temporaries", "convexport.options",
         "convexport.flops", "convexport.algebra", "convexport.files", "convexport.api_words",
         "convexport.untrusted", "convexport.report_types", "convexport.progress", "convexport.inputs",
-        "convexport.paired_timer",
+        "convexport.paired_timer", "convexport.timed_sizes",
     },
     "graph": {"convexport.ir"},
     "model": {
