@@ -26,7 +26,7 @@ from convexport.float64 import Float64Evaluator
 from convexport.half.rounding import rounded
 from convexport.report import precision_lines
 from convexport.report_sections import render
-from helpers import assert_user_error, invoke, make_model, tensor
+from helpers import assert_user_error, invoke, make_model, run, tensor
 
 FLOAT16, FLOAT = TensorProto.FLOAT16, TensorProto.FLOAT
 
@@ -934,6 +934,24 @@ def test_the_half_model_is_annotated_as_given_and_its_flops_stay_counted(tmp_pat
     assert result.report["after"]["flops"] >= 2 * 8 * 64 * 256
     assert result.report["after"]["flops"] >= 0.99 * result.report["before"]["flops"]
     onnx.checker.check_model(half, full_check=True)
+
+
+def test_a_node_whose_result_overflows_half_stays_float32(tmp_path):
+    """A float16 MatMul must hold 4 x 3e4 = 120000, past float16's 65504: a float16 device (and
+    ONNX's reference evaluator) gives an infinity, but ONNX Runtime's CPU provider computes it in
+    float32 and keeps 120000, and the model was written with the MatMul in float16, "passed,
+    error 0"."""
+    weights = {"w": np.full((4, 4), 3e4, np.float32)}
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [tensor("x", [1, 4])], [tensor("y", [1, 4])],
+                       weights)  # fmt: skip
+    data = tmp_path / "ones.npz"
+    np.savez(data, x=np.ones((1, 4), np.float32))
+    result, half = optimized_in_half(model, tmp_path, input_data=str(data), made_up_inputs=False)
+    (kept,) = result.report["precision"]["kept_float32"]
+    assert kept["op"] == "MatMul" and "beyond the half type's range" in kept["reason"]
+    assert not any(node.op_type == "MatMul" and node.input[0].endswith("f16") for node in half.graph.node)
+    got = run(half, {"x": np.ones((1, 4), np.float32)})[0]
+    assert np.array_equal(got, np.full((1, 4), 120000, np.float32))
 
 
 def test_a_miss_at_special_values_is_said_as_one():

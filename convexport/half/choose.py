@@ -8,7 +8,9 @@ by a list of ops.
    in half. One whose exact output is beyond the half type's range (an attention mask's
    finfo(float32).min, a stand-in for an infinity: convert.rounded) stays in half where the
    outputs still meet their bound with it there (a softmax gives 0 for both), float32 where
-   not. Where a node is still over in float32 on its inputs rounded to half (a Softmax of
+   not; judged both on the half model's own run and with its output as the half type holds
+   it, an infinity (ONNX Runtime's CPU provider computes a float16 node in float32 and keeps
+   the value a float16 device loses). Where a node is still over in float32 on its inputs rounded to half (a Softmax of
    large logits: exp's error is the logit's rounding times itself), the producers of those
    inputs stay float32 too.
 3. A runtime fusion's nodes (ONNX Runtime's transformer optimizer's Attention, its Gelu, kept
@@ -68,7 +70,7 @@ from .kept import KeptFloat32
 from .kernels import lacking_kernels
 from .measure import NodeError, node_errors
 from .on_disk import handed_over, on_disk
-from .outputs import HalfRuns, OutputJudgement, judge_outputs, over_bound
+from .outputs import HalfRuns, OutputJudgement, judge_outputs, judged_outputs, over_bound
 from .rounded_run import lost_outputs, rounded_runs
 from .rounding import ROUNDING_WAYS, WeightRounding, weight_shapes
 from .slots import HALF_TYPES, DataSlots, NoHalfForm, data_slots, element_types
@@ -164,7 +166,7 @@ def to_half_precision(
     choice = _Choice(model, HALF_TYPES[dtype], io_type, runs, device, given)
     kept = choice.kept_by_own_error(values, fused)
     converted, judged = choice.nearer_rounding(choice.attempt(kept), kept, values)
-    if over_bound(judged) and choice.out_of_range:
+    if choice.out_of_range and (over_bound(judged) or over_bound(choice.judged_out_of_range_in_half())):
         del converted  # an attempt that misses the bound goes before the next (a large one's files: on_disk.py)
         nodes = choice.model.graph.node
         kept = choice.with_regions({**kept, **{i: _kept_for_range(nodes[i]) for i in choice.out_of_range}})
@@ -387,6 +389,16 @@ class _Choice:
         if passing is None:
             passing = self.attempt(self._keeping(kept, ranked, high, failing))
         return self._keeping(kept, ranked, high, failing), passing
+
+    def judged_out_of_range_in_half(self) -> dict[str, OutputJudgement]:
+        """The outputs judged with the out-of-range nodes' outputs as the half type holds them
+        (an infinity beyond its range; the rest in float32): ONNX Runtime's CPU provider computes
+        a float16 MatMul in float32 between Casts and takes the Cast pair out, so the half
+        model's own run there keeps a 120000 that a float16 device makes infinite."""
+        nodes = self.model.graph.node
+        names = {name for index in self.out_of_range for name in nodes[index].output}
+        outputs = rounded_runs(self.model, self.types, self.half, self.runs.feeds, only=names)
+        return judged_outputs(outputs, self.runs, onnx.helper.tensor_dtype_to_np_dtype(self.half).name)
 
     def _rounded_runs(self) -> list[dict[str, np.ndarray]]:
         """The model's outputs with every value rounded to half (rounded_run.py) on each input set."""

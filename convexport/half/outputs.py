@@ -112,13 +112,23 @@ def judge_outputs(model: onnx.ModelProto, runs: HalfRuns, dtype: str, device: st
     """Each output of `model` (the half one) judged on every input set (module doc)."""
     session = create_session(model, device, what=f"the {dtype} model", prepack=False)
     names = list(runs.float32[0])
+    outputs = []
+    for feeds in runs.feeds:
+        fed = in_declared_types(model, feeds)
+        got = checked_run(lambda fed=fed: session.run(names, fed), fed, f"the {dtype} model")
+        outputs.append(dict(zip(names, got)))
+    return judged_outputs(outputs, runs, dtype)
+
+
+def judged_outputs(outputs: list[dict[str, np.ndarray]], runs: HalfRuns, dtype: str) -> dict[str, OutputJudgement]:
+    """Each output judged on every input set (module doc), `outputs` a half model's on each."""
+    names = list(runs.float32[0])
     judged = {name: OutputJudgement() for name in names}
     own_seen = dict.fromkeys(names, 0.0)
     rounded_runs = runs.rounded or [None] * len(runs.feeds)
-    for feeds, expected, exact, rounded in zip(runs.feeds, runs.float32, runs.exact, rounded_runs):
-        fed = in_declared_types(model, feeds)
-        got = checked_run(lambda fed=fed: session.run(names, fed), fed, f"the {dtype} model")
-        for name, half in zip(names, got):
+    for got, expected, exact, rounded in zip(outputs, runs.float32, runs.exact, rounded_runs):
+        for name in names:
+            half = got[name]
             orig = np.asarray(expected[name])
             if orig.dtype.kind != "f":
                 mismatched = int(np.count_nonzero(np.asarray(half) != orig))

@@ -37,15 +37,19 @@ LOST_SHARE = 1 / 8
 
 
 def rounded_runs(
-    model: onnx.ModelProto, types: dict[str, int], half: int, feeds: list[dict[str, np.ndarray]]
+    model: onnx.ModelProto,
+    types: dict[str, int],
+    half: int,
+    feeds: list[dict[str, np.ndarray]],
+    only: set[str] | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """The outputs of `model` (`types` its tensors' element types by name) on each of `feeds`,
-    every float32 value rounded to `half` (module doc; a float16 model's twin's),
-    by output name."""
+    every float32 value rounded to `half` (module doc; a float16 model's twin's), or only the
+    tensors named in `only`, by output name."""
     if holds_float16_weights(model) and why_not_twinned(model) is None:
         model = float32_twin(model)
         types = element_types(model)
-    rounded = _every_value_rounded(model, types, half)
+    rounded = _every_value_rounded(model, types, half, only)
     session = create_session(rounded, "cpu", optimize=False, what=WHAT, prepack=False)
     names = [output.name for output in model.graph.output]
     made = [output.name for output in rounded.graph.output]
@@ -78,16 +82,18 @@ def largest_apart(rounded: np.ndarray, reference: np.ndarray) -> float:
     return float(np.abs(np.where(both, rounded - reference, 0.0)).max(initial=0.0))
 
 
-def _every_value_rounded(model: onnx.ModelProto, types: dict[str, int], half: int) -> onnx.ModelProto:
-    """`model` with a Cast to `half` and back after each float32 tensor of its main graph, read
-    by every node in its place and given as the graph's output."""
+def _every_value_rounded(
+    model: onnx.ModelProto, types: dict[str, int], half: int, only: set[str] | None = None
+) -> onnx.ModelProto:
+    """`model` with a Cast to `half` and back after each float32 tensor of its main graph (each
+    of `only`, where given), read by every node in its place and given as the graph's output."""
     graph = model.graph
     tag = TYPE_TAGS[half]
     renamed: dict[str, str] = {}
     nodes: list[onnx.NodeProto] = []
 
     def round_trip(name: str) -> None:
-        if types.get(name) == TensorProto.FLOAT and name not in renamed:
+        if types.get(name) == TensorProto.FLOAT and name not in renamed and (only is None or name in only):
             renamed[name] = f"{name}@rounded_{tag}"
             nodes.append(onnx.helper.make_node("Cast", [name], [f"{name}@{tag}"], to=half))
             nodes.append(onnx.helper.make_node("Cast", [f"{name}@{tag}"], [renamed[name]], to=TensorProto.FLOAT))
