@@ -17,7 +17,8 @@ batch and sequence dims dynamic):
   transformer block also at the sizes a deployment runs it at (transformer_blocks.working_sizes),
   and after ONNX Runtime's transformer optimizer (the optimizer run on the input and on each
   written file, the results timed against each other).
-N = 0 is ONNX Runtime's default (one per physical core). Prints Markdown tables.
+N = 0 is ONNX Runtime's default (one per physical core). `--no-profile` runs convexport without
+its profile (what it writes is then its cost model's choice). Prints Markdown tables.
 """
 
 from __future__ import annotations
@@ -147,13 +148,14 @@ def at_working_sizes(name: str, source: Path, written: dict[str, Path], threads:
     return rows
 
 
-def bench(name: str, folder: Path, threads: int, rounds: int) -> dict:
+def bench(name: str, folder: Path, threads: int, rounds: int, options: tuple[str, ...] = ()) -> dict:
     source = exported(name, folder)
     ours, simmed, slimmed = folder / f"{name}.cx.onnx", folder / f"{name}.sim.onnx", folder / f"{name}.slim.onnx"
     report = folder / f"{name}.json"
     walls: dict[str, list[float]] = {"convexport": [], "onnxsim": [], "onnxslim": []}
     for _ in range(rounds):  # interleaved, so a slow minute of the machine falls on all three
         command = [str(VENV / "convexport"), "optimize", str(source), "-o", str(ours), "--report", str(report), "-q"]
+        command += options
         walls["convexport"].append(wall(command + (["--threads", str(threads)] if threads else [])))
         walls["onnxsim"].append(wall([sys.executable, "-m", "onnxsim", str(source), str(simmed)]))
         walls["onnxslim"].append(wall([str(VENV / "onnxslim"), str(source), str(slimmed)]))
@@ -211,7 +213,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 0])
     parser.add_argument("--only", nargs="*")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-profile", action="store_true", help="convexport's --no-profile: its cost model decides")
     args = parser.parse_args()
+    options = ("--no-profile",) if args.no_profile else ()
     names = args.only or [*SEEDS, *FAMILIES, *TRANSFORMERS]
     print(
         "| model | threads | nodes | convexport's verdict, speedup (95% interval) | independent: convexport | "
@@ -222,7 +226,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for threads in args.threads:
             for name in names:
-                result = bench(name, Path(folder), threads, args.rounds)
+                result = bench(name, Path(folder), threads, args.rounds, options)
                 print(row(result, threads), flush=True)
                 working += working_rows(result, threads)
     if working:
