@@ -225,6 +225,9 @@ def speed_line(profile: dict) -> str:
     where = f"{profile['provider']}, " + (plural(threads, "thread") if threads else "ONNX Runtime's default threads")
     if profile["verdict"] in ("no measurable change", "unchanged graph"):
         interval = f"95% interval {low:.2f}-{high:.2f}x"
+        itself = profile.get("against_itself")
+        if itself:  # slower, by no more than the original reads against a session of itself
+            interval += f"; the original against itself {itself['speedup']:.2f}x"
         return f"speed: no measurable change ({profile['speedup']:.2f}x, {interval}, {timed}) on {where}"
     if profile["verdict"] == "faster":
         said = f"[green]{profile['speedup']:.2f}x faster[/green]"

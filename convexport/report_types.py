@@ -429,6 +429,14 @@ class Paired(TypedDict):
     ]
 
 
+class TimedRatio(TypedDict):
+    """A speedup over the original with its 95% interval."""
+
+    speedup: Annotated[float, "the paired speedup"]
+    low: Annotated[float, "lower end of its interval"]
+    high: Annotated[float, "upper end"]
+
+
 class Profile(Timing):
     """optimize's profile: the original and the optimized graph side by side."""
 
@@ -451,14 +459,13 @@ class Profile(Timing):
             "until a run takes 2 ms (since 1.7; absent where --input-data was timed)",
         ]
     ]
-
-
-class TimedRatio(TypedDict):
-    """A speedup over the original with its 95% interval."""
-
-    speedup: Annotated[float, "the paired speedup"]
-    low: Annotated[float, "lower end of its interval"]
-    high: Annotated[float, "upper end"]
+    against_itself: NotRequired[
+        Annotated[
+            TimedRatio,
+            "where the optimized graph read slower: the original timed against a fresh session of itself; a "
+            "slowdown within its distance from 1 is no measurable change (since 1.7)",
+        ]
+    ]
 
 
 class SpeedCandidate(TimedRatio):

@@ -73,9 +73,28 @@ def profiled(
     except MissingKernel as exc:
         report["profile_skipped"] = str(exc)
         return
-    report["profile"] = judged_profile(measured)
+    profile = report["profile"] = judged_profile(measured)
     if inputs.made_up_runs:
-        report["profile"]["inputs"] = [str(spec) for spec in _timed_specs(inputs)]
+        profile["inputs"] = [str(spec) for spec in _timed_specs(inputs)]
+    if profile["verdict"] == "slower" and measured["paired"]["stopped"] != "apart":
+        say(f"profiling on {device}", "the original against itself")
+        _against_itself(profile, original, inputs, request)
+
+
+def _against_itself(profile: dict, original: onnx.ModelProto, inputs: RunInputs, request: Request) -> None:
+    """Where the optimized graph read slower: the original timed against a fresh session of
+    itself (profile["against_itself"]), and the verdict "no measurable change" where the
+    slowdown lies within how far from 1 that reads. Two sessions of one graph can differ by a
+    few percent for as long as they live (ONNX Runtime's arena places their buffers apart:
+    bench/RESULTS.md), which no interval of pairs within one pair of sessions sees."""
+    itself = profile_models(
+        {"before": original, "after": original}, _timed_specs(inputs), request.device, feeds=_feeds(inputs),
+        memory=False, per_op=False, threads=request.options.threads,
+    )["paired"]  # fmt: skip
+    profile["against_itself"] = {key: itself[key] for key in ("speedup", "low", "high")}
+    apart = max(abs(itself["speedup"] - 1), 1 - itself["low"], itself["high"] - 1)
+    if profile["speedup_interval"][1] >= 1 - apart:
+        profile["verdict"] = "no measurable change"
 
 
 def _feeds(inputs: RunInputs) -> dict | None:
