@@ -26,10 +26,12 @@ demo: $(STAMP)
 	$(VENV)/bin/convexport optimize sample_models/seed004_full_padding.py -o out/seed004.opt.onnx --report out/seed004.report.json --html out/seed004.report.html
 	@echo "HTML report: out/seed004.report.html"
 
+# the suite on a worker per core (pytest-xdist; tests/conftest.py gives each worker's ONNX
+# Runtime sessions one thread)
 test: $(STAMP)
 	$(VENV)/bin/ruff check convexport
 	$(VENV)/bin/ruff format --check convexport
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist worksteal
 
 # the wheel built from this checkout, installed as README.md says into a fresh environment, run
 # from a folder outside the checkout (CI runs it after `make test`)

@@ -1,4 +1,6 @@
+import functools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -8,6 +10,25 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SAMPLES = ROOT / "sample_models"
 sys.path.insert(0, str(FIXTURES))
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` runs a worker per core) a worker has one core: the ONNX
+    Runtime sessions convexport makes there run one intra-op thread unless a test asks for more,
+    not ONNX Runtime's default of one per physical core, whose spinning pools on two cores made
+    two workers' timings noise (the profile's verdicts among them). Set before any module of
+    convexport has imported create_session."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    from convexport import runtime
+
+    create_session = runtime.create_session
+
+    @functools.wraps(create_session)
+    def on_one_core(*arguments, threads=None, **keywords):
+        return create_session(*arguments, threads=threads or 1, **keywords)
+
+    runtime.create_session = on_one_core
 
 
 @pytest.fixture(scope="session")
