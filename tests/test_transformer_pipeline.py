@@ -269,6 +269,16 @@ def test_the_profile_times_the_model_as_given(exported, tmp_path, monkeypatch):
     )
 
 
+def test_a_fold_refused_for_the_optimizers_kernel_says_so_and_claims_no_speed(exported, tmp_path):
+    """A fold refused to keep a kernel of ONNX Runtime's transformer optimizer whole said "that
+    ONNX Runtime fuses into one kernel (faster than the fold saves)": the runtime itself fuses no
+    SkipLayerNormalization in a file that declares no shapes, and its CPU kernel is the slower."""
+    _, report = optimized(exported, tmp_path)
+    reasons = [entry["reason"] for entry in report["skipped"] if "SkipLayerNormalization" in entry["reason"]]
+    assert reasons and all("that ONNX Runtime's transformer optimizer fuses into one kernel" in r for r in reasons)
+    assert not any("faster" in reason for reason in reasons)
+
+
 def test_input_fixing_a_dim_keeps_the_names_of_the_others(exported, tmp_path):
     fixed = [option for name in NAMES for option in ("--input", f"{name}:Nx7")]
     out, _ = optimized(exported, tmp_path, *fixed)

@@ -372,11 +372,10 @@ def _fusions_kept(result: Rewrite, context: RewriteContext) -> Rewrite | Refusal
         result.extra["breaks_runtime_fusion"] = numbers
         return result
     _discard(result)
-    return Refusal(
-        f"it would take {fusion.names[0]}..{fusion.names[-1]} out of the {fusion.kind} that ONNX Runtime fuses "
-        "into one kernel (faster than the fold saves)",
-        numbers,
-    )
+    fuses = "ONNX Runtime's transformer optimizer fuses" if fusion.by_optimizer else "ONNX Runtime fuses"
+    why = "" if fusion.by_optimizer else " (faster than the fold saves)"
+    span = f"{fusion.names[0]}..{fusion.names[-1]}"
+    return Refusal(f"it would take {span} out of the {fusion.kind} that {fuses} into one kernel{why}", numbers)
 
 
 def _doomed(rewrite: Rewrite, graph: ir.Graph) -> list[ir.Node]:

@@ -39,10 +39,13 @@ from ..ir import constant_value
 
 @dataclass(frozen=True)
 class Fusion:
-    """One subgraph the runtime fuses: its kind (the fused op) and its nodes."""
+    """One subgraph the runtime fuses: its kind (the fused op) and its nodes; `by_optimizer`
+    where ONNX Runtime's transformer optimizer fuses it (a pass users run after convexport),
+    not the runtime's own graph transformers."""
 
     kind: str
     nodes: tuple[ir.Node, ...]
+    by_optimizer: bool = False
 
     @property
     def names(self) -> list[str]:
@@ -76,7 +79,7 @@ def _named_fusions(graph: ir.Graph, measured) -> list[Fusion]:
     for kind, names in measured:
         members = tuple(node for node in nodes if node.name in names)
         if members:
-            fusions.append(Fusion(kind, members))
+            fusions.append(Fusion(kind, members, by_optimizer=True))
     return fusions
 
 
