@@ -37,6 +37,7 @@ cost many times a BERT's; the report says what was not tried.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import time
 from collections import Counter
@@ -166,11 +167,14 @@ def _optimized(light: onnx.ModelProto, model_type: str):
 
 @contextlib.contextmanager
 def _optimizer_silenced():
-    """The optimizer logs a warning for every model type it is not told the head count of."""
+    """The optimizer logs a warning for every model type it is not told the head count of, and
+    prints "failed in shape inference" where its symbolic shape inference fails (optimum's
+    wav2vec2, four times a run: on the terminal of `optimize -q`)."""
     previous = logging.root.manager.disable
     logging.disable(logging.CRITICAL)
     try:
-        yield
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
     finally:
         logging.disable(previous)
 

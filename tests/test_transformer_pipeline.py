@@ -171,6 +171,25 @@ def test_a_merged_lora_lets_the_optimizer_fuse_the_attention_it_could_not(tmp_pa
     assert sum(entry["rule"] == "linear-region" for entry in report["rewrites"]) == 2
 
 
+def test_what_the_optimizer_prints_stays_off_the_terminal(exported, capsys, monkeypatch):
+    """ONNX Runtime's transformer optimizer prints "failed in shape inference <class 'TypeError'>"
+    where its symbolic shape inference fails (optimum's wav2vec2, four times a run), between
+    `optimize -q`'s lines."""
+    import onnxruntime.transformers.optimizer as ort_optimizer
+
+    from convexport import transformer_fusions
+
+    optimize_model = ort_optimizer.optimize_model
+
+    def printing(*arguments, **keywords):
+        print("failed in shape inference", TypeError)
+        return optimize_model(*arguments, **keywords)
+
+    monkeypatch.setattr(ort_optimizer, "optimize_model", printing)
+    found = transformer_fusions.measure(onnx.load(exported), ["bert"])
+    assert found.counts["bert"] and capsys.readouterr().out == ""
+
+
 def test_where_a_run_of_the_optimizer_is_slow_only_the_check_runs_and_the_report_says_so(tmp_path, monkeypatch):
     """Swin-T's runs take 85 s each (dynamic image dims): past the budget only the check's two
     runs are made (the original as bert, the result as bert), what was left out is said in the
