@@ -50,10 +50,10 @@ docs-images: demo
 	chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1100,1500 \
 		--screenshot=$(CURDIR)/docs/report.png file://$(CURDIR)/out/seed004.report.html
 
-# docs/report.schema.json and docs/commands.md's report fields, from convexport/report_types.py
+# docs/report.schema.json and docs/commands.md's report fields, from convexport/report/types.py
 report-docs: $(STAMP)
 	$(VENV)/bin/convexport report-schema > docs/report.schema.json
-	$(PY) -c 'import pathlib, convexport.report_schema as s; p = pathlib.Path("docs/commands.md"); p.write_text(s.with_fields(p.read_text()))'
+	$(PY) -c 'import pathlib, convexport.report.schema as s; p = pathlib.Path("docs/commands.md"); p.write_text(s.with_fields(p.read_text()))'
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

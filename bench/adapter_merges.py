@@ -44,9 +44,9 @@ import detectors as own_detectors  # noqa: E402
 from families import arguments, write_section  # noqa: E402
 
 import convexport  # noqa: E402
-from convexport.inputs import InputSpec  # noqa: E402
-from convexport.profile import profile_models  # noqa: E402
-from convexport.quiet import quiet_libraries  # noqa: E402
+from convexport.load.inputs import InputSpec  # noqa: E402
+from convexport.profile.profiler import profile_models  # noqa: E402
+from convexport.util.quiet import quiet_libraries  # noqa: E402
 
 HEADING = "## Adapters and detectors against their hand forms"
 FUSED_KERNELS = ("Gelu", "FastGelu", "LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization")

@@ -4,7 +4,7 @@
     python bench/device_constants.py fit DIR/points.json                # anywhere
 
 `measure` times graphs on ONNX Runtime's provider for the device (IO binding on CUDA, each
-graph warmed until its run time settles, as profile.py does) and writes, per graph, the sums
+graph warmed until its run time settles, as profile/profiler.py does) and writes, per graph, the sums
 the cost model's time is made of as it counts them (cost.terms: FLOPs, bytes moved by
 compute ops and by copy ops, nodes run) beside the median latency. The graphs: synthetic
 sweeps that pull the terms apart (chains of elementwise ops: the time per node; large
@@ -39,9 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from convexport import ir  # noqa: E402
-from convexport.onnx_route import graph_input_specs  # noqa: E402
-from convexport.inputs import random_inputs  # noqa: E402
-from convexport.profile import time_models  # noqa: E402
+from convexport.load.onnx_route import graph_input_specs  # noqa: E402
+from convexport.load.inputs import random_inputs  # noqa: E402
+from convexport.profile.profiler import time_models  # noqa: E402
 from convexport.rewrite import cost  # noqa: E402
 
 SAMPLES = ["seed000_subtracted_conv", "seed001_bottleneck3d", "seed002_group_attention", "seed004_full_padding"]

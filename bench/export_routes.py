@@ -42,7 +42,7 @@ from families import arguments, write_section  # noqa: E402
 from peers import run_onnxsim, run_onnxslim  # noqa: E402
 
 import convexport  # noqa: E402
-from convexport.quiet import quiet_libraries  # noqa: E402
+from convexport.util.quiet import quiet_libraries  # noqa: E402
 
 ROUTES = ("dynamo", "dynamo unoptimized", "torchscript unfolded", "torchscript folded",
           "torchscript unfolded, dynamic batch")

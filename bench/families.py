@@ -44,9 +44,9 @@ import family_blocks  # noqa: E402
 from peers import timed_pair  # noqa: E402
 
 import convexport  # noqa: E402
-from convexport.onnx_route import graph_input_specs  # noqa: E402
-from convexport.profile import TIME_BUDGET_S  # noqa: E402
-from convexport.quiet import quiet_libraries  # noqa: E402
+from convexport.load.onnx_route import graph_input_specs  # noqa: E402
+from convexport.profile.profiler import TIME_BUDGET_S  # noqa: E402
+from convexport.util.quiet import quiet_libraries  # noqa: E402
 
 ROUTES = ("dynamo", "dynamo unoptimized", "torchscript unfolded")
 TIMED_ROUTE = "dynamo"
@@ -242,7 +242,7 @@ def section(families: list[dict], latency: list[str], largest: str, largest_node
     lines += [
         "", f"### Latency, {TIMED_ROUTE} route", "",
         "ONNX Runtime CPU, median ms of block-interleaved runs (as many as fit in about "
-        f"{TIME_BUDGET_S:g} s per graph; convexport/profile.py), convexport's graph beside the original in one "
+        f"{TIME_BUDGET_S:g} s per graph; convexport/profile/profiler.py), convexport's graph beside the original in one "
         "fresh process and beside the hand graph (in brackets) in another; each ratio is within its pair. Ratios > 1: "
         "convexport's graph is faster; where convexport made no rewrite the two graphs are the same, and their "
         "ratio is the noise of the measurement. The last column checks the harness: the largest "

@@ -5,7 +5,7 @@
 ONNX Runtime's CUDA Conv builds a cuDNN plan for each convolution in a session's first run
 (seconds on a real model). `optimize --device cuda` opens four sessions on the device: the
 original and the optimized graph with TF32 off for the device check (optimize=False, HEURISTIC,
-as validate.py makes them), and both with ORT's default options for the profile. This times:
+as validate/compare.py makes them), and both with ORT's default options for the profile. This times:
 
 1. those sessions one after another (creation, first run);
 2. the profile's two side by side in threads, then all of them, then the original's twice:
@@ -31,9 +31,9 @@ import onnx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from convexport.onnx_route import graph_input_specs  # noqa: E402
-from convexport.inputs import random_inputs  # noqa: E402
-from convexport.profile import session_runner  # noqa: E402
+from convexport.load.onnx_route import graph_input_specs  # noqa: E402
+from convexport.load.inputs import random_inputs  # noqa: E402
+from convexport.profile.profiler import session_runner  # noqa: E402
 from convexport.runtime import create_session  # noqa: E402
 
 KINDS = {  # create_session's options: the device check's and the profile's sessions

@@ -1,6 +1,6 @@
 """Models that are float16 already (a float16 checkpoint's export, a converter's float16 file):
 convexport's default optimize (folded as the float32 twin, written in float16 again:
-convexport/float32_twin.py) against the model as given and against onnxslim, each judged
+convexport/load/float32_twin.py) against the model as given and against onnxslim, each judged
 against the exact (float64) result of the float16 model as given.
 
     PYTHONPATH=FP16_PACKAGES .venv/bin/python bench/float16_models.py [--only NAME] [--write FILE]
@@ -14,7 +14,7 @@ Per file: nodes and Casts; the worst output's largest and rms error over its rms
 float64 result on bench/half_precision.py's three held-out input sets (rounded to float16 where
 the interface is float16), twice: run by ONNX Runtime's CPU provider (which computes most
 float16 ops in float32: only the weights are rounded), and with every value rounded to float16
-(half/rounded_run.py: what a device that rounds each op's output computes); CPU latency (median
+(validate/rounded_run.py: what a device that rounds each op's output computes); CPU latency (median
 of 21 interleaved rounds).
 """
 
@@ -31,9 +31,9 @@ from half_precision import MODELS, _quietly, error_vs_exact, exported, input_set
 from onnx import TensorProto
 
 import convexport
-from convexport.float64 import Float64Evaluator
-from convexport.half.rounded_run import rounded_runs
-from convexport.half.slots import element_types
+from convexport.validate.float64 import Float64Evaluator
+from convexport.validate.rounded_run import rounded_runs
+from convexport.ir.slots import element_types
 
 FAMILIES = [name for name in MODELS if "LoRA" not in name]  # optimum's exports do not convert (half_precision.py)
 

@@ -61,11 +61,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests" / "fixtures")]
 
 import convexport  # noqa: E402
-from convexport.float64 import Float64Evaluator  # noqa: E402
-from convexport.float64.precision import rms  # noqa: E402
-from convexport.input_domains import sized_by_running  # noqa: E402
-from convexport.inputs import random_inputs  # noqa: E402
-from convexport.onnx_route import graph_input_specs  # noqa: E402
+from convexport.validate.float64 import Float64Evaluator  # noqa: E402
+from convexport.validate.float64.precision import rms  # noqa: E402
+from convexport.load.input_domains import sized_by_running  # noqa: E402
+from convexport.load.inputs import random_inputs  # noqa: E402
+from convexport.load.onnx_route import graph_input_specs  # noqa: E402
 
 RUNS = 3
 SAMPLES = ["seed000_subtracted_conv", "seed001_bottleneck3d", "seed002_group_attention", "seed003_large_kernel",

@@ -4,7 +4,7 @@ RepVGG-style network (its automatic fold against the hand re-parameterised expor
     .venv/bin/python bench/linear_folds.py [--device cpu|cuda] [--runs N]
 
 Each row is measured in one process, the models taking turns in blocks of runs (see
-convexport/profile.py), so machine noise hits all of them alike; ratios are `before / after`
+convexport/profile/profiler.py), so machine noise hits all of them alike; ratios are `before / after`
 medians.
 """
 
@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 
 import convexport  # noqa: E402
-from convexport.onnx_route import graph_input_specs  # noqa: E402
-from convexport.profile import profile_models  # noqa: E402
+from convexport.load.onnx_route import graph_input_specs  # noqa: E402
+from convexport.profile.profiler import profile_models  # noqa: E402
 
 CASES = [
     ("seed000_subtracted_conv.py", ("cost", "all")),

@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from convexport.input_domains import sized_by_running
-from convexport.inputs import random_inputs
-from convexport.onnx_route import graph_input_specs
+from convexport.load.input_domains import sized_by_running
+from convexport.load.inputs import random_inputs
+from convexport.load.onnx_route import graph_input_specs
 
 SIZES = {
     # t5-base: d_model 768, 12 layers, 12 heads of 64, d_ff 3072, vocabulary 32128
@@ -116,7 +116,7 @@ def rows_for(name: str, folder: Path) -> list[str]:
     from half_precision import _quietly, error_vs_exact
     from onnxconverter_common import float16
 
-    from convexport.float64 import Float64Evaluator
+    from convexport.validate.float64 import Float64Evaluator
 
     rows = []
     for file in FILES:

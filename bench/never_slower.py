@@ -70,9 +70,9 @@ def wall(command: list[str]) -> float:
 
 
 def _paired_in_child(original: str, candidate: str, threads: int, sizes: dict | None, queue) -> None:
-    from convexport.input_domains import sized_by_running
-    from convexport.onnx_route import graph_input_specs
-    from convexport.profile import profile_models
+    from convexport.load.input_domains import sized_by_running
+    from convexport.load.onnx_route import graph_input_specs
+    from convexport.profile.profiler import profile_models
 
     try:
         model = onnx.load(original)
@@ -94,7 +94,7 @@ def feeds_at(specs, sizes: dict) -> dict:
 
     import numpy as np
 
-    from convexport.inputs import random_inputs
+    from convexport.load.inputs import random_inputs
 
     concrete = [dataclasses.replace(spec, dims=tuple(sizes.get(d, d) for d in spec.dims)) for spec in specs]
     feeds = random_inputs(concrete, seed=0)

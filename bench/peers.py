@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 
 import convexport  # noqa: E402
-from convexport.onnx_route import graph_input_specs  # noqa: E402
-from convexport.profile import profile_models  # noqa: E402
-from convexport.validate import compare_models  # noqa: E402
+from convexport.load.onnx_route import graph_input_specs  # noqa: E402
+from convexport.profile.profiler import profile_models  # noqa: E402
+from convexport.validate.compare import compare_models  # noqa: E402
 
 MODELS = [
     ("seed000 subtracted conv", ROOT / "sample_models/seed000_subtracted_conv.py"),
@@ -149,7 +149,7 @@ def bench_model(label, source, device, lines):
 
 def timed_pair(original, variant, inputs, device) -> dict:
     """Median latency ("ms") of the original and of one variant, taking turns in one fresh
-    process, and the peak memory ("peak", bytes) of each (convexport/profile.py).
+    process, and the peak memory ("peak", bytes) of each (convexport/profile/profiler.py).
 
     One pair per process: with all six sessions in one process on 2 cores, ONNX Runtime's
     per-session thread pools leave a session its second core in some runs and not in others
@@ -234,7 +234,7 @@ def main() -> None:
     lines = ["# convexport benchmark\n",
              f"{datetime.date.today()}, {platform.machine()} with {os.cpu_count()} cores, ONNX Runtime "
              f"{__import__('onnxruntime').__version__} on {args.device}; latency is the median of block-"
-             "interleaved runs (convexport/profile.py), each tool's graph beside the original in a fresh process "
+             "interleaved runs (convexport/profile/profiler.py), each tool's graph beside the original in a fresh process "
              "(the original's row: the median over those pairs; a fresh process on this 2-core machine has run both graphs up to a third slower than the next process did, so compare a variant with the original timed beside it, in brackets, which is what the speedup does); peak memory is the growth of the resident set of a fresh process running the model; errors are max |cand - ref| / max(|ref|, rms(ref))."]
     for label, source in MODELS:
         if args.only is None or args.only in label:

@@ -26,9 +26,9 @@ import onnx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from convexport.onnx_route import graph_input_specs  # noqa: E402
-from convexport.inputs import random_inputs  # noqa: E402
-from convexport.profile import profile_models, session_runner, warm_up  # noqa: E402
+from convexport.load.onnx_route import graph_input_specs  # noqa: E402
+from convexport.load.inputs import random_inputs  # noqa: E402
+from convexport.profile.profiler import profile_models, session_runner, warm_up  # noqa: E402
 from convexport.runtime import create_session, resolve_device  # noqa: E402
 
 ROUNDS, PER_ROUND = 20, 20

@@ -62,8 +62,8 @@ def wall(command: list[str]) -> float:
 
 def reference_rate(path: Path) -> tuple[float, float]:
     """The float64 reference's FLOPs a run and its second run's seconds (the first warms up)."""
-    from convexport.exact_check import reference_flops
-    from convexport.float64 import Float64Evaluator
+    from convexport.validate.exact_check import reference_flops
+    from convexport.validate.float64 import Float64Evaluator
 
     model = onnx.load(path)
     evaluator = Float64Evaluator(model)
@@ -103,7 +103,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--folder", help="keep the exports here (default: a temporary folder)")
     args = parser.parse_args()
-    from convexport.exact_check import gemm_rate
+    from convexport.validate.exact_check import gemm_rate
 
     gemm = gemm_rate(2048)
     print(f"numpy float64 GEMM (2048^3): {gemm / 1e9:.1f} GFLOP/s\n")

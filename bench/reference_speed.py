@@ -8,7 +8,7 @@ a float64 run slow ONNX Runtime's next one by up to 2x); then, in a fresh proces
 reference: building it (once per validation, like ONNX Runtime's session), its first run (the
 first input set: one-time warm-ups of numpy and the kernels), a second run (each further input
 set; the ratio to ONNX Runtime's run is this one's) and the node-by-node check of the reference
-(float64/node_check.py, once per validation). The graphs are TorchScript exports without constant folding (BatchNormalization
+(validate/float64/node_check.py, once per validation). The graphs are TorchScript exports without constant folding (BatchNormalization
 kept, as a user's first export has it) at 1x3x320x320 for detectors, 1x3x64x64 for the families,
 2x128 tokens for the BERT-like stack.
 
@@ -136,7 +136,7 @@ def reference_ms(path: str) -> dict:
     convexport is the one measured): building it (the graph widened, the evaluator's ops made),
     its first run (what validation pays on its first input set), a second run (each further
     set), and the node check where this checkout has one."""
-    from convexport.float64 import Float64Evaluator
+    from convexport.validate.float64 import Float64Evaluator
 
     model = onnx.load(path)
     feeds = feeds_of(model)
@@ -148,7 +148,7 @@ def reference_ms(path: str) -> dict:
         evaluator.run(feeds)
         result[key] = (time.perf_counter() - began) * 1e3
     try:
-        from convexport.float64.node_check import check_nodes
+        from convexport.validate.float64.node_check import check_nodes
     except ImportError:
         return result
     began = time.perf_counter()

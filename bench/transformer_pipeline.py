@@ -37,9 +37,9 @@ import onnxruntime as ort
 import torch
 
 import convexport
-from convexport.input_domains import sized_by_running
-from convexport.inputs import random_inputs
-from convexport.onnx_route import graph_input_specs
+from convexport.load.input_domains import sized_by_running
+from convexport.load.inputs import random_inputs
+from convexport.load.onnx_route import graph_input_specs
 
 FUSED = {
     "Attention",
@@ -306,7 +306,7 @@ def half_rows(names: list[str]) -> list[str]:
     from onnxconverter_common import float16
     from onnxruntime.transformers.optimizer import optimize_model
 
-    from convexport.float64 import Float64Evaluator
+    from convexport.validate.float64 import Float64Evaluator
 
     rows = ["| file | tool | runs | max error / rms | rms error / rms | Casts | fused (use_gpu=True) |",
             "|---|---|---|---|---|---|---|"]  # fmt: skip

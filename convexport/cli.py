@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from .errors import ConvexportError, InternalError, ValidationError, did_you_mean, first_line
-from .files import Terminated, ending_signals_raise, interrupts_held
+from .util.files import Terminated, ending_signals_raise, interrupts_held
 
 EXIT_USER, EXIT_VALIDATION, EXIT_INTERNAL = 1, 3, 70
 
@@ -183,8 +183,8 @@ def optimize(
 
     def write_reports(written: dict) -> None:
         """--report and --html, of the run or of its failure (imported here: after the first line)."""
-        from .report import write_json
-        from .report_sections import write_html
+        from .report.sections import write_html
+        from .report.words import write_json
 
         if report is not None:
             write_json(written, report)
@@ -237,7 +237,7 @@ def optimize(
                 raise
             write_reports(exc.report)
             raise ValidationError(f"{exc} ({' and '.join(written)}: this failure's report)", exc.report) from exc
-        from .report_sections import print_explanations, print_optimize_summary
+        from .report.sections import print_explanations, print_optimize_summary
 
         write_reports(result.report)
         if not quiet and not _is_stdout(report):  # the JSON is what stdout carries then
@@ -264,7 +264,7 @@ def export(
         _check_model_is_there(model)
         with interrupts_held():
             from .pipeline import export_only
-            from .report import tracer_warning
+            from .report.words import tracer_warning
 
         def warn(warning: str) -> None:
             stdout.print(tracer_warning(warning), markup=False)
@@ -288,11 +288,11 @@ def validate_command(
 ):
     """Compare two ONNX models on the same inputs (exit 3 when they differ)."""
     with interrupts_held():
-        from . import validate as checks
-        from .inputs import input_specs
-        from .report import nonfinite_line, write_json
-        from .report_types import SCHEMA_VERSION
+        from .load.inputs import input_specs
+        from .report.types import SCHEMA_VERSION
+        from .report.words import nonfinite_line, write_json
         from .runtime import custom_op_libraries
+        from .validate import compare as checks
 
     def run():
         _check_outputs([reference, candidate, inputs], [("--report", report)])
@@ -339,13 +339,13 @@ def profile(
 ):
     """Time an ONNX model on ONNX Runtime."""
     with interrupts_held():
-        from .input_domains import sized_by_running
-        from .inputs import input_specs, with_overrides
-        from .onnx_route import graph_input_specs
-        from .profile import profile_models
-        from .report import write_json
-        from .report_types import SCHEMA_VERSION
-        from .routes import load_model
+        from .load.input_domains import sized_by_running
+        from .load.inputs import input_specs, with_overrides
+        from .load.onnx_route import graph_input_specs
+        from .load.routes import load_model
+        from .profile.profiler import profile_models
+        from .report.types import SCHEMA_VERSION
+        from .report.words import write_json
         from .runtime import custom_op_libraries, resolve_device
 
     def run():
@@ -402,7 +402,7 @@ def report_schema(
     markdown: Annotated[bool, typer.Option("--markdown", help="The fields as Markdown tables instead.")] = False,
 ):
     """Print the JSON Schema of the reports --report writes; with REPORT, say which it is."""
-    from . import report_schema as schema
+    from .report import schema
 
     def run():
         if report is None:
@@ -611,7 +611,7 @@ def rules_test(
 
 
 def _check_outputs(inputs, outputs) -> None:
-    from .files import check_paths
+    from .util.files import check_paths
 
     check_paths([path for path in inputs if path is not None], outputs)
 
@@ -666,7 +666,7 @@ def _progress(quiet: bool = False):
     """Each step on one transient line with its elapsed time (and a profile's runs done), on a
     terminal only: stderr stays one line long for pipelines. The display writes to its own
     copy of stderr's descriptor: libraries are quieted meanwhile by pointing sys.stderr and
-    descriptor 2 elsewhere (quiet.py), which must not freeze it."""
+    descriptor 2 elsewhere (util/quiet.py), which must not freeze it."""
     if quiet or not stderr.is_terminal:
         yield lambda step: None
         return
@@ -703,7 +703,7 @@ def _say(message: str) -> None:
 def _guarded(action) -> None:
     """Run a command; map convexport's errors to exit codes with one line on stderr. A SIGTERM
     or SIGHUP ends it as an exception, so that its temporary files are removed."""
-    from .api_words import speaking_to_the_command_line
+    from .util.api_words import speaking_to_the_command_line
 
     try:
         with ending_signals_raise(), speaking_to_the_command_line():

@@ -24,7 +24,7 @@ def run() -> None:
     """The command, ended by SystemExit with its exit code."""
     began = time.perf_counter()  # the command's clock: `done in` counts the imports too
     try:
-        from . import progress
+        from .util import progress
 
         progress.COMMAND_BEGAN = began
         from .cli import main as command_line

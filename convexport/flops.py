@@ -1,4 +1,4 @@
-"""The one FLOP count: the report's before/after FLOPs (stats.py), the cost model's per-node
+"""The one FLOP count: the report's before/after FLOPs (ir/stats.py), the cost model's per-node
 counts (rewrite/cost.py) and the counts the folds give for their rewrites all come from here,
 in one unit: operations of the whole tensors, the batch included, a dim that is symbolic,
 unknown or negative counted as 1 (a dynamic batch is counted as 1, the same on both sides).

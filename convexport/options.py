@@ -45,7 +45,7 @@ class OptimizeOptions:
     custom_ops_libraries: Sequence[str | Path] | str | Path = ()  # --custom-ops-library
     # --dtype: fp32 | fp16 | bf16, the type the written model computes in (half: where the measured
     # error allows, convexport/half/; None: the model's own, fp16 for a model of float16 weights:
-    # float32_twin.py); --io-dtype: its inputs' and outputs' (None: the model's own)
+    # load/float32_twin.py); --io-dtype: its inputs' and outputs' (None: the model's own)
     dtype: str | None = None
     io_dtype: str | None = None
 

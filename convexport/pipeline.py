@@ -1,6 +1,6 @@
 """The optimize pipeline: the API (optimize, export_only) and the orchestrator that runs the
-stages of convexport/stages/ in order: load -> export -> rewrite -> check -> half -> measure
--> write, the report filled as they go."""
+stages of convexport/stages/ in order: load -> rewrite -> validate -> half -> profile ->
+report, the report filled as they go."""
 
 from __future__ import annotations
 
@@ -13,26 +13,28 @@ from pathlib import Path
 import onnx
 
 from . import ir
-from .api_words import in_callers_words
 from .errors import ConvexportError, InternalError, first_line
-from .export import export_model
-from .files import check_paths
-from .inputs import InputSpec, input_specs
+from .ir.saving import save_atomically
+from .load.export import export_model
+from .load.inputs import InputSpec, input_specs
 from .options import OPTION_NAMES, OptimizeOptions
-from .profile import timing_threads
-from .report import plural
-from .report_types import OptimizeReport
+from .profile.profiler import timing_threads
+from .report.types import OptimizeReport
+from .report.words import plural
 from .runtime import custom_op_libraries
-from .saving import save_atomically
-from .stages import check, export, half, load, measure, rewrite, write
-from .stages import report as stage_report
+from .stages import half, load, rewrite
+from .stages import profile as profile_stage
+from .stages import report as report_stage
+from .stages import validate as validate_stage
 from .stages.inputs import reported_inputs, run_inputs
 from .stages.request import as_list, example_tensors, read_request
+from .util.api_words import in_callers_words
+from .util.files import check_paths
 
 
 @dataclass
 class OptimizeResult:
-    report: OptimizeReport  # the JSON report (report_types.py), a dict
+    report: OptimizeReport  # the JSON report (report/types.py), a dict
     model: onnx.ModelProto  # the optimized graph
     original: onnx.ModelProto  # the exported graph it was checked against
     output: Path | None  # where it was written (None when not written)
@@ -134,38 +136,40 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
     destination = load.destination(loaded, options.output, options.other_outputs) if options.write else None
     if destination is None:
         check_paths(loaded.files, list(options.other_outputs))
-    write.scratch_on_output_disk(destination, cleanup)
+    report_stage.scratch_on_output_disk(destination, cleanup)
     say("exporting")
-    exported = export.exported(loaded, request)
+    exported = load.exported(loaded, request)
     graph = exported.graph
     say("rewriting")
     rewritten = rewrite.rewritten(graph, loaded.source, asked, request)
-    report = stage_report.base_report(loaded, graph, rewritten)
+    report = report_stage.base_report(loaded, graph, rewritten)
     outcome = rewritten.outcome
-    write.spill_before_validation(outcome, graph.reference, destination, cleanup, say)
-    check.refuse_if_invalid(graph, rewritten, options.validate, report, say)
+    report_stage.spill_before_validation(outcome, graph.reference, destination, cleanup, say)
+    validate_stage.refuse_if_invalid(graph, rewritten, options.validate, report, say)
     runs = run_inputs(graph, request)
     report["inputs"] = reported_inputs(graph, request)
     if runs.note:
         report["made_up_inputs"] = runs.note
     checked = None
     if options.validate:
-        checked = check.checked(graph, rewritten, runs, request, exported.torch_source, report)
+        checked = validate_stage.checked(graph, rewritten, runs, request, exported.torch_source, report)
     if request.dtype != "float32":
         validated = checked.result if checked else None
         outcome.model = half.in_half(graph, rewritten, runs, validated, request, report, cleanup)
-        stage_report.restate_after(report, outcome.model, graph.declared)
+        report_stage.restate_after(report, outcome.model, graph.declared)
     exported.torch_source = None  # the torch model's float64 copy (twice its weights), before the profile's sessions
     ir.as_declared(outcome.model, graph.declared)  # annotated as given, as it is timed and written
     tf32_sample = checked.tf32_sample if checked else None
     if options.profile:
-        read_tf32 = functools.partial(check.record_tf32_effect, report["validation"], outcome.model, tf32_sample)
-        measure.profiled(graph, outcome.model, runs, request, report, read_tf32 if tf32_sample else None)
+        read_tf32 = functools.partial(
+            validate_stage.record_tf32_effect, report["validation"], outcome.model, tf32_sample
+        )
+        profile_stage.profiled(graph, outcome.model, runs, request, report, read_tf32 if tf32_sample else None)
         _faster_one_instead(exported, rewritten, runs, request, report)
-    if tf32_sample and not check.tf32_effect_recorded(report["validation"]):  # not profiled, or skipped
+    if tf32_sample and not validate_stage.tf32_effect_recorded(report["validation"]):  # not profiled, or skipped
         say("validating on cuda", "TF32's effect")
-        check.record_tf32_effect(report["validation"], outcome.model, tf32_sample)
-    weights = write.written(outcome.model, destination, loaded.files, say) if destination is not None else None
+        validate_stage.record_tf32_effect(report["validation"], outcome.model, tf32_sample)
+    weights = report_stage.written(outcome.model, destination, loaded.files, say) if destination is not None else None
     if destination is not None:
         report["output"], report["output_weights"] = str(destination), str(weights) if weights is not None else None
     report["timings_s"] = request.steps.finish()
@@ -177,24 +181,24 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
 
 
 def _faster_one_instead(
-    exported: export.Exported, rewritten: rewrite.Rewritten, runs, request, report: OptimizeReport
+    exported: load.Exported, rewritten: rewrite.Rewritten, runs, request, report: OptimizeReport
 ) -> None:
-    """Where the whole rewrite is slower on the device, the fastest graph instead (stages/measure.py):
+    """Where the whole rewrite is slower on the device, the fastest graph instead (stages/profile.py):
     rewritten.outcome.model becomes it, restated, validated, annotated as given and profiled."""
     graph, outcome = exported.graph, rewritten.outcome
-    faster = measure.faster_candidate(graph, rewritten, runs, request, report)
+    faster = profile_stage.faster_candidate(graph, rewritten, runs, request, report)
     if faster is None:
         return
     outcome.model = faster
-    stage_report.restate_after(report, faster, graph.declared)
+    report_stage.restate_after(report, faster, graph.declared)
     if request.options.validate:
-        check.checked(graph, rewritten, runs, request, exported.torch_source, report)
+        validate_stage.checked(graph, rewritten, runs, request, exported.torch_source, report)
     report["profile"] = None
     if report["speed_choice"]["written_as_given"]:
         outcome.model = graph.as_given()
         report["profile_skipped"] = "every candidate was slower than the model as given, which is written"
     else:
-        measure.profiled(graph, ir.as_declared(faster, graph.declared), runs, request, report)
+        profile_stage.profiled(graph, ir.as_declared(faster, graph.declared), runs, request, report)
 
 
 def export_only(

@@ -27,6 +27,7 @@ docs/rules.md, "The primitive API", has each name with an example.
 
 from .algebra import Refusal
 from .folds.builder import NodeBuilder
+from .folds.primitives import Rewrite, consumes, reach
 from .ir import (
     NOT_IN_SCHEMA,
     Constant,
@@ -41,7 +42,6 @@ from .ir import (
 )
 from .rewrite.engine import RewriteContext
 from .rewrite.matcher import Match
-from .rewrite.primitives import Rewrite, consumes, reach
 
 __all__ = [
     "Constant",

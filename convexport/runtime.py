@@ -114,7 +114,7 @@ def resolve_device(device: str) -> str:
 # heuristic mode B for EXHAUSTIVE, of mode A for HEURISTIC (neither times algorithms); TF32 is
 # on unless a check asks for plain fp32. A session that only checks values takes HEURISTIC, the
 # cheaper pick: every plan computes the same convolution. The first run's plan building is
-# paid per session and does not overlap across sessions (bench/RESULTS.md, H100).
+# paid per session and does not overlap across sessions (bench/RESULTS.md, "sessions' first runs").
 CUDA_OPTIONS = {"cudnn_conv_algo_search": "EXHAUSTIVE", "use_tf32": "1"}
 
 

@@ -78,8 +78,8 @@ def report_validator():
     say what is wrong with it rather than with another kind."""
     import jsonschema
 
-    from convexport.report_schema import json_schema
-    from convexport.report_types import REPORTS
+    from convexport.report.schema import json_schema
+    from convexport.report.types import REPORTS
 
     schema = json_schema()
     kinds = {kind: {**schema, "anyOf": [{"$ref": f"#/$defs/{typed.__name__}"}]} for kind, typed in REPORTS.items()}
@@ -91,8 +91,8 @@ def schema_problem(validators, report) -> str | None:
     import jsonschema
 
     from convexport.errors import ConvexportError
-    from convexport.report import as_json_text
-    from convexport.report_schema import report_header
+    from convexport.report.words import as_json_text
+    from convexport.report.schema import report_header
 
     written = json.loads(as_json_text(report))
     try:
@@ -110,10 +110,11 @@ def schema_problem(validators, report) -> str | None:
 def reports_match_the_schema(monkeypatch, report_validator, request):
     """Every report the suite makes, written (optimize, validate and profile --report) or
     returned (OptimizeResult.report, a ValidationError's), is one the shipped JSON Schema
-    accepts (issue 53): a field written but not declared in report_types.py, or of another
+    accepts (issue 53): a field written but not declared in report/types.py, or of another
     type, fails the test that wrote it. Reports written by a `convexport` process the test
     started are read from the test's tmp_path when it ends."""
-    from convexport import pipeline, report
+    from convexport import pipeline
+    from convexport.report import words as report
     from convexport.errors import ValidationError
 
     def check(made: dict) -> None:
@@ -153,7 +154,7 @@ def reports_match_the_schema(monkeypatch, report_validator, request):
 def _report_in(path: Path):
     """The report a JSON file holds, or None for any other file (or one that is not JSON)."""
     from convexport.errors import ConvexportError
-    from convexport.report_schema import report_header
+    from convexport.report.schema import report_header
 
     try:
         found = json.loads(path.read_text(encoding="utf-8"))

@@ -13,7 +13,7 @@ from rich.console import Console
 
 import adapters
 import convexport
-from convexport.report_sections import print_optimize_summary
+from convexport.report.sections import print_optimize_summary
 
 EXAMPLE = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(0))
 

@@ -16,9 +16,9 @@ import pytest
 from onnx import TensorProto, helper
 
 import convexport
-from convexport.float64 import Float64Evaluator
+from convexport.validate.float64 import Float64Evaluator
 from convexport.half.kernels import lacking_kernels
-from convexport.half.slots import data_slots
+from convexport.ir.slots import data_slots
 from helpers import assert_user_error, invoke, make_model, tensor
 from test_half_precision import conv_net
 

@@ -157,7 +157,7 @@ def test_an_unused_member_is_never_read(tmp_path):
 
 
 def test_a_member_over_the_input_cap_is_refused_unread(tmp_path, monkeypatch):
-    import convexport.input_data as input_data
+    import convexport.load.input_data as input_data
 
     monkeypatch.setattr(input_data, "MAX_INPUT_BYTES", 1 << 10)
     model = relu_model(tmp_path)
@@ -169,8 +169,8 @@ def test_a_member_over_the_input_cap_is_refused_unread(tmp_path, monkeypatch):
 def test_made_up_floats_are_drawn_a_block_at_a_time_with_the_same_values(monkeypatch):
     import tracemalloc
 
-    import convexport.inputs as inputs
-    from convexport.inputs import parse_input_spec, random_inputs
+    import convexport.load.inputs as inputs
+    from convexport.load.inputs import parse_input_spec, random_inputs
 
     spec = parse_input_spec("x:4x1000x1000")
     rng = np.random.default_rng(5)
@@ -303,7 +303,7 @@ def test_a_missing_model_file_is_said_before_the_stages_are_imported(tmp_path, c
 
 def test_the_early_check_knows_every_routes_files():
     from convexport.cli import MODEL_SUFFIXES
-    from convexport.routes import ROUTES
+    from convexport.load.routes import ROUTES
 
     assert set(MODEL_SUFFIXES) == {suffix for route in ROUTES for suffix in route.suffixes}
 

@@ -381,7 +381,7 @@ def test_outputs_that_cannot_be_written_are_user_errors(small_net_path, tmp_path
 
     def refused(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
-    monkeypatch.setattr("convexport.temporaries.tempfile.mkstemp", refused)
+    monkeypatch.setattr("convexport.util.temporaries.tempfile.mkstemp", refused)
     assert_user_error(invoke("optimize", f"{small_net_path}:build", "-o", tmp_path / "m.onnx", "--no-profile"),
                       f"-o {tmp_path / 'm.onnx'}: cannot write in {tmp_path} (Permission denied); nothing was written")
     assert list(tmp_path.iterdir()) == []

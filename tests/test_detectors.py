@@ -16,7 +16,7 @@ import adapters
 import convexport
 import detectors
 from convexport.errors import ConvexportError
-from convexport.inputs import parse_input_spec, random_inputs
+from convexport.load.inputs import parse_input_spec, random_inputs
 from helpers import assert_user_error, invoke
 
 FACTORY = f"{Path(detectors.__file__)}:tiny_yolo"

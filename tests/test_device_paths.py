@@ -12,9 +12,11 @@ from onnx import numpy_helper
 from rich.console import Console
 
 import convexport
-from convexport import ir, profile, validate
+from convexport import ir
+from convexport.profile import profiler as profile
+from convexport.validate import compare as validate
 from convexport.rewrite import cost
-from convexport.report_sections import print_optimize_summary, render
+from convexport.report.sections import print_optimize_summary, render
 from convexport.runtime import create_session
 from graphs import rewrite
 from test_hostile import conv_bn

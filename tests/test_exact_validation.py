@@ -12,8 +12,8 @@ import pytest
 from onnx import helper, numpy_helper
 
 import convexport
-from convexport.exact_check import FACTOR, exact_reference
-from convexport.float64 import Float64Evaluator, as_float64
+from convexport.validate.exact_check import FACTOR, exact_reference
+from convexport.validate.float64 import Float64Evaluator, as_float64
 from helpers import IR_VERSION, op_counts, user_rule
 
 RNG = np.random.default_rng(30)
@@ -148,8 +148,8 @@ def test_explicit_tolerances_are_a_bound_besides(tmp_path):
 
 
 def test_a_model_over_the_budget_is_checked_against_float32_and_says_so(monkeypatch):
-    monkeypatch.setattr("convexport.exact_check.reference_rate", lambda: 1.0)
-    monkeypatch.setattr("convexport.stages.check.FULL_REFERENCE_FLOPS", 0)  # no floor for models this size
+    monkeypatch.setattr("convexport.validate.exact_check.reference_rate", lambda: 1.0)
+    monkeypatch.setattr("convexport.stages.validate.FULL_REFERENCE_FLOPS", 0)  # no floor for models this size
     result = convexport.optimize(well_conditioned(), write=False, profile=False)
     validation = result.report["validation"]
     assert validation["passed"] and validation["reference"] == "float32" and "skipped" in validation["reference_note"]
@@ -160,7 +160,7 @@ def test_a_model_over_the_budget_is_checked_against_float32_and_says_so(monkeypa
 def test_a_model_of_real_size_gets_the_float64_reference_on_every_input_set(monkeypatch):
     """optimize's budget covers every input set of a model of up to 10 GFLOPs a run, however
     little the run spent before validating (the share of that time alone gave 1 of 3 sets)."""
-    import convexport.stages.check as check
+    import convexport.stages.validate as check
 
     monkeypatch.setattr(check, "FLOAT64_SHARE", 0.0)
     monkeypatch.setattr(check, "FLOAT64_MIN_S", 1e-6)
@@ -214,8 +214,8 @@ def test_the_float64_run_of_a_grouped_conv_transpose_with_bias_is_right(group, p
 def test_an_unchanged_graph_is_judged_by_the_reference_runs_alone(monkeypatch):
     """A candidate that is the reference with renamed tensors (ir/same.py) computes alike: it is
     neither run on ONNX Runtime nor widened to float64 again, and its error is the original's."""
-    import convexport.validate as validate
-    from convexport.inputs import parse_input_spec
+    import convexport.validate.compare as validate
+    from convexport.load.inputs import parse_input_spec
 
     model = well_conditioned()
     renamed = onnx.ModelProto()
@@ -236,9 +236,9 @@ def test_the_float64_reference_stops_at_its_budget_within_a_run(monkeypatch):
     """100,000 chained Identity nodes took 87 s against a budget of 4.5 s: the estimate (no
     FLOPs) let the first run start, and nothing stopped it. A run now stops at the first node
     past its deadline, and the note says so; the node check stops too and says where."""
-    from convexport import exact_check
-    from convexport.float64 import Float64Evaluator
-    from convexport.float64.node_check import check_nodes
+    from convexport.validate import exact_check
+    from convexport.validate.float64 import Float64Evaluator
+    from convexport.validate.float64.node_check import check_nodes
 
     nodes = [helper.make_node("Identity", [f"t{i}"], [f"t{i + 1}"]) for i in range(3000)]
     nodes[0].input[0], nodes[-1].output[0] = "x", "y"
@@ -258,7 +258,7 @@ class _SlowEvaluator:
     def __init__(self, model):
         import time
 
-        from convexport.float64 import Float64Evaluator
+        from convexport.validate.float64 import Float64Evaluator
 
         self.inner = Float64Evaluator(model)
         for node in self.inner.evaluator.rt_nodes_:

@@ -10,10 +10,10 @@ import onnx
 import pytest
 from onnx import helper
 
-from convexport.export import export_model
-from convexport.inputs import parse_input_spec
-from convexport.loading import LoadedModel
-from convexport.routes import load_model
+from convexport.load.export import export_model
+from convexport.load.inputs import parse_input_spec
+from convexport.load.model import LoadedModel
+from convexport.load.routes import load_model
 from helpers import make_model, tensor
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_models"

@@ -134,7 +134,7 @@ def run_reference(model, feeds):
     provider has no kernel for Rfft/Irfft)."""
     from onnx.reference import ReferenceEvaluator
 
-    from convexport.float64.fft_ops import REFERENCE_OPS
+    from convexport.validate.float64.fft_ops import REFERENCE_OPS
 
     return ReferenceEvaluator(model, new_ops=REFERENCE_OPS).run(None, feeds)
 
@@ -164,7 +164,7 @@ def test_a_cuda_fft_conv_is_validated_on_the_cpu_by_the_reference_evaluator(tmp_
     and its CPU check, where ONNX Runtime's CPU provider has no Rfft kernel, passes in the
     reference evaluator."""
     monkeypatch.setattr("convexport.stages.request.resolve_device", lambda device: "cuda")
-    monkeypatch.setattr("convexport.stages.check._validated_on_device", lambda *args: args[-1] and _passed())
+    monkeypatch.setattr("convexport.stages.validate._validated_on_device", lambda *args: args[-1] and _passed())
     import convexport
 
     builder = GraphBuilder([1, 1, 160, 200])
@@ -174,6 +174,6 @@ def test_a_cuda_fft_conv_is_validated_on_the_cpu_by_the_reference_evaluator(tmp_
 
 
 def _passed():
-    from convexport.validate import Tolerances, ValidationResult
+    from convexport.validate.compare import Tolerances, ValidationResult
 
     return ValidationResult(True, 0, Tolerances())

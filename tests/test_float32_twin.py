@@ -1,6 +1,6 @@
 """A model of float16 weights (a float16 checkpoint's export, a converter's float16 file):
 folded as its float32 twin and written in float16 again, its interface kept (convexport/
-float32_twin.py); judged against the exact result of the model as given, at float16's roundoff."""
+load/float32_twin.py); judged against the exact result of the model as given, at float16's roundoff."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from onnx import TensorProto, helper
 
 import convexport
 from convexport import ir
-from convexport.float32_twin import EDGE_TAG, edges_dropped, float32_twin, twin_types, weights_half_type
+from convexport.load.float32_twin import EDGE_TAG, edges_dropped, float32_twin, twin_types, weights_half_type
 from convexport.ir import carry_dim_names
-from convexport.float64 import Float64Evaluator
-from convexport.half.rounded_run import rounded_runs
-from convexport.half.slots import element_types
-from convexport.stages import export as export_stage
+from convexport.validate.float64 import Float64Evaluator
+from convexport.validate.rounded_run import rounded_runs
+from convexport.ir.slots import element_types
+from convexport.stages import load as load_stage
 from helpers import assert_user_error, invoke, make_model, op_counts, run, tensor
 
 SHAPE = [1, 8, 12, 12]
@@ -65,7 +65,7 @@ def feeds(kind=np.float16, seed: int = 100) -> dict:
 
 def device_like_error(model: onnx.ModelProto, exact: np.ndarray, sets: list[dict]) -> float:
     """The rms error over the exact result's rms of `model` with every value rounded to float16
-    (as a device computing in float16 rounds them: half/rounded_run.py), over `sets`."""
+    (as a device computing in float16 rounds them: validate/rounded_run.py), over `sets`."""
     runs = rounded_runs(model, element_types(model), TensorProto.FLOAT16, sets)
     squares = [np.mean((np.asarray(run["y"], np.float64) - want) ** 2) for run, want in zip(runs, exact)]
     return float(np.sqrt(np.mean(squares)) / np.sqrt(np.mean(np.square(exact))))
@@ -136,7 +136,7 @@ def test_a_float16_model_that_is_not_twinned_is_folded_in_float16_and_judged_at_
     """Where the model cannot be read in float32 (subgraphs, weights in external files), the
     rewrite rounds each fold into float16, and validation judges the rewrite at float16's
     roundoff (a float32 bound would refuse every fold of float16 weights)."""
-    monkeypatch.setattr(export_stage, "why_not_twinned", lambda model: "a reason of the test's")
+    monkeypatch.setattr(load_stage, "why_not_twinned", lambda model: "a reason of the test's")
     report, written = optimized(repvgg_block(interface=TensorProto.FLOAT), tmp_path)
     assert report["validation"]["passed"] and report["validation"]["precision"] == "float16"
     assert any("a reason of the test's" in text for text in report["conversions"])

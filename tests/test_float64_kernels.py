@@ -1,5 +1,5 @@
 """The float64 path checked: every op it runs against ONNX Runtime's float32 kernel (within one
-op's float32 rounding, float64/node_check.py's NODE_RTOL) and, where torch has the op, against
+op's float32 rounding, validate/float64/node_check.py's NODE_RTOL) and, where torch has the op, against
 torch in float64 (within 1e-12 of the values' scale), opset by opset (issue 48).
 
 - ONNX's own backend cases (onnx.backend.test.case.node: every op ONNX tests, with its grids of
@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 
-from convexport import float64
-from convexport.float64 import Float64Evaluator, Float64Unavailable
-from convexport.float64.node_check import NODE_RTOL, check_nodes, disagreement
+from convexport.validate import float64
+from convexport.validate.float64 import Float64Evaluator, Float64Unavailable
+from convexport.validate.float64.node_check import NODE_RTOL, check_nodes, disagreement
 
 ORT_OLDEST_OPSET = 7
 RANDOM_OPS = {"Bernoulli", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"}
@@ -482,11 +482,11 @@ def test_onnx_erf_is_not_float64_and_ours_is():
 
 
 def test_numpy_erf_is_within_two_ulps_of_math_erf():
-    """float64/erf.py, the Erf kernel's path where torch is not loaded (an .onnx route):
+    """validate/float64/erf.py, the Erf kernel's path where torch is not loaded (an .onnx route):
     against math.erf on a dense grid, random values, tiny and subnormal ones, and the edges."""
     import math
 
-    from convexport.float64.erf import erf
+    from convexport.validate.float64.erf import erf
 
     rng = np.random.default_rng(0)
     x = np.concatenate(

@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import convexport
-from convexport.float64 import Float64Evaluator
+from convexport.validate.float64 import Float64Evaluator
 from convexport.half.branches import merged_branches
 from helpers import make_model, tensor
 

@@ -9,7 +9,7 @@ from onnx import TensorProto, helper
 
 from convexport.half.convert import PrecisionPlan, with_precision
 from convexport.half.rounding import WeightRounding
-from convexport.half.slots import data_slots, element_types
+from convexport.ir.slots import data_slots, element_types
 from helpers import make_model, run, tensor
 
 FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16

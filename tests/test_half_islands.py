@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import convexport
-from convexport.float64 import Float64Evaluator
+from convexport.validate.float64 import Float64Evaluator
 from convexport.half import choose
 from convexport.half.islands import _splits_a_kernel, float32_islands
 
@@ -303,7 +303,7 @@ def test_without_a_float64_reference_the_islands_are_tried_against_float32(tmp_p
     half (ONNX Runtime's fused norm reads their epsilon as 1e-5): the islands, tried before a
     region is grown to the bound, meet it, and no region is grown (grown first, it took the
     blocks' projections float32 too)."""
-    monkeypatch.setattr("convexport.exact_check.FLOAT64_WEIGHT_BYTES", 1000)
+    monkeypatch.setattr("convexport.validate.exact_check.FLOAT64_WEIGHT_BYTES", 1000)
     calls, missed = [], []
     attempt, islands = choose._Choice.attempt, choose.float32_islands
 

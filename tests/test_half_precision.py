@@ -22,10 +22,10 @@ from onnx import TensorProto, helper, numpy_helper
 import convexport
 from convexport.half.input_moments import flips_by_moments
 from convexport.half.row_sums import Rows, rounded_keeping_sums
-from convexport.float64 import Float64Evaluator
+from convexport.validate.float64 import Float64Evaluator
 from convexport.half.rounding import rounded
-from convexport.report import precision_lines
-from convexport.report_sections import render
+from convexport.report.words import precision_lines
+from convexport.report.sections import render
 from helpers import assert_user_error, invoke, make_model, run, tensor
 
 FLOAT16, FLOAT = TensorProto.FLOAT16, TensorProto.FLOAT
@@ -173,8 +173,8 @@ def _each_way(model: onnx.ModelProto, name: str) -> dict[str, np.ndarray]:
     from convexport.half.input_moments import input_moments
     from convexport.half.rounding import weight_rows, weight_shapes
     from convexport.half.row_sums import with_flips
-    from convexport.inputs import random_inputs
-    from convexport.onnx_route import graph_input_specs
+    from convexport.load.inputs import random_inputs
+    from convexport.load.onnx_route import graph_input_specs
 
     w = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == name))
     rows = weight_rows(model.graph)
@@ -375,9 +375,9 @@ def test_the_rounded_run_rounds_every_float_value_and_nothing_else(half):
     """rounded_run: the input, each weight and each node's float output go through the half
     type; the int64 shape does not. Mul and Add in float32 are correctly rounded, so numpy's
     same sequence is the same to the bit."""
-    from convexport.half.slots import element_types
-    from convexport.half.rounded_run import rounded_runs
-    from convexport.half.slots import NUMPY_TYPES
+    from convexport.ir.slots import element_types
+    from convexport.validate.rounded_run import rounded_runs
+    from convexport.ir.slots import NUMPY_TYPES
 
     rng = np.random.default_rng(5)
     weights = {"shape": np.array([4, 6], np.int64), "w": rng.standard_normal(6).astype(np.float32),
@@ -400,7 +400,7 @@ def test_the_rounded_run_rounds_every_float_value_and_nothing_else(half):
 def test_an_output_is_lost_to_rounding_past_an_eighth_of_its_largest_value(off, lost):
     """rounded_run.loses: off by more than 1/8 of the largest exact value (an infinity where
     the exact result is finite is left to the bound's own rule)."""
-    from convexport.half.rounded_run import loses
+    from convexport.validate.rounded_run import loses
 
     wanted = np.array([[-2.0, 0.5], [1.0, 0.0]])
     rounded = wanted + np.array([[0.0, 0.0], [off * 2.0, 0.0]])
@@ -669,7 +669,7 @@ def test_the_original_runs_once_for_validation_and_half_precision_alike(tmp_path
     """The half-precision judge takes validation's runs of the original on the same input sets
     rather than a session and runs of its own (a 256 MiB model's session costs seconds); without
     validation it makes them itself."""
-    from convexport import validate
+    from convexport.validate import compare as validate
 
     real, calls = validate.reference_runs, []
 
@@ -958,7 +958,7 @@ def test_a_miss_at_special_values_is_said_as_one():
     """Where the exact result is infinite and the half model gives NaN there (an inf weight tap
     read against padding), the output misses its bound at those elements only: the message said
     "output 'y' is 1.73e-06 off (bound 0.117, 45 of 1536 elements beyond)", contradicting itself."""
-    from convexport.exact_check import judge
+    from convexport.validate.exact_check import judge
     from convexport.half.outputs import OutputJudgement
 
     exact = np.array([np.inf, 1.0, 2.0, np.nan])

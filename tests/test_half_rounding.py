@@ -17,7 +17,7 @@ from onnx import helper
 import convexport
 from convexport.algebra import Refusal, combine_parallel, identity_conv
 from convexport.algebra.spec import ConvSpec
-from convexport.float64 import Float64Evaluator
+from convexport.validate.float64 import Float64Evaluator
 from convexport.folds import half_rounding
 from convexport.folds.half_rounding import keep_if_rounding_allows, refuse_if_rounding_undoes
 from helpers import make_model, op_counts, tensor

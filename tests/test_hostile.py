@@ -27,7 +27,7 @@ from onnx import helper
 import convexport
 from convexport import ir
 from convexport.errors import ValidationError
-from convexport.files import is_stream, write_atomically
+from convexport.util.files import is_stream, write_atomically
 
 RNG = np.random.default_rng(3)
 CONVEXPORT = [sys.executable, "-m", "convexport"]
@@ -161,7 +161,7 @@ def test_a_signal_while_an_output_is_written_leaves_no_temporary_file(tmp_path, 
     script = textwrap.dedent(f"""
         import time
         from pathlib import Path
-        from convexport.files import write_atomically
+        from convexport.util.files import write_atomically
 
         def slow(path):
             Path(path).write_bytes(b"half")
@@ -293,7 +293,7 @@ def test_an_if_branch_of_one_identity_of_an_outer_tensor_stays_valid(tmp_path):
 
 
 def test_a_rewritten_model_the_checker_rejects_is_found_but_not_one_that_came_so():
-    from convexport.stages.check import checker_problem
+    from convexport.stages.validate import checker_problem
 
     good = conv_bn()
     bad = onnx.ModelProto()
@@ -467,7 +467,7 @@ def test_stderr_stays_one_line_when_numpy_would_warn(tmp_path):
 
 
 def test_reports_are_standard_json_whatever_the_numbers():
-    from convexport.report import as_json_text  # what write_json writes (a report's schema aside)
+    from convexport.report.words import as_json_text  # what write_json writes (a report's schema aside)
 
     text = as_json_text({"a": float("inf"), "b": [float("nan"), 1.5], "c": np.float32(2.0)})
     assert json.loads(text) == {"a": None, "b": [None, 1.5], "c": 2.0}

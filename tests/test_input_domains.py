@@ -1,4 +1,4 @@
-"""Made-up inputs sized where the model is defined (input_domains.py): an image's channels and
+"""Made-up inputs sized where the model is defined (load/input_domains.py): an image's channels and
 spatial dims read from the Conv that takes it, a waveform's samples from its stack of strided
 convs."""
 
@@ -10,9 +10,9 @@ from helpers import invoke, make_model, tensor
 from onnx import helper
 
 import convexport
-from convexport.input_domains import conv_reads, sized_by_running, sized_for_data
-from convexport.inputs import InputSpec
-from convexport.onnx_route import graph_input_specs
+from convexport.load.input_domains import conv_reads, sized_by_running, sized_for_data
+from convexport.load.inputs import InputSpec
+from convexport.load.onnx_route import graph_input_specs
 
 # Wav2Vec2's feature extractor: kernels and strides of its seven convs (400 samples make a frame)
 WAV2VEC2_CONVS = ((10, 5), (3, 2), (3, 2), (3, 2), (3, 2), (2, 2), (2, 2))

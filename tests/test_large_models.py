@@ -17,7 +17,8 @@ import pytest
 from onnx import helper, numpy_helper
 
 import convexport
-from convexport import ir, validate
+from convexport import ir
+from convexport.validate import compare as validate
 from helpers import make_model, tensor
 
 RNG = np.random.default_rng(34)
@@ -83,7 +84,7 @@ def test_a_model_with_external_data_in_a_read_only_folder_still_folds(tmp_path, 
 
 
 def test_the_float64_reference_is_skipped_above_its_size_and_the_report_says_so(monkeypatch):
-    monkeypatch.setattr("convexport.exact_check.FLOAT64_WEIGHT_BYTES", 1000)
+    monkeypatch.setattr("convexport.validate.exact_check.FLOAT64_WEIGHT_BYTES", 1000)
     report = convexport.optimize(lora_bn_block(), write=False, profile=False).report
     validation = report["validation"]
     assert validation["passed"] and validation["reference"] == "float32"
@@ -112,7 +113,7 @@ def test_the_rewrite_frees_the_weights_it_replaced(monkeypatch):
     """The weights a fold read and replaced are garbage in cycles (gs tensors and their reader
     lists): collected as they pile up and when the rewrite ends, not held through validation."""
     monkeypatch.setattr("convexport.rewrite.engine.COLLECT_AFTER_ELEMENTS", 1)
-    monkeypatch.setattr("convexport.heap.LARGE_BYTES", 1000)
+    monkeypatch.setattr("convexport.ir.heap.LARGE_BYTES", 1000)
     loaded = []
     load = gs.ir.tensor.LazyValues.load
 

@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from convexport import paired_timer
+from convexport.profile import paired_timer
 from convexport.rewrite.engine import rewrite_model
 from convexport.folds import builtin_primitives
 from graphs import RULES, GraphBuilder, assert_same_outputs, fold, rewrite

@@ -28,7 +28,7 @@ from test_hostile import conv_bn
 import convexport
 from convexport import ir
 from convexport.errors import first_line
-from convexport.export import exporter_reason
+from convexport.load.export import exporter_reason
 
 assert_quiet_error = functools.partial(assert_user_error, quiet_stdout=True)  # and nothing on stdout
 
@@ -249,7 +249,7 @@ def test_ctrl_c_during_the_libraries_imports_is_raised_once_they_are_done():
     a C++ traceback ("terminate called after throwing an instance of 'nanobind::python_error'",
     onnx's enums) or made ONNX Runtime's import fail ("ONNX Runtime is not importable ...
     initialization failed", exit 1): the command's imports hold Ctrl-C back and raise it after."""
-    from convexport.files import interrupts_held
+    from convexport.util.files import interrupts_held
 
     reached = []
     with pytest.raises(KeyboardInterrupt):

@@ -13,7 +13,7 @@ from helpers import assert_user_error, invoke, make_model, tensor
 from onnx import helper
 
 import convexport
-from convexport.api_words import FLAG_KEYWORDS, in_api_words
+from convexport.util.api_words import FLAG_KEYWORDS, in_api_words
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def test_an_input_that_changes_a_fixed_dim_of_an_onnx_model_says_so(static_model
             "written model takes")
     assert f"changed: {said}" in result.stdout
     assert json.loads(report.read_text())["input_changes"] == [said]
-    from convexport.report_sections import render
+    from convexport.report.sections import render
 
     assert "changed: input &#x27;x&#x27; was 1x3x64x64" in render(json.loads(report.read_text()))
 

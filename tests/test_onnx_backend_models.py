@@ -18,7 +18,7 @@ from onnx import numpy_helper
 
 import convexport
 from convexport import ir
-from convexport.onnx_route import MIN_OPSET
+from convexport.load.onnx_route import MIN_OPSET
 from helpers import run
 
 DATA = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data")

@@ -25,9 +25,10 @@ from helpers import assert_user_error, invoke, make_model, tensor
 from onnx import helper
 
 import convexport
-from convexport import ir, temporaries
-from convexport.files import write_atomically
-from convexport.saving import is_weights_file_of
+from convexport import ir
+from convexport.util import temporaries
+from convexport.util.files import write_atomically
+from convexport.ir.saving import is_weights_file_of
 
 LARGE_PATH = """
 import convexport.ir.large as large
@@ -236,7 +237,7 @@ def test_a_killed_writers_temporary_file_is_removed_and_a_live_ones_kept(tmp_pat
     script = """
         import sys, time
         from pathlib import Path
-        from convexport.files import write_atomically
+        from convexport.util.files import write_atomically
 
         def slow(path):
             Path(path).write_bytes(b"half")
@@ -271,7 +272,7 @@ def test_a_killed_runs_weights_folder_is_removed_by_the_next_run(tmp_path):
     onnx.save(conv_bn(0), tmp_path / "m.onnx")
     child = run_child(f"""
         import os, signal
-        import convexport, convexport.stages.check as check
+        import convexport, convexport.stages.validate as check
         def killed(*args, **kwargs):  # while validating, its weights written beside the output
             os.kill(os.getpid(), signal.SIGKILL)
         check.compare_models = killed

@@ -1,5 +1,5 @@
-"""The paired timer (paired_timer.py), the profile built on it, and the choice it makes: a
-rewrite that is slower on the device is not written (stages/measure.py)."""
+"""The paired timer (profile/paired_timer.py), the profile built on it, and the choice it makes: a
+rewrite that is slower on the device is not written (stages/profile.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from onnx import helper
 from typer.testing import CliRunner
 
 import convexport
-from convexport import ir, paired_timer
+from convexport import ir
+from convexport.profile import paired_timer
 from convexport.cli import app
-from convexport.stages import measure
+from convexport.stages import profile as measure
 from helpers import make_model, tensor
 
 RNG = np.random.default_rng(7)

@@ -12,7 +12,7 @@ from rich.console import Console
 
 import convexport
 from convexport.ir.large import _data_bytes as held_bytes
-from convexport.report_sections import print_optimize_summary, render
+from convexport.report.sections import print_optimize_summary, render
 from helpers import op_counts, run
 from small_net import example_inputs, make_module
 
@@ -255,7 +255,7 @@ class GeluNet(torch.nn.Module):
 
 @pytest.mark.parametrize("route", ["module", "torchscript"])
 def test_the_default_opset_is_the_installed_exporters(route, tmp_path):
-    from convexport.export import exporter_default_opset
+    from convexport.load.export import exporter_default_opset
 
     model, inputs = GeluNet().eval(), (torch.randn(1, 3, 8, 8),)
     if route == "torchscript":

@@ -14,7 +14,7 @@ from convexport.rewrite.rulefile import parse_rule_file
 from helpers import make_model, op_counts, run, tensor
 
 PLUGIN = '''
-from convexport.rewrite.primitives import Rewrite
+from convexport.folds.primitives import Rewrite
 
 
 def drop_double_negation(match, context):

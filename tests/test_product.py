@@ -105,7 +105,7 @@ def test_the_api_raises_only_convexport_errors(tmp_path, monkeypatch):
         convexport.optimize(f"{factory}:build")
     with pytest.raises(convexport.ConvexportError):
         convexport.optimize(conv_bn(), output=tmp_path / ("o" * 300 + ".onnx"))
-    monkeypatch.setattr("convexport.stages.export.export_model", lambda *args: {}["a bug"])
+    monkeypatch.setattr("convexport.stages.load.export_model", lambda *args: {}["a bug"])
     with pytest.raises(InternalError, match="KeyError") as raised:
         convexport.optimize(conv_bn(), write=False)
     assert isinstance(raised.value.__cause__, KeyError)
@@ -127,7 +127,7 @@ def test_an_unchanged_graph_is_not_timed_and_the_verdict_is_the_intervals():
     model = make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [1, 64])], [tensor("y", [1, 64])])
     report = convexport.optimize(model, write=False).report
     assert report["profile"] is None and "nothing to time" in report["profile_skipped"]
-    from convexport.stages.measure import judged_profile
+    from convexport.stages.profile import judged_profile
 
     def verdict(speedup, low, high):
         side = {"latency_ms": {"median": 1.0}}
@@ -154,7 +154,7 @@ def test_the_report_says_what_a_reader_needs(tmp_path):
 
 def test_a_larger_model_file_is_flagged(tmp_path):
     """seed 003's FFT form: its transformed kernel is larger than the kernel it replaces."""
-    from convexport.report_sections import print_optimize_summary
+    from convexport.report.sections import print_optimize_summary
     from rich.console import Console
 
     report = {"model": "m", "output": None, "before": {"nodes": 1, "ops": {}, "flops": 1, "params": 1, "model_bytes": 1000},
@@ -166,7 +166,7 @@ def test_a_larger_model_file_is_flagged(tmp_path):
     text = console.export_text()
     assert "model file larger: 1.0 KB -> 9.0 KB" in text and "skipped: 6" in text and "first 5" in text
     assert "inputs x:1x3x8x8:float32; outputs y:1x4x8x8:float32" in text
-    from convexport.report_sections import render
+    from convexport.report.sections import render
 
     page = render({**report, "convexport_version": "0", "validation": None, "profile": None})
     assert "x:1x3x8x8:float32" in page and "class=bad>model file" in page
@@ -191,8 +191,8 @@ def test_optimize_validates_on_real_data_too(tmp_path):
 
 def test_a_scan_bodys_op_time_stays_out_of_the_top_level_chart():
     """The Scan node's time includes its body's; the body's Relu is not counted again."""
-    from convexport.inputs import InputSpec
-    from convexport.profile import profile_models
+    from convexport.load.inputs import InputSpec
+    from convexport.profile.profiler import profile_models
 
     body = helper.make_graph(
         [helper.make_node("Relu", ["row"], ["out"], name="body_relu")], "body",

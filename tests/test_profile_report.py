@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 import convexport
 from convexport.cli import app
-from convexport.onnx_route import graph_input_specs
-from convexport import paired_timer, profile
-from convexport.profile import profile_models
-from convexport.report_sections import print_optimize_summary, render
+from convexport.load.onnx_route import graph_input_specs
+from convexport.profile import paired_timer, profiler as profile
+from convexport.profile.profiler import profile_models
+from convexport.report.sections import print_optimize_summary, render
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,9 @@ from helpers import assert_user_error, invoke, run, tensor
 from torch import nn
 
 import convexport
-from convexport.routes.exported_program import _name_torch_symbols
-from convexport.inputs import InputSpec
-from convexport.routes import load_model
+from convexport.load.routes.exported_program import _name_torch_symbols
+from convexport.load.inputs import InputSpec
+from convexport.load.routes import load_model
 
 Dim = torch.export.Dim
 TORCH_SYMBOL = re.compile(r"^s\d+$")

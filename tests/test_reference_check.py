@@ -12,10 +12,10 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import convexport
-from convexport import float64
-from convexport.exact_check import noise_floor_bound
-from convexport.inputs import InputSpec
-from convexport.validate import Tolerances, compare_by_noise_floor, compare_models
+from convexport.validate import float64
+from convexport.validate.exact_check import noise_floor_bound
+from convexport.load.inputs import InputSpec
+from convexport.validate.compare import Tolerances, compare_by_noise_floor, compare_models
 from helpers import invoke
 
 
@@ -90,7 +90,7 @@ def test_a_wrong_reference_still_passes_an_identical_model(monkeypatch):
 
 
 def test_input_sets_without_a_reference_are_judged_by_the_noise_floor(monkeypatch):
-    import convexport.exact_check as exact_check
+    import convexport.validate.exact_check as exact_check
 
     monkeypatch.setattr(exact_check, "_float64_runs", lambda evaluator, feeds, budget: [None] * len(feeds))
     result = compare_models(conv_bn(17), conv_bn(17), INPUTS, runs=3)
@@ -167,7 +167,7 @@ def test_an_exporter_that_changed_the_model_is_caught_and_the_rewrite_judged_aga
     validation = result.report["validation"]
     assert validation["passed"]  # the rewrite computes the ONNX graph it was given
     assert validation["export_check"]["agrees"] is False
-    from convexport.report import export_check_line
+    from convexport.report.words import export_check_line
 
     assert "the exporter changed it" in export_check_line(validation)
 
@@ -205,7 +205,7 @@ def test_an_input_set_without_a_reference_is_judged_by_the_originals_noise_there
     the exact result than the original on both, is judged there by the original's float32
     noise on that set (its run summed in another order), not by the first set's alone, which
     refused it."""
-    import convexport.exact_check as exact_check
+    import convexport.validate.exact_check as exact_check
 
     monkeypatch.setattr(exact_check, "_float64_runs", lambda evaluator, feeds, budget: [None] * len(feeds))
     loud = {"x": (np.random.default_rng(9).normal(size=(8, 256)) * 100).astype(np.float32)}

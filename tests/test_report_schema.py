@@ -1,4 +1,4 @@
-"""The reports' JSON Schema (issue 53): made from report_types.py, shipped, documented, and
+"""The reports' JSON Schema (issue 53): made from report/types.py, shipped, documented, and
 able to tell a report that breaks it. That every report the suite writes meets it is checked
 by conftest.reports_match_the_schema, on every test."""
 
@@ -15,9 +15,9 @@ import pytest
 from conftest import ROOT, schema_problem
 from helpers import assert_user_error, invoke
 
-from convexport import report_types
+from convexport.report import types as report_types
 from convexport.errors import ConvexportError
-from convexport.report_schema import json_schema, report_header, schema_text, with_fields
+from convexport.report.schema import json_schema, report_header, schema_text, with_fields
 
 REPORTS = Path(__file__).parent / "fixtures" / "reports"  # written by this version (schema 1.0)
 DOCS = ROOT / "docs"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from convexport import report_html, report_terminal
-from convexport.report_sections import NOT_SHOWN, SECTIONS, print_optimize_summary, render
-from convexport.report_types import OptimizeReport
+from convexport.report import html as report_html, terminal as report_terminal
+from convexport.report.sections import NOT_SHOWN, SECTIONS, print_optimize_summary, render
+from convexport.report.types import OptimizeReport
 
 REPORT = Path(__file__).parent / "fixtures" / "reports" / "optimize-1.0.json"
 
@@ -20,7 +20,7 @@ REPORT = Path(__file__).parent / "fixtures" / "reports" / "optimize-1.0.json"
 def test_every_field_of_the_report_is_shown_or_said_not_to_be():
     shown = {field for section in SECTIONS for field in section.fields}
     declared = OptimizeReport.__required_keys__ | OptimizeReport.__optional_keys__
-    assert declared - shown - NOT_SHOWN == set(), "a report field no section shows (report_sections.py)"
+    assert declared - shown - NOT_SHOWN == set(), "a report field no section shows (report/sections.py)"
     assert (shown | NOT_SHOWN) - declared == set(), "a section names a field the report does not declare"
     assert not shown & NOT_SHOWN
 

@@ -9,9 +9,9 @@ import toy_route
 from helpers import assert_user_error, invoke
 
 import convexport
-from convexport import routes
+from convexport.load import routes
 from convexport.errors import ConvexportError
-from convexport.loading import ModelArgument
+from convexport.load.model import ModelArgument
 
 
 @pytest.fixture

@@ -143,7 +143,7 @@ def test_a_user_primitive_declares_its_contract_too(tmp_path):
 
 def test_every_built_in_primitive_declares_what_it_reads():
     from convexport.folds import builtin_primitives
-    from convexport.rewrite.primitives import contract_of
+    from convexport.folds.primitives import contract_of
 
     undeclared = [name for name, primitive in builtin_primitives().items() if contract_of(primitive) is None]
     assert not undeclared

@@ -36,7 +36,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from convexport.ir import constant_value
-from convexport.rewrite.primitives import Rewrite
+from convexport.folds.primitives import Rewrite
 
 
 def scale_weights(match, context):

@@ -13,7 +13,7 @@ from test_fft_conv import fft_outcome
 
 import convexport
 from convexport.ir import infer_shapes
-from convexport.stats import graph_stats
+from convexport.ir.stats import graph_stats
 
 
 def test_a_scan_body_counts_once_per_iteration():

@@ -1,4 +1,4 @@
-"""The sizes the profile times a model at where it leaves dims dynamic (timed_sizes.py): a
+"""The sizes the profile times a model at where it leaves dims dynamic (profile/timed_sizes.py): a
 transformer's made-up sequence of one token measured ONNX Runtime's per-node cost, and the
 verdict held only there (optimum's wav2vec2: "faster 1.07x" at 40 samples, 0.78x at 2 x 1600)."""
 
@@ -11,9 +11,9 @@ import numpy as np
 from onnx import TensorProto, helper
 from typer.testing import CliRunner
 
-from convexport import timed_sizes
+from convexport.profile import timed_sizes
 from convexport.cli import app
-from convexport.inputs import InputSpec
+from convexport.load.inputs import InputSpec
 from helpers import make_model, tensor
 
 

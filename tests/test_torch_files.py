@@ -21,7 +21,7 @@ import torch
 from helpers import assert_user_error, invoke
 from small_net import make_module
 
-from convexport.untrusted import is_size_expression, unsafe_guard
+from convexport.load.untrusted import is_size_expression, unsafe_guard
 
 
 class LeavesATrace:

@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 import convexport
 from convexport import ir
 from convexport.cli import app
-from convexport.input_domains import integer_ranges
-from convexport.inputs import InputSpec, dim_size, random_inputs
+from convexport.load.input_domains import integer_ranges
+from convexport.load.inputs import InputSpec, dim_size, random_inputs
 
 FUSED = {"Attention", "EmbedLayerNormalization", "SkipLayerNormalization", "BiasGelu", "LayerNormalization"}
 NAMES = ["input_ids", "attention_mask", "token_type_ids"]
@@ -177,7 +177,7 @@ def test_what_the_optimizer_prints_stays_off_the_terminal(exported, capsys, monk
     `optimize -q`'s lines."""
     import onnxruntime.transformers.optimizer as ort_optimizer
 
-    from convexport import transformer_fusions
+    from convexport.rewrite import transformer_fusions
 
     optimize_model = ort_optimizer.optimize_model
 
@@ -194,7 +194,7 @@ def test_where_a_run_of_the_optimizer_is_slow_only_the_check_runs_and_the_report
     """Swin-T's runs take 85 s each (dynamic image dims): past the budget only the check's two
     runs are made (the original as bert, the result as bert), what was left out is said in the
     report and on the terminal, and the rewrite is still checked."""
-    from convexport import transformer_fusions
+    from convexport.rewrite import transformer_fusions
 
     monkeypatch.setattr(transformer_fusions, "OPTIONAL_RUNS_BUDGET_S", 0.0)
     runs = []
@@ -271,7 +271,7 @@ def test_the_profile_times_the_model_as_given(exported, tmp_path, monkeypatch):
     """The original the profile timed was the model as convexport's shape inference annotated
     it, not the file: where the annotations made ONNX Runtime fuse a slower kernel, the speedup
     was taken over a baseline slower than the user's own model."""
-    from convexport.stages import measure
+    from convexport.stages import profile as measure
 
     timed = []
     profile_models = measure.profile_models
@@ -358,7 +358,7 @@ def test_a_mask_the_graph_reads_as_one_is_drawn_in_zero_one_whatever_its_name(tm
     report = json.loads((tmp_path / "r.json").read_text())
     (mask,) = [spec for spec in report["inputs"] if spec.endswith("int64")]
     assert report["validation"]["passed"] and "nonfinite_on" not in report["validation"], report["validation"]
-    from convexport.input_domains import masks
+    from convexport.load.input_domains import masks
 
     assert masks(onnx.load(tmp_path / "o.onnx")) == {mask.split(":")[0]}
 
@@ -373,7 +373,7 @@ def test_related_dims_take_related_sizes():
 
 
 def test_identical_outputs_with_nan_where_the_exact_result_is_finite_match():
-    from convexport.exact_check import judge
+    from convexport.validate.exact_check import judge
 
     exact = np.array([1.0, 2.0, 3.0, 4.0])
     original = np.array([1.0, np.nan, 3.0, np.inf], dtype=np.float32)
@@ -440,7 +440,7 @@ def test_what_a_fusion_matched_and_the_optimizer_left_for_its_shape_is_the_kerne
     match (the optimizer then fused none of Phi-3's four rotations)."""
     from onnx import TensorProto, helper
 
-    from convexport.transformer_fusions import _kernels
+    from convexport.rewrite.transformer_fusions import _kernels
 
     def graph(nodes, name):
         x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 import convexport
 from convexport.cli import app
-from convexport.inputs import InputSpec
-from convexport.validate import Tolerances, compare_arrays, compare_models
+from convexport.load.inputs import InputSpec
+from convexport.validate.compare import Tolerances, compare_arrays, compare_models
 from helpers import make_model, tensor
 from resnet import build as build_resnet
 

@@ -19,9 +19,9 @@ from test_large_models import RNG, contents, lora_bn_block
 import convexport
 from convexport import ir
 from convexport.ir import disk, weight_files
-from convexport.routes import load_model
-from convexport.stages import check
-from convexport.validate import ValidationResult
+from convexport.load.routes import load_model
+from convexport.stages import validate as check
+from convexport.validate.compare import ValidationResult
 
 WIDTH = 32
 
@@ -179,7 +179,7 @@ def test_onnx_runtimes_folder_goes_on_the_outputs_disk_during_a_run(tmp_path, la
 def test_a_large_models_profile_holds_one_session_at_a_time(monkeypatch, threshold, at_once):
     """A large model's two sessions are made, timed and released one after the other (each
     holds a model's weights); smaller models take turns, both sessions alive."""
-    from convexport import profile
+    from convexport.profile import profiler as profile
 
     monkeypatch.setattr("convexport.ir.large.SERIALISED_MAX_BYTES", threshold)
     alive, most = [], [0]

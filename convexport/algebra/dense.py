@@ -192,8 +192,8 @@ def _as_dense(linear: LinearMap) -> Dense:
 
 
 def _signed_sum(arrays: Sequence[np.ndarray], signs: Sequence[float]) -> np.ndarray:
-    """sum_i sign_i a_i in one new array (signs of +-1 add or subtract in place: a sum of
-    4096 x 4096 weights scaled each by its sign first took 2 s on a 1 GiB LoRA/BN MLP)."""
+    """sum_i sign_i a_i in one new array (signs of +-1 add or subtract in place, with no scaled
+    copy of each term: bench/RESULTS.md, "Measurements behind the code")."""
     total = np.multiply(arrays[0], signs[0], dtype=np.float64)
     for sign, array in zip(signs[1:], arrays[1:]):
         if sign == 1:

@@ -17,9 +17,9 @@ from .. import ir
 from ..algebra import Refusal
 from ..algebra.batching import grouped_from_branches, pack_linear_heads, stack_conv_heads
 from ..ir import attribute_or, constant_value, is_absent
-from ..rewrite.primitives import Rewrite, accepts, consumes
 from .branch_groups import BranchGroup, Layout, Step, drop_units, find_branch_group, largest_compatible, view_of
 from .builder import NodeBuilder, output_dtype
+from .primitives import Rewrite, accepts, consumes
 
 
 class _Builder(NodeBuilder):

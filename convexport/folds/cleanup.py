@@ -6,7 +6,7 @@ import numpy as np
 
 from ..algebra import Refusal
 from ..ir import constant_value, is_absent
-from ..rewrite.primitives import AFFINE, Rewrite, consumes, reach
+from .primitives import AFFINE, Rewrite, consumes, reach
 
 
 @reach(0)

@@ -14,10 +14,10 @@ import numpy as np
 
 from .. import ir
 from ..algebra import Refusal, scale_shift_onnx_weight
-from ..rewrite.primitives import AFFINE, Rewrite, consumes, reach
 from .builder import NodeBuilder, output_dtype
 from .convnodes import conv_attributes, conv_weights
 from .linear_nodes import channel_affine
+from .primitives import AFFINE, Rewrite, consumes, reach
 
 
 @reach(1)

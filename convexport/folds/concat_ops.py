@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..algebra import Refusal
-from ..rewrite.primitives import Rewrite, consumes, reach
 from .builder import NodeBuilder, output_dtype
+from .primitives import Rewrite, consumes, reach
 
 
 @reach(1)

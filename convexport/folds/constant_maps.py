@@ -11,9 +11,9 @@ import numpy as np
 
 from ..algebra import DEFAULT_BORDER_LIMIT_BYTES, Refusal, apply_conv
 from ..ir import constant_value
-from ..rewrite.primitives import Rewrite, accepts, consumes, reach
 from .builder import NodeBuilder, output_dtype
 from .linear_nodes import linear_spec
+from .primitives import Rewrite, accepts, consumes, reach
 
 
 def _full_map(value: np.ndarray, shape) -> np.ndarray:

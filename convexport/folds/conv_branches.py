@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from ..algebra import Refusal, combine_parallel, concat_parallel, conv_to_onnx, identity_conv
-from ..rewrite.primitives import Rewrite, accepts, consumes, reach
 from .builder import NodeBuilder, output_dtype
 from .convnodes import node_flops, output_elements, spatial_shape
 from .half_rounding import keep_if_rounding_allows, stored_half
 from .linear_nodes import linear_spec
+from .primitives import Rewrite, accepts, consumes, reach
 
 
 def _branch_spec(tensor, x, context, channels: int | None):

@@ -16,10 +16,10 @@ from ..algebra import (
 )
 from ..algebra.onnx_conv import conv_geometry
 from ..algebra.outline import composite_outline
-from ..rewrite.primitives import LINEAR, Rewrite, accepts, consumes, reach
 from .builder import NodeBuilder, output_dtype
 from .convnodes import conv_attributes, conv_weights, node_flops, spatial_shape
 from .linear_nodes import channel_affine, composed_note, data_input, linear_spec
+from .primitives import LINEAR, Rewrite, accepts, consumes, reach
 
 
 @reach(0)

@@ -6,10 +6,10 @@ from __future__ import annotations
 from .. import flops, ir
 from ..algebra import Refusal, pointwise_after_transposed, scale_shift_transposed
 from ..ir import attribute_or, tensor_dtype
-from ..rewrite.primitives import LINEAR, Rewrite, consumes, reach
 from .builder import NodeBuilder
 from .convnodes import all_finite, conv_attributes, conv_weights
 from .linear_nodes import channel_affine, composed_note
+from .primitives import LINEAR, Rewrite, consumes, reach
 
 
 @reach(0)

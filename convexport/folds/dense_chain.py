@@ -29,10 +29,10 @@ from ..algebra.dense import (
     sum_dense,
 )
 from ..ir import attribute_or, constant_value, is_absent
-from ..rewrite.primitives import AFFINE, DENSE, Rewrite, accepts, consumes, reach
 from .builder import NodeBuilder
 from .convnodes import all_finite
 from .linear_nodes import ELEMENTWISE, data_input
+from .primitives import AFFINE, DENSE, Rewrite, accepts, consumes, reach
 
 DENSE_OPS = ("Gemm", "MatMul")
 

@@ -3,7 +3,7 @@ device runs: for CUDA, ONNX Runtime's com.microsoft Rfft and Irfft over the whol
 provider has cuFFT kernels for them and none for ONNX's DFT, which it leaves to the CPU); for
 the CPU, ONNX DFT nodes, one image and one output channel at a time. A model optimized for CUDA
 this way runs on ONNX Runtime's CUDA provider only; its CPU check runs the two ops in ONNX's
-reference evaluator (float64/fft_ops.py)."""
+reference evaluator (validate/float64/fft_ops.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from .. import flops, ir
 from ..algebra import Refusal, conv_to_onnx
 from ..algebra.fft_conv import plan_fft_conv
 from ..ir import constant_value
-from ..rewrite.primitives import Rewrite, accepts, consumes, reach
 from .builder import NodeBuilder
 from .convnodes import conv_spec, spatial_shape
+from .primitives import Rewrite, accepts, consumes, reach
 
 MICROSOFT = "com.microsoft"
 MIN_KERNEL_AREA = 121  # 11x11: below this cuDNN/MLAS direct convs win everywhere

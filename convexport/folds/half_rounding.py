@@ -4,9 +4,10 @@ real arithmetic, not in every precision.
 
 The folded kernel W = sum_i s_i W_i ([O, I, *k], each W_i placed in the common window)
 rounded into float16 moves each tap by up to half a unit in the last place of the tap's own
-magnitude. A branch that is x itself (the identity of a residual, of seed 000's `d -= p`) is
+magnitude. A branch that is x itself (the identity of a residual, of sample_models/seed000_subtracted_conv.py's
+`d -= p`) is
 never rounded unfolded: it passes x on exactly. Folded, it lands in the centre taps and their
-rounding scales with it: seed 000's depthwise kernel D - I has centre taps near -1, rounded to
+rounding scales with it: that model's depthwise kernel D - I has centre taps near -1, rounded to
 a 2048th of themselves where D's small taps and an exact subtraction were; FastViT's
 x + gamma * (mixer(x) - norm(x)) folds to centre taps 1 + O(gamma), and float16 keeps 11 bits
 of them, so a layer scale gamma below 2^-11 is rounded away. The same holds for a linear

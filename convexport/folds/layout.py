@@ -20,9 +20,9 @@ import numpy as np
 from .. import ir
 from ..algebra import Refusal
 from ..ir import attribute_or, constant_value
-from ..rewrite.primitives import Rewrite, consumes, reach
 from .builder import NodeBuilder
 from .cleanup import forwarded, slice_parameters
+from .primitives import Rewrite, consumes, reach
 
 
 def _known(shape) -> bool:

@@ -29,11 +29,11 @@ from .. import ir
 from ..algebra import Refusal
 from ..algebra.dense import Dense, FeatureAffine, LinearMap, add_maps, compose_maps
 from ..ir import attribute_or, constant_value
-from ..rewrite.primitives import AFFINE, Rewrite, consumes, reach
 from .builder import output_dtype
 from .dense_chain import DENSE_OPS, dense_layout, emitted_dense, keeps_last_axis, node_map
 from .half_rounding import refuse_if_rounding_undoes, rounded_map, stored_half
 from .linear_nodes import data_input
+from .primitives import AFFINE, Rewrite, consumes, reach
 
 MAX_DEPTH = 24  # nodes in a region: DoRA's has 9, GPT-2's LoRA on Conv1D 6; a bound on the walk per sum
 SUMS = ("Add", "Sub")

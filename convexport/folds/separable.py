@@ -8,9 +8,9 @@ from .. import flops
 from ..algebra import Refusal, conv_to_onnx
 from ..algebra.separable import rank_at_least, split_separable
 from ..ir import constant_value
-from ..rewrite.primitives import Rewrite, consumes, reach
 from .builder import NodeBuilder, output_dtype
 from .convnodes import conv_flops, conv_spec, node_flops, spatial_shape
+from .primitives import Rewrite, consumes, reach
 
 
 @reach(0)

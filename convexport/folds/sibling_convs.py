@@ -17,10 +17,10 @@ from .. import ir
 from ..algebra import Refusal
 from ..algebra.batching import stack_conv_heads
 from ..ir import constant_value, is_absent
-from ..rewrite.primitives import Rewrite, consumes
 from .branch_groups import largest_compatible
 from .builder import NodeBuilder, output_dtype
 from .convnodes import conv_attributes, node_flops
+from .primitives import Rewrite, consumes
 
 
 @consumes("heads", "x", heads={"Conv"})

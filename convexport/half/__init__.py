@@ -13,16 +13,16 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .. import heap
-from ..exact_check import ExactReference, exact_reference
-from ..float64 import Float64Evaluator, Float64Unavailable
-from ..inputs import InputSpec
+from ..ir import heap
+from ..ir.slots import element_types
+from ..load.inputs import InputSpec
 from ..runtime import checked_run, create_session
+from ..validate.exact_check import ExactReference, exact_reference
+from ..validate.float64 import Float64Evaluator, Float64Unavailable
 from .branches import in_half_by_branch
 from .choose import HalfPrecision, to_half_precision
 from .kept import KeptFloat32
 from .outputs import HalfRuns
-from .slots import element_types
 
 DTYPES = {
     "fp16": "float16", "float16": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32",
@@ -52,7 +52,7 @@ def in_half_precision(
     runs of `original` on those sets (validate.ReferenceRuns): used where they were made on
     `device`, rather than running the original again. The weights of `given` are rounded as
     given (an If's other branch rounded them: branches.py)."""
-    from ..validate import reference_runs
+    from ..validate.compare import reference_runs
 
     def branch_in_half(branch: onnx.ModelProto, specs: list[InputSpec], real: list[dict], rounded) -> HalfPrecision:
         names = {node.name for node in branch.graph.node}

@@ -29,11 +29,11 @@ from dataclasses import replace
 
 import onnx
 
-from .. import heap, ir
-from ..inputs import InputSpec
-from ..ir import proto_subgraphs
+from .. import ir
+from ..ir import heap, proto_subgraphs
+from ..ir.slots import HALF_TYPES
+from ..load.inputs import InputSpec
 from .choose import HalfPrecision
-from .slots import HALF_TYPES
 
 # a branch's model, its input specs, its real input sets and the weights rounded already
 # (WeightRounding.given) -> that model in half precision

@@ -18,7 +18,7 @@ import onnx
 from onnx import TensorProto
 
 from ..ir import proto_subgraphs, read_as
-from .slots import TYPE_TAGS
+from ..ir.slots import TYPE_TAGS
 
 WIDENS = {
     (TensorProto.FLOAT16, TensorProto.FLOAT), (TensorProto.FLOAT16, TensorProto.DOUBLE),

@@ -59,9 +59,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from .. import heap, ir
-from ..ir import proto_subgraphs
-from ..stats import flops_by_node
+from .. import ir
+from ..ir import heap, proto_subgraphs
+from ..ir.slots import HALF_TYPES, DataSlots, NoHalfForm, data_slots, element_types
+from ..ir.stats import flops_by_node
+from ..validate.rounded_run import lost_outputs, rounded_runs
 from .cast_chains import MOVES_VALUES
 from .convert import PrecisionPlan, with_precision
 from .input_moments import input_moments
@@ -71,9 +73,7 @@ from .kernels import lacking_kernels
 from .measure import NodeError, node_errors
 from .on_disk import handed_over, on_disk
 from .outputs import HalfRuns, OutputJudgement, judge_outputs, judged_outputs, over_bound
-from .rounded_run import lost_outputs, rounded_runs
 from .rounding import ROUNDING_WAYS, WeightRounding, weight_shapes
-from .slots import HALF_TYPES, DataSlots, NoHalfForm, data_slots, element_types
 from .tails import Attempt, closer_tail
 
 FLOAT = TensorProto.FLOAT

@@ -31,9 +31,9 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from ..ir import proto_constants, proto_outer_reads, proto_subgraphs, read_outer_as
+from ..ir.slots import TYPE_ATTRIBUTES, TYPE_TAGS, DataSlots
 from .cast_chains import cast_to, drop_value_info, merge_widening_casts
 from .rounding import WeightRounding, rounded
-from .slots import TYPE_ATTRIBUTES, TYPE_TAGS, DataSlots
 
 FLOAT = TensorProto.FLOAT
 # The largest stored constant a node reading it in half gets a copy of (_half_copies) where

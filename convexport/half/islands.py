@@ -41,8 +41,8 @@ import onnx
 from onnx import TensorProto
 
 from ..ir import SHAPE_ONLY_OPS, proto_constants, proto_outer_reads, proto_scopes, proto_subgraphs, scoped_name
+from ..ir.slots import DataSlots
 from .cast_chains import cast_to
-from .slots import DataSlots
 
 FLOAT = TensorProto.FLOAT
 # The FLOPs an island may cost, as a share of the model's: a norm's statistics and a rotary
@@ -198,7 +198,7 @@ def no_op_casts_in_subgraphs(model: onnx.ModelProto) -> frozenset[str]:
     ir.scoped_name: the no-ops where the model's code computes in float32 that islands start
     at, which constant folding removes there, where no fused kernel keeps them (optimum's
     merged decoders). In the main graph the transformer optimizer's kernels keep the norms'
-    (transformer_fusions.py), and keeping the rest cost Casts for no error measured (T5's
+    (rewrite/transformer_fusions.py), and keeping the rest cost Casts for no error measured (T5's
     softmax upcast: bench/RESULTS.md). An activation is computed from a float input or a
     weight of two dims or more (an embedding's), other than through a Shape: a Cast in a
     mask's or a shape's arithmetic, which folding should take, is none. A Cast whose input's

@@ -15,9 +15,9 @@ import onnx
 from onnx import TensorProto
 
 from ..errors import ConvexportError
+from ..ir.slots import DataSlots
 from ..runtime import CPU, CUDA, MissingKernel, create_session, ort_reason
 from .convert import retype_attributes
-from .slots import DataSlots
 
 PROBED = {TensorProto.BFLOAT16}
 

@@ -24,11 +24,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from ..exact_check import judge
+from ..ir.slots import NUMPY_TYPES, TYPE_TAGS, DataSlots
 from ..runtime import checked_run, create_session
+from ..validate.exact_check import judge
 from .convert import retype_attributes
 from .rounding import WeightRounding
-from .slots import NUMPY_TYPES, TYPE_TAGS, DataSlots
 
 FLOAT = TensorProto.FLOAT
 # types ONNX Runtime's Python API cannot feed nor return: fed as float32 (the values exact in

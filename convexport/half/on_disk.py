@@ -16,8 +16,9 @@ from __future__ import annotations
 import contextlib
 import weakref
 
-from .. import ir, temporaries
+from .. import ir
 from ..errors import ConvexportError
+from ..util import temporaries
 from .convert import Converted
 
 

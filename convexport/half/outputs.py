@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from ..exact_check import judge, noise_floor_bound
 from ..runtime import checked_run, create_session
-from ..validate import in_declared_types
-from .rounded_run import largest_apart
+from ..validate.compare import in_declared_types
+from ..validate.exact_check import judge, noise_floor_bound
+from ..validate.rounded_run import largest_apart
 
 
 @dataclass

@@ -30,9 +30,9 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from ..ir import tensor_array
+from ..ir.slots import NUMPY_TYPES
 from .input_moments import flips_by_moments
 from .row_sums import Rows, flips_keeping_sums, summed_rows, with_flips
-from .slots import NUMPY_TYPES
 
 FLOAT = TensorProto.FLOAT
 # how a stored constant may be rounded (WeightRounding.way), as the report names them

@@ -19,10 +19,10 @@ from typing import Protocol
 
 import onnx
 
+from ..ir.slots import DataSlots
 from .convert import Converted
 from .kept import KeptFloat32
 from .outputs import OutputJudgement, over_bound, worst_ratio
-from .slots import DataSlots
 
 Attempt = tuple[Converted, dict[str, OutputJudgement]]  # a conversion, and its outputs judged
 
@@ -53,7 +53,8 @@ TAIL_GAIN = 0.8
 TAIL_RUNGS = 6
 TAIL_SLACK = 1.05
 TAIL_PRUNES = 4
-# the Casts a tail may add per output: none, it may only move the output's Cast (seed 000's
+# the Casts a tail may add per output: none, it may only move the output's Cast
+# (sample_models/seed000_subtracted_conv.py's
 # tail was 0.7x the largest error at a third Cast, one more than onnxconverter-common's file;
 # a Cast costs a kernel launch and a pass over its tensor on a GPU)
 TAIL_CASTS_PER_OUTPUT = 0

@@ -26,7 +26,7 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
     kept as the graph inputs they are (see below), and, as `graph.provenance`, what the model
     says of its nodes, values and scopes that gs does not keep (provenance.py: export_graph
     puts it back). The graph's initializers read the model's own protos until a rewrite needs
-    their values (no copy of the weights: a 1 GiB model's took 2.4 s and 1 GiB); export_graph
+    their values (no copy of the weights: bench/RESULTS.md, "Measurements behind the code"); export_graph
     gives a renamed one a proto of its own first (see _owned_if_renamed)."""
     graph = gs.import_onnx(model)
     _file_backed_read_from_files(graph)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import onnx
 
-from .. import temporaries
+from ..util import temporaries
 from .large import skeleton
 from .weight_files import file_range, is_file_backed, set_range, write_weights
 

@@ -28,7 +28,7 @@ import onnxscript.optimizer
 from onnx_ir.passes.common import LiftConstantsToInitializersPass
 from onnxscript import ir as onnx_ir  # onnx-ir, as onnxscript installs and uses it
 
-from ..quiet import quiet_libraries
+from ..util.quiet import quiet_libraries
 from .scopes import proto_scopes
 from .shapes import infer_shapes
 from .static_dims import constant_reshape_targets, fold_static_dims
@@ -53,7 +53,7 @@ def fold_constants(model: onnx.ModelProto, keep: frozenset[str] = frozenset()) -
     and its Constant nodes made initializers (the TorchScript exporter writes every constant
     as a node; as an initializer it is the same value, and no node to count or to run): a new
     model, or `model` itself when there is nothing to do. The nodes named in `keep` are not
-    folded (a runtime fuses them as they are: transformer_fusions.py)."""
+    folded (a runtime fuses them as they are: rewrite/transformer_fusions.py)."""
     nameless = _mark_nameless_nodes(model)
     kept = _hide(model, keep)
     try:

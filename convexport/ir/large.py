@@ -93,8 +93,8 @@ def needs_external_data(model: onnx.ModelProto) -> bool:
 
 # Weights from this size on never go through protobuf serialisation whole, though they fit:
 # ONNX Runtime gets such a model as files (serialised bytes, ORT's parse of them and its
-# tensors held three copies at once: a 1.0 GiB conv model peaked at 5.2x its weights) and
-# ORT's loading stands in for onnx's checker (which serialises it: 4.5 s on that model).
+# tensors are three copies at once) and ORT's loading stands in for onnx's checker (which
+# serialises it too; bench/RESULTS.md, "Measurements behind the code").
 SERIALISED_MAX_BYTES = 256 << 20
 
 
@@ -108,8 +108,8 @@ def kept_from_serialisation(model: onnx.ModelProto) -> bool:
 def skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[tuple[onnx.TensorProto, onnx.TensorProto]]]:
     """A copy of the model whose large initializers (file-backed ones among them) have no data
     (marked external, with no location yet), and the (original, stripped) pairs of those
-    initializers. The large data is never copied (a whole-model copy cleared afterwards took
-    2 s a GiB of weights)."""
+    initializers. The large data is never copied (a whole-model copy, cleared afterwards, would
+    copy every weight once)."""
     light = onnx.ModelProto()
     _copy_fields(model, light, skip="graph")
     _copy_fields(model.graph, light.graph, skip="initializer")

@@ -8,8 +8,8 @@ test the rule passes then depends on the Mul being neutral. `rules check` says s
 
 from __future__ import annotations
 
+from ..folds.primitives import Contract
 from .pattern import PatternNode
-from .primitives import Contract
 
 
 def contract_problems(pattern: tuple[PatternNode, ...], contract: Contract, apply: str) -> list[tuple[int, str]]:

@@ -44,7 +44,7 @@ class Device:
 # against the dense 3x3 it folds to, and nested Concats against one (--strategy measure's
 # numbers; bench/RESULTS.md, "Measurements behind the code").
 CPU = Device("cpu", flops_per_s=80e9, bytes_per_s=4e9, seconds_per_node=5e-6, copy_bytes_per_s=20e9)
-# CUDA: fitted to ONNX Runtime 1.31's CUDA provider on an H200 (TF32 on, ORT's default) by
+# CUDA: fitted to ONNX Runtime 1.31's CUDA provider (TF32 on, ORT's default) by
 # `bench/device_constants.py fit bench/data/h200-points.json` (63 graphs, median error x1.42;
 # bench/RESULTS.md, "Device constants"). Convs of LARGE_KERNEL_AREA taps or more at the rate of
 # a 16-channel kernel sweep (11x11 to 63x63). Copy ops' bytes fit nearly free beside their
@@ -81,7 +81,8 @@ class NodeWork(NamedTuple):
 
 # A Conv kernel of this many taps or more (11x11): cuDNN has no fast algorithm for it, and with
 # fewer than FULL_CHANNELS output channels per group it runs slower in proportion (bench/RESULTS.md,
-# "Device constants": a 16-channel kernel sweep and seed 003's 1 -> 3 channels).
+# "Device constants": a 16-channel kernel sweep and sample_models/seed003_large_kernel.py's 1 -> 3
+# channels).
 LARGE_KERNEL_AREA = 121
 FULL_CHANNELS = 16
 

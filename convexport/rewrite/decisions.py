@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import ir
+from ..folds.primitives import Rewrite
 from .cost import DEVICES, Estimate, estimate
 from .measure import Unmeasurable, measure
-from .primitives import Rewrite
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,8 @@ def estimated_decision(before: Estimate, after: Estimate, device: str) -> Decisi
 
 
 # Cut-out subgraphs that run in less than this differ by scheduling noise more than by their
-# work (on seed 000, pieces of a few microseconds measured "faster" made the whole model slower): the
-# estimate decides those, and the report keeps both.
+# work (on sample_models/seed000_subtracted_conv.py, pieces of a few microseconds measured
+# "faster" made the whole model slower): the estimate decides those, and the report keeps both.
 NOISE_FLOOR_MS = 0.05
 
 

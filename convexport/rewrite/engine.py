@@ -20,21 +20,22 @@ from dataclasses import dataclass, field, replace
 
 import onnx
 
-from .. import heap, ir
+from .. import ir
 from ..algebra import Refusal
 from ..errors import ConvexportError, first_line
+from ..folds.primitives import Primitive, Rewrite, reach_of
+from ..ir import heap
 from .changes import ChangeLog
 from .conditions import first_failure
 from .decisions import by_estimate, by_measurement
 from .local_shapes import infer_new_shapes
 from .matcher import Match, PatternMatcher
-from .primitives import Primitive, Rewrite, reach_of
 from .rulefile import Rule
 from .runtime_fusions import RuntimeFusions
 
 MAX_PASSES = 32
-# 256 MiB of float32 weights (a collection takes 46 ms on a 1 GiB LoRA/BN MLP: after every
-# 4096 x 4096 fold, 2.2 s in all): see _Run.release_replaced
+# 256 MiB of float32 weights: a collection after every fold of a large model costs more than
+# freeing sooner saves (bench/RESULTS.md, "Measurements behind the code"); see _Run.release_replaced
 COLLECT_AFTER_ELEMENTS = 64 << 20
 STRATEGIES = ("all", "cost", "measure")
 STRATEGY_ALIASES = {"exact": "all"}  # its old name: every strategy applies only exact rewrites

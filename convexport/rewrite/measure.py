@@ -1,7 +1,7 @@
 """`--strategy measure`: a candidate rewrite's old nodes and its new nodes, each cut out as a
 small ONNX model (the tensors they read from the rest of the graph become inputs, static
 shapes with symbolic dims as 1), timed against each other in pairs on the target device with
-ONNX Runtime, as the profile times whole graphs (paired_timer.py), for at most about
+ONNX Runtime, as the profile times whole graphs (profile/paired_timer.py), for at most about
 MEASURE_BUDGET_S."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import onnx
 
 from .. import ir
 from ..errors import ConvexportError
-from ..inputs import InputSpec, random_inputs
 from ..ir import tensor_dtype
-from ..profile import time_models
+from ..load.inputs import InputSpec, random_inputs
+from ..profile.profiler import time_models
 
 MEASURE_BUDGET_S = 0.25
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from .primitives import OP_CLASSES
+from ..folds.primitives import OP_CLASSES
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _LINE = re.compile(

@@ -30,11 +30,11 @@ import yaml
 
 from ..errors import ConvexportError
 from ..folds import builtin_primitives
+from ..folds.primitives import contract_of
 from .conditions import CONDITIONS
 from .contracts import contract_problems
 from .pattern import PatternNode, PatternSyntaxError, parse_pattern_line
 from .plugins import is_plugin_name, load_plugin
-from .primitives import contract_of
 
 RULE_KEYS = {"name", "doc", "match", "where", "require", "apply", "with", "override", "samplers", "examples"}
 
@@ -571,7 +571,7 @@ _ATTRIBUTE_VALUES = {
 def _accepted_params(apply: str) -> frozenset[str]:
     """The `with:` keys a built-in primitive reads (none where it declares none)."""
     from ..folds import builtin_primitives  # the registry sits below the rules: it imports no rule code
-    from .primitives import accepted_params
+    from ..folds.primitives import accepted_params
 
     return accepted_params(builtin_primitives()[apply]) or frozenset()
 

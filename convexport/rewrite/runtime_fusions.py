@@ -55,7 +55,7 @@ class Fusion:
 class RuntimeFusions:
     """The fusions of a graph, by node; those a rewrite broke (under --strategy all) are gone.
     `measured`: (kind, node names) of the kernels ONNX Runtime's transformer optimizer made of
-    the graph (transformer_fusions.py), kept whole besides those found by pattern here."""
+    the graph (rewrite/transformer_fusions.py), kept whole besides those found by pattern here."""
 
     def __init__(self, graph: ir.Graph, measured=()):
         self.fusions = _named_fusions(graph, measured) + find_fusions(graph)
@@ -267,16 +267,3 @@ def fusion_entries(applied: list[dict], skipped: list[dict]) -> list[dict]:
         if entry["rule"] not in found["rules"]:
             found["rules"].append(entry["rule"])
     return list(entries.values())
-
-
-def summary_line(entries: list[dict]) -> str:
-    """One line for the terminal: the fusions kept whole and those broken, by kind."""
-    parts = []
-    for kept, verb in ((True, "kept whole"), (False, "broken (--strategy all)")):
-        chosen = [entry for entry in entries if entry["kept"] == kept]
-        if chosen:
-            kinds = sorted({entry["fusion"] for entry in chosen})
-            counted = ", ".join(f"{sum(e['fusion'] == kind for e in chosen)} {kind}" for kind in kinds)
-            rules = sorted({rule for entry in chosen for rule in entry["rules"]})
-            parts.append(f"{verb}: {counted} (wanted by {', '.join(rules)})")
-    return "ONNX Runtime fusions " + "; ".join(parts)

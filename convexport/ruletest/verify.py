@@ -24,15 +24,15 @@ from hypothesis import HealthCheck, find, settings
 from hypothesis.errors import NoSuchExample
 
 from ..errors import ConvexportError, first_line
-from ..files import write_atomically
-from ..float64 import Float64Evaluator, Float64Unavailable, as_float64
-from ..inputs import random_inputs
-from ..onnx_route import graph_input_specs
+from ..folds.primitives import Primitive
+from ..load.inputs import random_inputs
+from ..load.onnx_route import graph_input_specs
 from ..rewrite.engine import rewrite_model
-from ..rewrite.primitives import Primitive
 from ..rewrite.rulefile import Rule
 from ..runtime import create_session, ort
-from ..validate import Tolerances, ValidationResult, compare_arrays, compare_exactly
+from ..util.files import write_atomically
+from ..validate.compare import Tolerances, ValidationResult, compare_arrays, compare_exactly
+from ..validate.float64 import Float64Evaluator, Float64Unavailable, as_float64
 from .coverage import degenerate, instance_features, possible
 from .instances import Instance, instances, unsupported_ops
 from .samplers import SAMPLERS

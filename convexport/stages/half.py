@@ -1,4 +1,4 @@
-"""Stage 5 (--dtype fp16): the validated model in half precision (convexport/half/), written to
+"""The half stage (--dtype fp16): the validated model in half precision (convexport/half/), written to
 report["precision"]; a ValidationError where no conversion meets the half-precision bound."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import contextlib
 
 from ..errors import ValidationError
-from ..export import ExportResult
-from ..float32_twin import edges_dropped
 from ..half import in_half_precision
-from ..report_types import OptimizeReport
-from ..validate import ValidationResult
+from ..load.export import ExportResult
+from ..load.float32_twin import edges_dropped
+from ..report.types import OptimizeReport
+from ..validate.compare import ValidationResult
 from .inputs import RunInputs
 from .request import Request
 from .rewrite import Rewritten
@@ -37,7 +37,7 @@ def in_half(
     )  # fmt: skip
     if half.files is not None:
         cleanup.enter_context(half.files)
-    if half.passed:  # a float16 model's twin (float32_twin.py): its edges in float16 again
+    if half.passed:  # a float16 model's twin (load/float32_twin.py): its edges in float16 again
         half.nodes_half -= edges_dropped(half.model)
     report["precision"] = half.to_report()
     if not half.passed:

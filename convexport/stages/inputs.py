@@ -8,14 +8,14 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import input_domains
-from ..environment import available_memory_bytes
 from ..errors import ConvexportError
-from ..export import ExportResult
-from ..input_data import load_npz
-from ..inputs import InputSpec, in_units
-from ..timed_sizes import timed_sizes
-from ..validate import DEFAULT_RUNS
+from ..load import input_domains
+from ..load.export import ExportResult
+from ..load.input_data import load_npz
+from ..load.inputs import InputSpec, in_units
+from ..profile.environment import available_memory_bytes
+from ..profile.timed_sizes import timed_sizes
+from ..validate.compare import DEFAULT_RUNS
 from .request import Request
 
 
@@ -25,7 +25,7 @@ class RunInputs:
     real_data: list[dict]  # the caller's input sets (--input-data), as arrays by name
     made_up_runs: int  # seeded random input sets (0: the caller's only)
     note: str | None = None  # the report's made_up_inputs where --input-data replaces them
-    timed: list[InputSpec] | None = None  # the sizes the profile times made-up inputs at (timed_sizes.py)
+    timed: list[InputSpec] | None = None  # the sizes the profile times made-up inputs at (profile/timed_sizes.py)
 
 
 # Validation holds every input set, and beside the one it judges that set's float64 copy (twice
@@ -49,7 +49,7 @@ def run_inputs(exported: ExportResult, request: Request) -> RunInputs:
 
 
 def _timed_sizes(exported: ExportResult, specs: list[InputSpec], request: Request) -> list[InputSpec]:
-    """timed_sizes.py's sizes, the model as given run on the device it is profiled on (a session
+    """profile/timed_sizes.py's sizes, the model as given run on the device it is profiled on (a session
     made only where a size is to be tried)."""
     from ..runtime import create_session
 

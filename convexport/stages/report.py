@@ -1,19 +1,29 @@
-"""The report's sections no single stage writes: what was run on what (model, output,
-exporter, interface, environment) and the graph before and after."""
+"""The report stage: the report's sections no single stage writes (what was run on what: model,
+output, exporter, interface, environment; the graph before and after), and the optimized model
+written atomically to its destination (a large model's weights go beside it before validation,
+read back by ONNX Runtime's sessions rather than held, renamed into place once it is validated)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import onnx
 
 from .. import __version__, ir
-from ..environment import measured_environment
-from ..export import ExportResult
-from ..loading import LoadedModel
-from ..onnx_route import overridable_input_count
-from ..report_types import SCHEMA_VERSION, OptimizeReport
-from ..stats import graph_stats
+from ..errors import ConvexportError
+from ..ir import heap
+from ..ir.saving import save_atomically
+from ..ir.stats import graph_stats
+from ..load.export import ExportResult
+from ..load.model import LoadedModel
+from ..load.onnx_route import overridable_input_count
+from ..profile.environment import measured_environment
+from ..report.types import SCHEMA_VERSION, OptimizeReport
+from ..util.files import is_stream, temporary_folder_beside
+from ..util.progress import BytesShown
 from .rewrite import Rewritten
 
 # A file (or, in the profile, a peak memory) this much larger than the original's is flagged
@@ -88,3 +98,38 @@ def _output_spec(value: onnx.ValueInfoProto) -> str:
     )
     dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).name if tensor_type.elem_type else "?"
     return f"{value.name}:{dims}:{dtype}"
+
+
+def scratch_on_output_disk(destination: Path | None, cleanup: contextlib.ExitStack) -> None:
+    """A large model's sessions make their folders on the output's disk."""
+    if destination is not None and not is_stream(destination):
+        cleanup.enter_context(ir.scratch_beside(Path(os.path.realpath(destination)).parent))
+
+
+def spill_before_validation(
+    outcome, reference: onnx.ModelProto, destination: Path | None, cleanup: contextlib.ExitStack, say
+) -> None:
+    """For a large model (ir.kept_from_serialisation) written to a file, not a stream: its
+    weights written beside the output now, `outcome.model` then naming them (read back by ONNX
+    Runtime's sessions, not held: the 1 GiB the rewrite made), renamed into place once it is
+    validated. Any other model is left as it is."""
+    model = outcome.model
+    if destination is None or model is reference or not ir.kept_from_serialisation(model) or is_stream(destination):
+        return
+    say("writing weights")
+    folder = cleanup.enter_context(temporary_folder_beside(destination, ir.SPILL_KIND))
+    try:
+        with ir.counting_bytes(BytesShown(say, "writing weights", "written", ir.weight_bytes(model))):
+            outcome.model = ir.spill(model, folder)
+    except OSError as exc:  # a full disk
+        raise ConvexportError(f"{destination}: cannot write ({exc.strerror or exc})") from exc
+    del model
+    heap.release()
+
+
+def written(model: onnx.ModelProto, destination: Path, read_from: list[Path], say) -> Path | None:
+    """The model saved at `destination` (never over a file it was read from); its weights file
+    beside it, or None where the model holds its weights."""
+    say("writing")
+    with ir.counting_bytes(BytesShown(say, "writing", "written", ir.weight_bytes(model))):
+        return save_atomically(model, destination, read_from)

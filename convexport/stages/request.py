@@ -10,13 +10,13 @@ import numpy as np
 
 from ..errors import ConvexportError
 from ..half import DTYPES as HALF_DTYPES
-from ..input_data import check_data_file
-from ..inputs import InputSpec, input_specs
+from ..load.input_data import check_data_file
+from ..load.inputs import InputSpec, input_specs
 from ..options import OptimizeOptions
-from ..progress import Steps, notebook_progress
 from ..rewrite.engine import STRATEGIES, STRATEGY_ALIASES
 from ..runtime import resolve_device
-from ..validate import Tolerances
+from ..util.progress import Steps, notebook_progress
+from ..validate.compare import Tolerances
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Stage 3: constant folding and the rules, ONNX Runtime's fusions kept whole, copies of a
+"""The rewrite stage: constant folding and the rules, ONNX Runtime's fusions kept whole, copies of a
 weight written once; and, for a bisection, the same rewrite stopped after its first N rewrites."""
 
 from __future__ import annotations
@@ -9,18 +9,19 @@ from pathlib import Path
 
 import onnx
 
-from .. import ir, transformer_fusions
+from .. import ir
 from ..errors import ConvexportError, did_you_mean
-from ..explain import ExplainRequest, explanations
-from ..export import ExportResult
-from ..float32_twin import is_twin_of, twin_types
 from ..folds import builtin_primitives
 from ..half.islands import no_op_casts_in_subgraphs
-from ..low_rank import low_rank_branches_left
-from ..progress import BytesShown
+from ..load.export import ExportResult
+from ..load.float32_twin import is_twin_of, twin_types
+from ..rewrite import transformer_fusions
 from ..rewrite.engine import rewrite_model
+from ..rewrite.explain import ExplainRequest, explanations
+from ..rewrite.low_rank import low_rank_branches_left
 from ..rewrite.rulefile import builtin_rule_files, load_rules, rule_files
 from ..rewrite.runtime_fusions import fusion_entries
+from ..util.progress import BytesShown
 from .request import Request
 
 
@@ -60,7 +61,7 @@ class Rewritten:
     """The rewrite's outcome (its model, the rewrites applied and refused) and what replaying
     it needs: the folded model the rules ran on, the kernels kept whole, the cost or measure
     decisions. `fused` are the kernels ONNX Runtime's transformer optimizer makes of the
-    rewritten model ((kind, node names), transformer_fusions.py): more than `kept` where the
+    rewritten model ((kind, node names), rewrite/transformer_fusions.py): more than `kept` where the
     rewrite lets it fuse more (a merged LoRA, an attention); the half stage keeps each in one
     precision. `sections` are the report's parts this stage knows, in the report's order."""
 

@@ -1,0 +1,231 @@
+"""The profile stage: the original and the optimized graph timed against each other on the device, the
+speedup judged by its paired interval (profile/paired_timer.py); and where the whole rewrite is slower
+there, the fastest of the graphs that leave out the rewrites that cost, the original among them.
+
+A graph the rewrite left as it was is not timed at all: nothing changed. Where the optimized
+graph is measurably slower (the whole interval below 1) and the strategy is not `all`, the
+candidates are the rewrite with one rule's rewrites left out (each rule that fired), with half
+of those rules left out (either half), and with every rule left out (constant folding and
+clean-ups alone), each timed against the original in the same paired way; the original as
+given is the last candidate, at a speedup of 1 by definition (a rewrite slower by less than
+SLOWER_MARGIN is kept; a large model's graphs, timed one after the other rather than in pairs,
+are not searched: `speed_choice_skipped` says so). The candidate with the highest
+speedup whose interval does not lie below 1 is written, and the rewrites it leaves out are
+reported under `dropped_for_speed` with the ratio measured."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import onnx
+
+from .. import ir
+from ..load.export import ExportResult
+from ..profile.paired_timer import TARGET
+from ..profile.profiler import profile_models
+from ..report.types import OptimizeReport
+from ..runtime import MissingKernel
+from .inputs import RunInputs
+from .report import REGRESSION_RATIO
+from .request import Request
+from .rewrite import Rewritten
+
+MAX_CANDIDATES = 6  # graphs timed beside the original, after the whole rewrite
+# A rewrite is replaced only where it is slower by more than the timer aims to resolve: two
+# graphs that ONNX Runtime runs alike (a Conv and BatchNormalization it fuses itself) can read
+# 0.99x with an interval of a few tenths of a percent, a difference no deployment would see.
+SLOWER_MARGIN = TARGET
+
+
+def profiled(
+    exported: ExportResult,
+    optimized: onnx.ModelProto,
+    inputs: RunInputs,
+    request: Request,
+    report: OptimizeReport,
+    after_timing: Callable[[object], None] | None = None,
+) -> None:
+    """report["profile"] of `optimized` (annotated as it is written) against the model as given,
+    or report["profile_skipped"] where the device has no kernel for a graph or the graph is
+    unchanged. `after_timing` is handed the optimized graph's session once it is timed (TF32's
+    effect is read on it: stages/validate.py)."""
+    original = exported.as_given()
+    if ir.same_computation(original, optimized):
+        report["profile_skipped"] = "the optimized graph computes as the original does, node for node: nothing to time"
+        return
+    device = request.device
+    say = request.steps.start
+    say(f"profiling on {device}")
+    try:
+        measured = profile_models(
+            {"before": original, "after": optimized},
+            _timed_specs(inputs),
+            device,
+            feeds=_feeds(inputs),
+            per_op=request.options.per_op,
+            progress=lambda done, total: say(
+                f"profiling on {device}", f"{done}/{total} timed" if total else f"{done} pairs"
+            ),
+            after_timing={"after": after_timing} if after_timing else None,
+            threads=request.options.threads,
+        )
+    except MissingKernel as exc:
+        report["profile_skipped"] = str(exc)
+        return
+    profile = report["profile"] = judged_profile(measured)
+    if inputs.made_up_runs:
+        profile["inputs"] = [str(spec) for spec in _timed_specs(inputs)]
+    if profile["verdict"] == "slower" and measured["paired"]["stopped"] != "apart":
+        say(f"profiling on {device}", "the original against itself")
+        _against_itself(profile, original, inputs, request)
+
+
+def _against_itself(profile: dict, original: onnx.ModelProto, inputs: RunInputs, request: Request) -> None:
+    """Where the optimized graph read slower: the original timed against a fresh session of
+    itself (profile["against_itself"]), and the verdict "no measurable change" where the
+    slowdown lies within how far from 1 that reads. Two sessions of one graph can differ by a
+    few percent for as long as they live (ONNX Runtime's arena places their buffers apart:
+    bench/RESULTS.md), which no interval of pairs within one pair of sessions sees."""
+    itself = profile_models(
+        {"before": original, "after": original}, _timed_specs(inputs), request.device, feeds=_feeds(inputs),
+        memory=False, per_op=False, threads=request.options.threads,
+    )["paired"]  # fmt: skip
+    profile["against_itself"] = {key: itself[key] for key in ("speedup", "low", "high")}
+    apart = max(abs(itself["speedup"] - 1), 1 - itself["low"], itself["high"] - 1)
+    if profile["speedup_interval"][1] >= 1 - apart:
+        profile["verdict"] = "no measurable change"
+
+
+def _feeds(inputs: RunInputs) -> dict | None:
+    return inputs.real_data[0] if inputs.made_up_runs == 0 else None
+
+
+def _timed_specs(inputs: RunInputs) -> list:
+    """The sizes made-up inputs are timed at: grown where the model leaves dims dynamic (profile/timed_sizes.py)."""
+    return inputs.timed or inputs.specs
+
+
+def judged_profile(measured: dict) -> dict:
+    """The profile with its speedup, the interval of that ratio and a verdict a person can
+    read: faster or slower where the whole 95% interval of the paired ratio says so, else no
+    measurable change. `noise` is the interval's larger side, relative to the speedup."""
+    paired = measured["paired"]
+    speedup, low, high = paired["speedup"], paired["low"], paired["high"]
+    noise = max(speedup - low, high - speedup) / speedup if speedup > 0 else float("inf")
+    if low > 1:
+        verdict = "faster"
+    elif high < 1:
+        verdict = "slower"
+    else:
+        verdict = "no measurable change"
+    profile = {**measured, "speedup": speedup, "speedup_interval": [low, high], "noise": noise, "verdict": verdict}
+    peak_before, peak_after = measured["before"].get("peak_memory_bytes"), measured["after"].get("peak_memory_bytes")
+    if peak_before and peak_after:
+        profile["memory_ratio"] = peak_after / peak_before
+        profile["memory_regression"] = peak_after > REGRESSION_RATIO * peak_before
+    return profile
+
+
+@dataclass
+class Candidate:
+    """A graph made with the rules of `dropped` left out, timed against the original; `applied`
+    and `skipped` are its own rewrites and refusals (leaving a rule out can change what another
+    rule does: a conv no longer folded into its BatchNorm may merge with a sibling)."""
+
+    dropped: tuple[str, ...]
+    model: onnx.ModelProto
+    applied: list[dict] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
+    speedup: float = 1.0
+    low: float = 1.0
+    high: float = 1.0
+
+
+def faster_candidate(
+    exported: ExportResult, rewritten: Rewritten, inputs: RunInputs, request: Request, report: OptimizeReport
+) -> onnx.ModelProto | None:
+    """The graph to write instead of the whole rewrite, where the profile found it slower (module
+    doc); None where nothing is to change. Each candidate is timed annotated as it would be
+    written (ir.as_declared) against the model as given; the one chosen is returned with the
+    annotations the rewrite gave it (the reference itself for the model as given). Records
+    report["speed_choice"], the written graph's rewrites and refusals in report["rewrites"] and
+    ["skipped"], and the whole rewrite's rewrites it does not make in report["dropped_for_speed"]."""
+    profile = report.get("profile")
+    if not profile or request.strategy == "all" or request.dtype != "float32":
+        return None
+    if profile["verdict"] != "slower" or profile["speedup_interval"][1] >= 1 - SLOWER_MARGIN:
+        return None
+    if profile["paired"]["stopped"] == "apart":  # a large model's, timed apart: no paired ratio to act on
+        report["speed_choice_skipped"] = (
+            "the models were timed one after the other (each holds its weights), not in pairs: their ratio "
+            "mixes two moments of the machine, too uncertain to drop rewrites for"
+        )
+        return None
+    say = request.steps.start
+    original = exported.as_given()
+    fired = list(dict.fromkeys(rewrite["rule"] for rewrite in report["rewrites"]))
+    timed: list[Candidate] = []
+    for dropped in _drop_sets(fired):
+        say("choosing for speed", f"without {', '.join(dropped)}")
+        outcome = rewritten.without(frozenset(dropped), exported.reference)
+        if ir.same_computation(original, outcome.model):
+            continue
+        measured = profile_models(
+            {"before": original, "after": _as_written(outcome.model, exported.declared)}, _timed_specs(inputs),
+            request.device, feeds=_feeds(inputs), memory=False, per_op=False, threads=request.options.threads,
+        )["paired"]  # fmt: skip
+        timed.append(Candidate(
+            tuple(dropped), outcome.model, outcome.applied, outcome.skipped,
+            measured["speedup"], measured["low"], measured["high"],
+        ))  # fmt: skip
+    given = Candidate(tuple(fired), exported.reference)
+    chosen = max([c for c in timed if c.high >= 1] + [given], key=lambda c: c.speedup)
+    low, high = profile["speedup_interval"]
+    whole = {"speedup": profile["speedup"], "low": low, "high": high}
+    report["speed_choice"] = {
+        "all_rewrites": whole,
+        "candidates": [_entry(c) for c in timed] + [{**_entry(given), "as_given": True}],
+        "chosen": list(chosen.dropped),
+        "written_as_given": chosen is given,
+    }
+    made = {_made(rewrite) for rewrite in chosen.applied}
+    report["dropped_for_speed"] = [
+        {**rewrite, "speedup_without": chosen.speedup, "speedup_with_all": whole["speedup"]}
+        for rewrite in report["rewrites"]
+        if _made(rewrite) not in made
+    ]
+    report["rewrites"], report["skipped"] = chosen.applied, chosen.skipped
+    return chosen.model
+
+
+def _as_written(model: onnx.ModelProto, declared) -> onnx.ModelProto:
+    """A copy of `model` annotated as it would be written (ir.as_declared)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return ir.as_declared(copy, declared)
+
+
+def _made(rewrite: dict) -> tuple:
+    """A rewrite as what it did: its rule and the nodes it replaced."""
+    return rewrite["rule"], tuple(rewrite["nodes"])
+
+
+def _entry(candidate: Candidate) -> dict:
+    return {
+        "dropped": list(candidate.dropped),
+        "nodes": len(candidate.model.graph.node),
+        "speedup": candidate.speedup,
+        "low": candidate.low,
+        "high": candidate.high,
+    }
+
+
+def _drop_sets(fired: list[str]) -> list[tuple[str, ...]]:
+    """The rule sets to leave out, in order: each rule alone, each half, all of them; at most
+    MAX_CANDIDATES, the single rules cut first."""
+    singles = [(rule,) for rule in fired] if len(fired) > 1 else []
+    middle = len(fired) // 2
+    halves = [tuple(fired[:middle]), tuple(fired[middle:])] if len(fired) > 2 else []
+    wider = [*halves, tuple(fired)]
+    return singles[: max(0, MAX_CANDIDATES - len(wider))] + wider

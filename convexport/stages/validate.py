@@ -1,0 +1,261 @@
+"""The validate stage: the optimized graph checked against the original: a valid model first (onnx's
+checker, ONNX Runtime's loading), then the same outputs within the float64 bound (on the CPU,
+and on CUDA where it is deployed there); where it fails, the first rewrite that breaks it,
+found by bisection, and a ValidationError carrying the report (nothing is written)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import onnx
+
+from .. import ir
+from ..errors import ConvexportError, ValidationError, first_line
+from ..load.export import ExportResult
+from ..load.float32_twin import weights_half_type
+from ..report.types import OptimizeReport
+from ..runtime import CUDA, Unloadable, create_session, provider_options
+from ..validate.compare import NoMadeUpInputs, ValidationResult, compare_models, tf32_effect
+from ..validate.exact_check import reference_seconds
+from .inputs import RunInputs
+from .request import Request
+from .rewrite import Rewritten
+
+# The float64 reference's time budget: what every input set of a model of FULL_REFERENCE_FLOPS
+# a run (resnet50-size) is estimated to take, so that a model of that cost or less (however its
+# time is made up: many small nodes, depthwise convolutions) is judged against float64 on every
+# one; or this share of what optimize spent before validating (what the user waits anyway)
+# where more; and at least this many seconds.
+FULL_REFERENCE_FLOPS = 1e10
+FLOAT64_SHARE = 0.4
+FLOAT64_MIN_S = 0.5
+
+
+def refuse_if_invalid(
+    exported: ExportResult, rewritten: Rewritten, validating: bool, report: OptimizeReport, say
+) -> None:
+    """A ValidationError where the optimized graph is not a valid model, whether or not it is
+    validated by running it (validation loads it anyway)."""
+    model = rewritten.outcome.model
+    invalid = rewritten.outcome.invalid or checker_problem(exported.reference, model)
+    if invalid is None and not validating and model is not exported.reference:
+        invalid = _load_problem(model)
+    if invalid is not None:
+        _refuse_invalid(invalid, exported, rewritten, report, say)
+
+
+@dataclass
+class Checked:
+    result: ValidationResult  # the last check made: the CPU's, or the device's where there was one
+    tf32_sample: tuple | None  # the device check's first input set, for TF32's effect on the device
+
+
+def checked(
+    exported: ExportResult,
+    rewritten: Rewritten,
+    inputs: RunInputs,
+    request: Request,
+    torch_source,
+    report: OptimizeReport,
+) -> Checked:
+    """The validation, written to report["validation"]; a ValidationError where it fails.
+    `inputs.made_up_runs` becomes 0 where made-up inputs cannot run the model and the caller's
+    arrays are used alone (report["made_up_inputs"] says why)."""
+    say = request.steps.start
+    say("validating")
+    labels = (f"{rewritten.source} (as exported)", "the optimized graph")
+    budget = max(
+        FLOAT64_MIN_S,
+        FLOAT64_SHARE * request.steps.elapsed(),
+        reference_seconds(FULL_REFERENCE_FLOPS, inputs.made_up_runs + len(inputs.real_data or ())),
+    )
+
+    # a model of half weights computes in half: its rewrite's folds, rounded into it, are judged so
+    precision = weights_half_type(exported.reference)
+
+    def compare(runs: int) -> ValidationResult:
+        result = compare_models(
+            exported.reference, rewritten.outcome.model, inputs.specs, runs, request.tolerances,
+            extra_feeds=inputs.real_data, labels=labels, exact_budget_s=budget, torch_source=torch_source,
+            precision=precision,
+        )  # fmt: skip
+        result.precision = precision
+        return result
+
+    try:
+        result = compare(inputs.made_up_runs)
+    except Unloadable as unloadable:  # valid to onnx's checker, not to ONNX Runtime
+        if _load_problem(exported.reference) is not None:
+            raise  # the model as given: its own problem, said as such
+        _refuse_invalid(first_line(unloadable), exported, rewritten, report, say)
+    except NoMadeUpInputs as unsuitable:
+        if not inputs.real_data:
+            raise ConvexportError(f"{unsuitable}; or give real inputs with --inputs DATA.npz") from None
+        inputs.made_up_runs = 0  # the caller's arrays alone, said in the report
+        result = compare(0)
+        report["made_up_inputs"] = f"not used: {unsuitable}"
+    report["validation"] = result.to_report()
+    tf32_sample, failed_on = None, "cpu"
+    if result.passed and request.device == "cuda":
+        say("validating on cuda")
+        failed_on = "cuda"  # if it fails now
+        result = _validated_on_device(exported, rewritten, inputs, request, labels, report["validation"], result.exact)
+        tf32_sample = result.sample if result.passed else None
+    if not result.passed:
+        _refuse_wrong(result, exported, rewritten, inputs, request, failed_on, report)
+    return Checked(result, tf32_sample)
+
+
+def _refuse_wrong(result, exported, rewritten: Rewritten, inputs: RunInputs, request: Request, failed_on, report):
+    """The ValidationError for an optimized graph whose outputs are wrong, naming the first
+    rewrite after which they are."""
+    request.steps.start("finding the rewrite that broke it")
+    exact = result.exact  # the float64 reference, computed once, for every step of the bisection
+
+    def passes(candidate: onnx.ModelProto) -> bool:
+        return compare_models(
+            exported.reference, candidate, inputs.specs, inputs.made_up_runs, request.tolerances,
+            extra_feeds=inputs.real_data, device=failed_on, exact=exact or False,
+            precision=weights_half_type(exported.reference),
+        ).passed  # fmt: skip
+
+    culprit = find_bad_rewrite(rewritten.outcome.applied, passes, rewritten.first)
+    report["validation"]["culprit"] = culprit
+    raise ValidationError(
+        f"{rewritten.source}: the optimized graph does not match the original ({result.summary()})"
+        f"{_blame(culprit, exported.conversions)}; nothing was written",
+        report,
+    )
+
+
+def _validated_on_device(exported, rewritten: Rewritten, inputs: RunInputs, request, labels, validation: dict, exact):
+    """The check on the CUDA provider the model is deployed on, beside the CPU reference check:
+    original and optimized on CUDA with TF32 off, so that only the rewrite can differ; its
+    result goes to validation["on_device"] (TF32's own effect is added by record_tf32_effect).
+    The device check's result is returned: a graph that fails it fails validation."""
+    on_device = compare_models(
+        exported.reference, rewritten.outcome.model, inputs.specs, inputs.made_up_runs, request.tolerances,
+        extra_feeds=inputs.real_data, labels=labels, device="cuda", exact=exact or False,
+        precision=weights_half_type(exported.reference),
+    )  # fmt: skip
+    validation["on_device"] = {
+        **on_device.to_report(),
+        "provider": CUDA,
+        "provider_options": provider_options("cuda", tf32=False, search=False),
+        "tf32": False,
+    }
+    if not on_device.passed:
+        validation["passed"] = False  # the CPU check's numbers stay beside it
+        on_device.problem = f"on {CUDA} (TF32 off): {on_device.summary()}"
+    return on_device
+
+
+def record_tf32_effect(validation: dict, model: onnx.ModelProto, sample, session=None) -> None:
+    """validation["on_device"]["tf32_effect"]: per output, how far the optimized graph as
+    deployed (ORT's default CUDA options, TF32 on) lands from the device check's TF32-off
+    outputs (validate.tf32_effect), on `session` where the profile hands its own over."""
+    effect = tf32_effect(model, sample, session)
+    on_device = validation["on_device"]
+    if effect is None:
+        on_device["tf32_effect_note"] = f"not measured: {CUDA} has no kernel for the graph with its default options"
+        return
+    on_device["tf32_effect"] = {name: {"max_abs": e.max_abs, "max_rel": e.max_rel} for name, e in effect.items()}
+    on_device["tf32_effect_options"] = provider_options("cuda")
+
+
+def tf32_effect_recorded(validation: dict) -> bool:
+    return bool({"tf32_effect", "tf32_effect_note"} & validation["on_device"].keys())
+
+
+def _refuse_invalid(problem: str, exported: ExportResult, rewritten: Rewritten, report: OptimizeReport, say):
+    """ValidationError for an optimized graph that is not a valid model (`problem`), naming the
+    first rewrite after which it is not (the same bisection as for wrong values): a rule whose
+    rewrite breaks the graph's shapes is the rule's fault, told as such (exit 3), not convexport's."""
+    say("finding the rewrite that broke it")
+    applied = rewritten.outcome.applied
+    culprit = find_bad_rewrite(applied, lambda candidate: _is_valid(exported.reference, candidate), rewritten.first)
+    report["validation"] = {"passed": False, "invalid_model": problem, "culprit": culprit}
+    blame = _blame(culprit, exported.conversions)
+    raise ValidationError(
+        f"{rewritten.source}: the optimized graph is not a valid ONNX model ({problem}){blame}; nothing was written",
+        report,
+    )
+
+
+# what onnx.checker's full check raises: its own verdict, or shape inference's
+_CHECKER_ERRORS = (onnx.checker.ValidationError, onnx.shape_inference.InferenceError)
+
+
+def checker_problem(original: onnx.ModelProto, rewritten: onnx.ModelProto) -> str | None:
+    """Why onnx.checker's full check (types and shapes included) refuses the rewritten model
+    where it accepts the original, or None: no rewrite may turn a valid model invalid, whether
+    or not it is validated by running it. A model kept from serialisation (ir.large: over 2 GiB
+    protobuf cannot hand it to the checker whole; from 256 MiB the checker's copy costs
+    seconds) is checked by ONNX Runtime's loading instead, when validated or not (_load_problem)."""
+    if rewritten is original or ir.kept_from_serialisation(rewritten):
+        return None
+    try:
+        onnx.checker.check_model(rewritten, full_check=True)
+    except _CHECKER_ERRORS as problem:
+        try:
+            onnx.checker.check_model(original, full_check=True)
+        except _CHECKER_ERRORS:
+            return None  # invalid as exported: the rewrite is not what broke it
+        return first_line(problem)
+    return None
+
+
+def _is_valid(original: onnx.ModelProto, candidate: onnx.ModelProto) -> bool:
+    return checker_problem(original, candidate) is None and _load_problem(candidate) is None
+
+
+def _load_problem(candidate: onnx.ModelProto) -> str | None:
+    """Why ONNX Runtime refuses to load the model, or None (a kernel it lacks for a custom op
+    or a dtype is another matter, which validation and profiling say)."""
+    try:
+        create_session(candidate, "cpu", optimize=False, what="the optimized graph", prepack=False)
+    except Unloadable as problem:
+        return first_line(problem)
+    except ConvexportError:
+        pass
+    return None
+
+
+def _blame(culprit: dict | None, conversions: list[str]) -> str:
+    """What the validation failure message says broke the graph."""
+    if culprit is None:
+        return ""
+    if culprit["index"] == 0:
+        before = f"the conversion ({'; '.join(conversions)})" if conversions else "constant folding"
+        return f"; it fails before any rewrite, after {before}"
+    module = culprit.get("module") or " + ".join(culprit.get("modules", []))
+    where = f" (in {module})" if module else ""
+    return (
+        f"; rewrite #{culprit['index']} {culprit['rule']!r} ({culprit['file']}) at "
+        f"{', '.join(culprit['nodes'])}{where} is the first that breaks it"
+    )
+
+
+def find_bad_rewrite(
+    applied: list[dict],
+    passes: Callable[[onnx.ModelProto], bool],
+    rewrite_first: Callable[[int], onnx.ModelProto],
+) -> dict | None:
+    """The first rewrite after which the model no longer `passes` validation, by bisection over
+    how many of the (always identically ordered) rewrites are applied (the caller saw all of
+    them fail); index 0 when the graph fails before any (a conversion or constant folding
+    broke it)."""
+    if not passes(rewrite_first(0)):  # what came before the rules: a conversion, constant folding
+        return {"index": 0, "rule": None, "file": None, "nodes": [], "reason": "it fails before any rewrite"}
+    if not applied:
+        return None
+    low, high = 0, len(applied)  # invariant: `low` rewrites pass, `high` fail
+    while high - low > 1:
+        middle = (low + high) // 2
+        if passes(rewrite_first(middle)):
+            low = middle
+        else:
+            high = middle
+    kept = ("rule", "file", "nodes", "reason", "modules", "module")
+    return {"index": high, **{key: value for key, value in applied[high - 1].items() if key in kept}}
