@@ -87,6 +87,15 @@ def fft_convolution(sizes: Sequence[int], half: int, in_channels: int, out_chann
     return batch * (transforms + products)
 
 
+def low_rank_factoring(shape: Shape, width: int) -> float:
+    """About what a randomized low-rank SVD of an [m, n] matrix at `width` costs
+    (algebra/separable.py's _low_rank_svd): two [m, n] x [n, k] products and a QR and an SVD of
+    k-wide matrices, k = min(width, m, n) (the whole SVD's m*n*min(m, n) at full width)."""
+    m, n = shape
+    k = min(width, m, n)
+    return 4.0 * m * n * k + 2.0 * (m + n) * k * k
+
+
 def node_flops(
     op: str, output_shape, input_shapes: Sequence[Shape | None], attribute: Callable[[str, object], object]
 ) -> float:

@@ -188,6 +188,33 @@ def test_folds_import_only_the_algebra_the_graph_and_flops():
     assert reached == set()
 
 
+def flop_arithmetic(path: Path) -> list[str]:
+    """Where a function about FLOPs (its name says so) multiplies by a number of its own: a
+    count made outside flops.py."""
+    found = []
+    for function in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(function, ast.FunctionDef) and "flop" in function.name.lower():
+            for node in ast.walk(function):
+                if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult | ast.Pow):
+                    if any(isinstance(side, ast.Constant) and isinstance(side.value, int | float)
+                           for side in (node.left, node.right)):  # fmt: skip
+                        found.append(f"{path.name}:{node.lineno} in {function.name}")
+    return found
+
+
+def test_flops_are_counted_only_in_flops_py():
+    counted_elsewhere = [
+        place for path in PACKAGE.rglob("*.py") if path.name != "flops.py" for place in flop_arithmetic(path)
+    ]
+    assert counted_elsewhere == []
+
+
+def test_the_flop_check_finds_a_count_of_its_own(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("def _branch_flops(shape):\n    return 2.0 * shape[0] * shape[1]\n", encoding="utf-8")
+    assert flop_arithmetic(planted) == ["planted.py:2 in _branch_flops"]
+
+
 def test_only_ir_touches_graphsurgeon():
     users = [
         name

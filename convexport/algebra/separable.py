@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import flops
 from .spec import ConvSpec, Refusal
 
 RANK_TOLERANCE = 1e-7  # relative to the largest singular value: below fp32's resolution
@@ -72,7 +73,7 @@ def split_separable(spec: ConvSpec, max_rank: int | None = None) -> SeparableCon
     if _plainly_of_rank(spec.weight, too_high):
         raise _no_split(f"the kernel has rank {too_high} or more {described}")
     matrix_shape = (in_channels * rows, out_channels * cols)
-    if _factoring_flops(matrix_shape, too_high) > FACTOR_BUDGET_FLOPS:
+    if flops.low_rank_factoring(matrix_shape, too_high) > FACTOR_BUDGET_FLOPS:
         raise _no_split(f"factoring the kernel {described} would take more than the split's budget")
     u, singular, vt = _low_rank_svd(_matricise(spec.weight), too_high)
     if not singular.size or singular[0] == 0:
@@ -93,14 +94,6 @@ def split_separable(spec: ConvSpec, max_rank: int | None = None) -> SeparableCon
         ConvSpec(wide, spec.bias, spec.has_bias, (1, stride_w), (1, dilation_w), (0, left), (0, right)),
         rank,
     )
-
-
-def _factoring_flops(shape: tuple[int, int], width: int) -> float:
-    """About what _low_rank_svd costs on an [m, n] matrix: two [m, n] x [n, k] products and
-    a QR and an SVD of k-wide matrices, k = width (the whole SVD's m*n*min(m, n) at full width)."""
-    m, n = shape
-    k = min(width, m, n)
-    return 4.0 * m * n * k + 2.0 * (m + n) * k * k
 
 
 def _low_rank_svd(matrix: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -64,9 +64,9 @@ def _rewrite(first: ir.Node, second: ir.Node, weight, bias, groups: int, context
 
 
 def _flops(node: ir.Node, weight_shape, after: ir.Node | None = None) -> float | None:
-    """The ConvTranspose's count (flops.py) and, with `after`, that of the pointwise Conv or
-    the affine map (a scale and a shift: two per output element) after it. None where a shape
-    is unknown."""
+    """The ConvTranspose's count (flops.py) and, with `after`, that of the node after it (a
+    pointwise Conv or an affine map), as flops.py counts each node. None where a shape is
+    unknown."""
     source = getattr(node.inputs[0], "shape", None)
     if source is None or weight_shape is None or not all(isinstance(d, int) for d in source[1:]):
         return None
@@ -76,4 +76,4 @@ def _flops(node: ir.Node, weight_shape, after: ir.Node | None = None) -> float |
     out = after.outputs[0].shape
     if out is None or not all(isinstance(d, int) for d in out[1:]):
         return None
-    return count + (flops.conv(out, after.inputs[1].shape) if after.op == "Conv" else 2.0 * flops.elements(out))
+    return count + flops.node_flops(after.op, out, [t.shape for t in after.inputs], after.attrs.get)
