@@ -7,6 +7,7 @@ written); 70 an internal error (a bug in convexport: one line, --debug for the t
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import random
 import sys
@@ -18,6 +19,7 @@ import typer
 from rich.console import Console
 
 from .errors import ConvexportError, InternalError, ValidationError, did_you_mean, first_line
+from .options import FLAGS, GROUPS, MODEL, OUTPUT, OptimizeOptions, from_flags
 from .util.files import Terminated, ending_signals_raise, interrupts_held
 
 EXIT_USER, EXIT_VALIDATION, EXIT_INTERNAL = 1, 3, 70
@@ -57,129 +59,95 @@ def _main(
     _debug = _debug or debug  # main() takes --debug from anywhere on the line
 
 
-InputOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--input",
-        help="NAME:DIMS[:DTYPE][:LOW..HIGH], e.g. x:1x3x224x224 (N or batch = dynamic), x:1x3x320x320:0..1 "
-        "(made-up values in that range).",
-    ),
-]
-RtolOpt = Annotated[
-    list[str] | None, typer.Option("--rtol", help="Relative tolerance; NAME:F for one output (repeatable).")
-]
-AtolOpt = Annotated[
-    list[str] | None, typer.Option("--atol", help="Absolute tolerance; NAME:F for one output (repeatable).")
-]
-OpsetOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--opset", help="ONNX opset for torch exports (default: what the installed torch writes, 20 on 2.13)."
-    ),
-]
-DynamicOpt = Annotated[bool, typer.Option("--dynamic-batch", help="Make the first dim of every input dynamic.")]
-LibraryOpt = Annotated[
-    list[Path] | None,
-    typer.Option(
-        "--custom-ops-library", help="ONNX Runtime kernel library of the model's custom operators (repeatable)."
-    ),
-]
-NoPerOpOpt = Annotated[
-    bool, typer.Option("--no-per-op", help="Time runs and memory only: no pass for the time per op type.")
-]
-ThreadsOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--threads",
-        min=1,
-        help="ONNX Runtime's intra-op threads for every timing and the choice made from it (default: ONNX "
-        "Runtime's, one per physical core; a server running one request per core deploys with 1).",
-    ),
-]
-TrustOpt = Annotated[
-    bool, typer.Option("--trust-pickle", help="Allow a pickled nn.Module (.pt/.pth); unpickling runs code.")
-]
+def flag_option(name: str, *, grouped: bool = False, default=None):
+    """The typer parameter of OptimizeOptions' option `name` as options.py declares it (its
+    flag, help and, `grouped`, its help group): optimize takes every one, the other commands
+    the ones they share."""
+    flag = FLAGS[name]
+    kind = flag.kind if flag.kind is bool else flag.kind | None
+    shown = typer.Option(
+        *flag.names,
+        help=flag.help.replace("[", "\\["),  # typer's help is rich markup: RULE[@MODULE] is text, not a tag
+        min=flag.minimum,
+        rich_help_panel=flag.group if grouped else None,
+    )
+    return Annotated[kind, shown]
+
+
+InputOpt = flag_option("inputs")
+RtolOpt = flag_option("rtol")
+AtolOpt = flag_option("atol")
+OpsetOpt = flag_option("opset")
+DynamicOpt = flag_option("dynamic_batch")
+LibraryOpt = flag_option("custom_ops_libraries")
+NoPerOpOpt = flag_option("per_op")
+ThreadsOpt = flag_option("threads")
+DeviceOpt = flag_option("device")
+TrustOpt = flag_option("trust_pickle")
+
+
+def with_option_flags(command):
+    """`command` (its own parameters, then **flags) with a parameter per flag of options.py:
+    typer reads the signature, and the command gets each flag's value under its option's name.
+    Its help shows them by group (options.GROUPS' order), the command's own options among them."""
+    own = [
+        parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        for parameter in inspect.signature(command, eval_str=True).parameters.values()
+        if parameter.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+    flags = [
+        inspect.Parameter(
+            name,
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=flag_option(name, grouped=True),
+            default=False if flag.kind is bool else _shown_default(name),
+        )
+        for name, flag in FLAGS.items()
+    ]
+    arguments = [parameter for parameter in own if _group(parameter) is None]
+    options = sorted([*flags, *(parameter for parameter in own if _group(parameter) is not None)],
+                     key=lambda parameter: GROUPS.index(_group(parameter)))  # fmt: skip
+    command.__signature__ = inspect.Signature([*arguments, *options])
+    return command
+
+
+def _group(parameter: inspect.Parameter) -> str | None:
+    """The help group an option parameter names (None for an argument)."""
+    metadata = getattr(parameter.annotation, "__metadata__", ())
+    return next((getattr(info, "rich_help_panel", None) for info in metadata), None)
+
+
+def _shown_default(name: str):
+    """A value flag's default as help shows it: the option's, where it is a plain value."""
+    default = OptimizeOptions.__dataclass_fields__[name].default
+    return default if isinstance(default, str | int | float) and not isinstance(default, bool) else None
 
 
 @app.command()
+@with_option_flags
 def optimize(
     model: Annotated[
         str,
         typer.Argument(help="*.onnx, *.pt/*.pth (TorchScript), *.pt2, file.py[:callable] or package.module:callable."),
     ],
-    output: Annotated[
-        Path | None, typer.Option("-o", "--output", help="Where to write (default <stem>.opt.onnx beside MODEL).")
+    report: Annotated[
+        Path | None, typer.Option("--report", help="Write the JSON report here.", rich_help_panel=OUTPUT)
     ] = None,
-    input: InputOpt = None,
-    rules: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--rules",
-            help="Rule file or folder (repeatable). A rule file's apply: file.py:f or module:f and its samplers: "
-            "import and run that Python code (said on stderr): give only rule files you trust.",
-        ),
+    html: Annotated[
+        Path | None, typer.Option("--html", help="Write an HTML report here.", rich_help_panel=OUTPUT)
     ] = None,
-    no_builtin_rules: Annotated[bool, typer.Option("--no-builtin-rules", help="Use only the --rules given.")] = False,
-    strategy: Annotated[
-        str, typer.Option("--strategy", help="all | cost | measure (all: every exact rewrite, whatever it costs).")
-    ] = "cost",
-    device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda (profiling).")] = "auto",
-    threads: ThreadsOpt = None,
-    report: Annotated[Path | None, typer.Option("--report", help="Write the JSON report here.")] = None,
-    html: Annotated[Path | None, typer.Option("--html", help="Write an HTML report here.")] = None,
-    no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip validation (not recommended).")] = False,
-    no_profile: Annotated[bool, typer.Option("--no-profile", help="Skip profiling.")] = False,
-    no_per_op: NoPerOpOpt = False,
-    rtol: RtolOpt = None,
-    atol: AtolOpt = None,
-    opset: OpsetOpt = None,
-    dynamic_batch: DynamicOpt = False,
-    freeze_input_defaults: Annotated[
-        bool,
-        typer.Option(
-            "--freeze-input-defaults",
-            help="Treat initializers also listed as graph inputs as constants (drops them from the inputs).",
-        ),
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No summary and no progress; errors only.", rich_help_panel=OUTPUT)
     ] = False,
-    trust_pickle: TrustOpt = False,
-    inputs: Annotated[
-        Path | None, typer.Option("--inputs", help="DATA.npz of real input arrays, validated on besides random ones.")
-    ] = None,
-    input_data: Annotated[
+    inputs_besides: Annotated[
         Path | None,
         typer.Option(
-            "--input-data", help="DATA.npz of real input arrays, validated and profiled on instead of random ones."
+            "--inputs", help="DATA.npz of real input arrays, validated on besides random ones.", rich_help_panel=MODEL
         ),
     ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary and no progress; errors only.")] = False,
-    disable_rule: Annotated[
-        list[str] | None, typer.Option("--disable-rule", help="Do not run this rule (repeatable).")
-    ] = None,
-    explain: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--explain",
-            help="RULE[@MODULE]: say, for each node the rule looked at (in that PyTorch module), why it did or "
-            "did not fire (repeatable).",
-        ),
-    ] = None,
-    custom_ops_library: LibraryOpt = None,
-    dtype: Annotated[
-        str | None,
-        typer.Option(
-            "--dtype",
-            help="fp32 | fp16 | bf16: the type the written model computes in (fp16 and bf16 node by node, where "
-            "the error measured against float64 allows and the device has a kernel; the rest float32). Default: "
-            "the model's own (fp16 for a model of float16 weights, else fp32).",
-        ),
-    ] = None,
-    io_dtype: Annotated[
-        str | None,
-        typer.Option("--io-dtype", help="fp32 | fp16: its inputs' and outputs' type (default: the model's own)."),
-    ] = None,
+    **flags,
 ):
     """Export MODEL, fold its linear structure, validate, profile and write the result."""
-    from .options import OptimizeOptions
 
     def write_reports(written: dict) -> None:
         """--report and --html, of the run or of its failure (imported here: after the first line)."""
@@ -193,10 +161,10 @@ def optimize(
 
     def run():
         reports = [("--report", report), ("--html", html)]
-        if inputs is not None and input_data is not None:
+        if inputs_besides is not None and flags["input_data"] is not None:
             raise ConvexportError("--inputs and --input-data: give one (besides random inputs, or instead of them)")
         _check_model_is_there(model)
-        _check_outputs([model_file(model), inputs or input_data], [("-o", output), *reports])
+        _check_outputs([model_file(model), inputs_besides or flags["input_data"]], [("-o", flags["output"]), *reports])
         try:
             with _progress(quiet) as progress:
                 progress("loading")  # the first line, before the libraries of the stages are imported
@@ -204,31 +172,11 @@ def optimize(
                     from . import pipeline
 
                 options = OptimizeOptions(
-                    inputs=input or [],
-                    output=output,
-                    rules=rules or [],
-                    strategy=strategy,
-                    device=device,
-                    threads=threads,
-                    validate=not no_validate,
-                    profile=not no_profile,
-                    per_op=not no_per_op,
-                    builtin_rules=not no_builtin_rules,
-                    rtol=rtol,
-                    atol=atol,
-                    opset=opset,
-                    dynamic_batch=dynamic_batch,
-                    freeze_input_defaults=freeze_input_defaults,
-                    trust_pickle=trust_pickle,
+                    **from_flags(flags),
+                    **({"input_data": inputs_besides} if inputs_besides is not None else {}),
+                    made_up_inputs=flags["input_data"] is None,
                     progress=progress,
                     other_outputs=[(option, path) for option, path in reports if path is not None],
-                    input_data=inputs or input_data,
-                    made_up_inputs=input_data is None,
-                    disable_rules=disable_rule or [],
-                    explain=explain or [],
-                    custom_ops_libraries=custom_ops_library or [],
-                    dtype=dtype,
-                    io_dtype=io_dtype,
                 )
                 result = pipeline.optimize(model, options=options)
         except ValidationError as exc:
@@ -325,7 +273,7 @@ def validate_command(
 @app.command()
 def profile(
     model: Annotated[Path, typer.Argument(help="An ONNX model.")],
-    device: Annotated[str, typer.Option("--device")] = "auto",
+    device: DeviceOpt = "auto",
     runs: Annotated[
         int | None,
         typer.Option("--runs", help="Timed runs (default: until the median's 95% interval is within ±2%, or 1 s)."),
@@ -780,6 +728,16 @@ def _name_placeholders(command) -> None:
         elif isinstance(parameter, TyperOption) and parameter.metavar is None:
             kind = parameter.bare_type().removeprefix("list[").removesuffix("]")
             parameter.metavar = "" if parameter.is_flag else _PLACEHOLDERS.get(kind, kind.upper())
+    shown_help = command.get_help_option
+
+    def help_option(context):
+        """--help, a switch: no placeholder either."""
+        option = shown_help(context)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = help_option
     for sub in getattr(command, "commands", {}).values():
         _name_placeholders(sub)
 

@@ -17,6 +17,9 @@ def main() -> None:
         run()
     except SystemExit as done:
         _leave(done.code)
+    except KeyboardInterrupt:  # Ctrl-C before run()'s own guard
+        sys.stderr.write("convexport: interrupted\n")
+        _leave(130)
     _leave(0)
 
 

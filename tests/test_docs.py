@@ -34,7 +34,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-KINDS = {"console", "python", "yaml", "text", "json"}
+KINDS = {"console", "python", "yaml", "text", "json", "diff"}
 NOT_RUN = re.compile(r"<!-- not run: (.+) -->")
 EXIT = re.compile(r"\s+# exit (\d+)$")
 COMMAND_SECONDS = 300

@@ -50,3 +50,51 @@ def test_the_contract_signature_is_kept():
                           ("device", "auto"), ("validate", True), ("profile", True)]
     assert {name for name, _ in positional} <= OPTION_NAMES
     assert all(getattr(OptimizeOptions(), name) == default for name, default in positional)
+
+
+def test_the_command_line_is_made_from_the_declarations():
+    """Each option with a Flag in options.py is a flag of `convexport optimize` (with its help
+    and group) and a keyword the API's messages know; none is declared anywhere else."""
+    import typer
+
+    from convexport.cli import app
+    from convexport.options import FLAGS, GROUPS
+    from convexport.util.api_words import FLAG_KEYWORDS
+
+    command = typer.main.get_command(app).commands["optimize"]
+    shown = {name: parameter for parameter in command.params for name in parameter.opts}
+    for option, flag in FLAGS.items():
+        for name in flag.names:
+            assert shown[name].help == flag.help.replace("[", "\\[") and shown[name].rich_help_panel == flag.group
+            assert FLAG_KEYWORDS[name][0] == option
+    groups = [parameter.rich_help_panel for parameter in command.params if parameter.rich_help_panel]
+    assert groups == sorted(groups, key=GROUPS.index)  # the help shows them group by group
+
+
+def test_a_declared_option_reaches_the_command_line(monkeypatch):
+    """Adding an option is its declaration: a new field with a Flag is a flag of optimize, and
+    its value reaches OptimizeOptions under the field's name."""
+    import typer
+    from typer.testing import CliRunner
+
+    from convexport import cli, options
+
+    extended = dataclasses.make_dataclass(
+        "Extended", [("max_passes", int, options.option(32, "--max-passes", kind=int, group=options.REWRITE,
+                                                         help="At most this many passes."))],
+        bases=(OptimizeOptions,), frozen=True)  # fmt: skip
+    flags = {**options.FLAGS, "max_passes": dataclasses.fields(extended)[-1].metadata["flag"]}
+    monkeypatch.setattr(cli, "FLAGS", flags)
+    monkeypatch.setattr(options, "FLAGS", flags)
+    monkeypatch.setattr(cli, "OptimizeOptions", extended)
+    seen = {}
+
+    @cli.with_option_flags
+    def command(model: str, **given):
+        seen.update(options.from_flags(given))
+
+    app = typer.Typer()
+    app.command()(command)
+    result = CliRunner().invoke(app, ["m.onnx", "--max-passes", "5", "--no-profile"])
+    assert result.exit_code == 0, result.output
+    assert seen["max_passes"] == 5 and seen["profile"] is False

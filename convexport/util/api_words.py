@@ -3,7 +3,8 @@ API's keywords.
 
 A message is written once, in the command line's words (`pass --input NAME:DIMS`); what the
 Python API raises has each flag turned into its keyword (`pass inputs=['NAME:DIMS']`) by one
-table, FLAG_KEYWORDS, so that the two cannot drift apart. The command line marks its calls
+table, FLAG_KEYWORDS, made from the options' declarations (options.py), so that the two cannot
+drift apart. The command line marks its calls
 (`speaking_to_the_command_line`); everything else is a Python caller.
 """
 
@@ -15,32 +16,13 @@ import re
 from collections.abc import Iterator
 
 from ..errors import ConvexportError
+from ..options import FLAGS
 
-# flag -> (keyword, how its value is written): "list" a list of the flag's values, "value" the
-# value itself, "True"/"False" a switch
+# flag -> (keyword, how its value is written: options.Flag.keyword_form), from options.py's
+# declarations; --inputs (the command line's data besides made-up inputs) is the API's input_data
 FLAG_KEYWORDS = {
-    "--input": ("inputs", "list"),
+    **{name: (option, flag.keyword_form) for option, flag in FLAGS.items() for name in flag.names},
     "--inputs": ("input_data", "value"),
-    "--input-data": ("input_data", "value"),
-    "--rules": ("rules", "list"),
-    "--disable-rule": ("disable_rules", "list"),
-    "--explain": ("explain", "list"),
-    "--custom-ops-library": ("custom_ops_libraries", "list"),
-    "--opset": ("opset", "value"),
-    "--dtype": ("dtype", "value"),
-    "--io-dtype": ("io_dtype", "value"),
-    "--rtol": ("rtol", "value"),
-    "--atol": ("atol", "value"),
-    "--strategy": ("strategy", "value"),
-    "--device": ("device", "value"),
-    "-o": ("output", "value"),
-    "--trust-pickle": ("trust_pickle", "True"),
-    "--dynamic-batch": ("dynamic_batch", "True"),
-    "--freeze-input-defaults": ("freeze_input_defaults", "True"),
-    "--no-validate": ("validate", "False"),
-    "--no-profile": ("profile", "False"),
-    "--no-builtin-rules": ("builtin_rules", "False"),
-    "--no-per-op": ("per_op", "False"),
 }
 # a flag, then the value when the message gives one: a token that is not itself a flag and looks
 # like a value (a digit, a path or spec character, a placeholder's capital), without the
