@@ -1,6 +1,6 @@
 # Two entry points for a fresh machine with nothing but Python >= 3.11:
 #   make demo   create .venv, install, optimize a bundled sample model, print the summary
-#   make test   create .venv, install, lint (ruff) and run the test suite
+#   make test   create .venv, install, lint (ruff), type-check (mypy) and run the test suite
 # torch is installed first and pinned (TORCH_SPEC) so that a CPU-only machine gets the CPU
 # wheel instead of several GB of CUDA packages; override it on a GPU machine, e.g.
 #   make test TORCH_SPEC='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128'
@@ -31,6 +31,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check convexport
 	$(VENV)/bin/ruff format --check convexport
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -n auto --dist worksteal
 
 # the wheel built from this checkout, installed as README.md says into a fresh environment, run

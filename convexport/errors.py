@@ -1,6 +1,7 @@
 """The exceptions convexport raises on purpose; the CLI maps them to exit codes."""
 
 import re
+from collections.abc import Mapping
 
 
 class ConvexportError(Exception):
@@ -14,7 +15,7 @@ class ConvexportError(Exception):
 class ValidationError(ConvexportError):
     """The optimized graph does not compute what the original computes (exit code 3)."""
 
-    def __init__(self, message: str, report: dict | None = None):
+    def __init__(self, message: str, report: Mapping[str, object] | None = None):
         super().__init__(message)
         self.report = report
 

@@ -12,6 +12,7 @@ import re
 import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Literal
 
 import onnx
 
@@ -97,15 +98,17 @@ def cuda_usable() -> bool:
     return CUDA in session.get_providers()
 
 
-def resolve_device(device: str) -> str:
+def resolve_device(device: str) -> Literal["cpu", "cuda"]:
     """auto -> cuda when usable, else cpu; cuda without a usable GPU is a user error."""
     if device not in ("auto", "cpu", "cuda"):
         raise ConvexportError(f"--device {device!r}: expected auto, cpu or cuda")
+    if device == "cpu":
+        return "cpu"
     if device == "auto":
         return "cuda" if cuda_usable() else "cpu"
-    if device == "cuda" and not cuda_usable():
+    if not cuda_usable():
         raise ConvexportError("--device cuda: no usable CUDA GPU for onnxruntime-gpu here; use --device cpu")
-    return device
+    return "cuda"
 
 
 # The CUDA provider's options convexport sets, reported with every number it measures there:

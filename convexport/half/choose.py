@@ -63,6 +63,7 @@ from .. import ir
 from ..ir import heap, proto_subgraphs
 from ..ir.slots import HALF_TYPES, DataSlots, NoHalfForm, data_slots, element_types
 from ..ir.stats import flops_by_node
+from ..report.types import Precision
 from ..validate.rounded_run import lost_outputs, rounded_runs
 from .cast_chains import MOVES_VALUES
 from .convert import PrecisionPlan, with_precision
@@ -126,7 +127,7 @@ class HalfPrecision:
             f"depends on float32: {worst.missed(name)}{hint}"
         )
 
-    def to_report(self) -> dict:
+    def to_report(self) -> Precision:
         return {
             "dtype": self.dtype,
             "io_dtype": self.io_dtype,

@@ -21,7 +21,7 @@ from .. import ir
 
 HALF_TYPES = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 # each float type's tag in the names of the tensors the stage makes (NAME__as_f16, NAME@f32)
-TYPE_TAGS = {
+TYPE_TAGS: dict[int, str] = {
     TensorProto.FLOAT: "f32",
     TensorProto.DOUBLE: "f64",
     TensorProto.FLOAT16: "f16",

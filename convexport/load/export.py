@@ -36,21 +36,15 @@ class ExportResult:
     inputs: list[InputSpec]  # one per graph input, in order; dynamic dims by name
     exporter: str  # onnx (no export) | dynamo | torchscript
     warnings: list[str] = field(default_factory=list)  # the TorchScript tracer's, when it traced
-    reference: onnx.ModelProto | None = None  # None: the model itself
+    reference: onnx.ModelProto = field(kw_only=True)  # the model itself, for a torch export
     conversions: list[str] = field(default_factory=list)
     input_changes: list[str] = field(default_factory=list)  # fixed dims of an ONNX model --input changed
     argument_names: list[str] = field(default_factory=list)  # a torch source's, in the order it was called with
     # the reference's main-graph value_info as given, before shape inference added to it: what
-    # the model written is annotated with (ir.as_declared); None: the reference's own
-    declared: tuple[onnx.ValueInfoProto, ...] | None = None
+    # the model written is annotated with (ir.as_declared)
+    declared: tuple[onnx.ValueInfoProto, ...] = field(kw_only=True)
 
     _as_given: onnx.ModelProto | None = field(default=None, init=False, repr=False)
-
-    def __post_init__(self):
-        if self.reference is None:
-            self.reference = self.model
-        if self.declared is None:
-            self.declared = ir.declared_value_info(self.reference)
 
     def as_given(self) -> onnx.ModelProto:
         """The reference annotated as declared (ir.as_declared): the model a user runs without
@@ -130,8 +124,9 @@ def _exported_on_examples(
         args = tuple(_at_least_two_along(t, axes) for t, axes in zip(args, dynamic))
     _check_runs_on(loaded, args, given=bool(ask.specs))
     model, exporter, tracer_warnings = torch_graph(loaded, args, names, ask.opset, dynamic, exporters)
+    inferred = ir.infer_shapes(model, loaded.source)
     return ExportResult(
-        ir.infer_shapes(model, loaded.source), graph_input_specs(model), exporter, tracer_warnings,
+        inferred, graph_input_specs(model), exporter, tracer_warnings, reference=inferred,
         argument_names=list(names), declared=ir.declared_value_info(model),
     )  # fmt: skip
 

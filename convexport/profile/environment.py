@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+from typing import Literal
 
 from ..report.types import Environment
 
 
-def measured_environment(device: str) -> Environment:
+def measured_environment(device: Literal["cpu", "cuda"]) -> Environment:
     from ..runtime import CPU, CUDA, ort
 
     return {

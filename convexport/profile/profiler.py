@@ -228,7 +228,11 @@ def _release(session: _Session, then: Callable[[object], None] | None) -> None:
     """Hands the session to `then` (if any), then drops every reference to it."""
     if then is not None:
         then(session.session)
-    session.session = session.run = None
+    session.session, session.run = None, _released
+
+
+def _released() -> object:
+    raise RuntimeError("a released session was run")
 
 
 def time_models(

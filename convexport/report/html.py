@@ -5,10 +5,12 @@ each giving its HTML parts, none where the report has nothing of it."""
 from __future__ import annotations
 
 import html
+from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 from .rewrite_lines import not_tried_text
-from .types import OptimizeReport
+from .types import OnDevice, OptimizeReport, Precision, Profile, TransformerFusions
 from .words import (
     export_check_line,
     growth_line,
@@ -40,7 +42,7 @@ def _path_breaks(path: str) -> str:
     return _e(path).replace("/", "/<wbr>")
 
 
-def _weights_beside(report: dict) -> str:
+def _weights_beside(report: OptimizeReport) -> str:
     weights = report.get("output_weights")
     return f" (weights in <code>{_e(Path(weights).name)}</code> beside it)" if weights else ""
 
@@ -153,7 +155,7 @@ def precision(report: OptimizeReport) -> list[str]:
     return [f"<h2>In {_e(report['precision']['dtype'])}</h2>", _precision(report["precision"])]
 
 
-def _op_time_section(profile: dict) -> list[str]:
+def _op_time_section(profile: Profile) -> list[str]:
     """The chart of time per op type, where the profiler's kernel times add up to the profiled
     runs' own time (op_times_trusted: within 10% on both sides, never on CUDA); else a line
     saying they do not, and by how much."""
@@ -323,7 +325,8 @@ def _region(entry) -> str:
     before, after = entry.get("ops_before", []), entry.get("ops_after", [])
     if not before:
         return ""
-    boxes, x = [], 2
+    boxes: list[str] = []
+    x = 2.0
     for ops, colour in ((before, BEFORE), (None, None), (after or ["(removed)"], AFTER)):
         if ops is None:
             boxes.append(f'<text x="{x + 4}" y="17" font-size="16">→</text>')
@@ -365,7 +368,7 @@ def _fusions(entries) -> str:
     )
 
 
-def _transformer_fusions(entry: dict) -> str:
+def _transformer_fusions(entry: TransformerFusions) -> str:
     """The kernels ONNX Runtime's transformer optimizer makes of the original and of the
     optimized graph, per model type, and those lost."""
 
@@ -393,18 +396,18 @@ def _transformer_fusions(entry: dict) -> str:
     return f"{note}<table>{head}{body}</table>"
 
 
-def _precision(precision: dict) -> str:
+def _precision(precision: Precision) -> str:
     """The half-precision model: its error against the exact result per output, with the bound
     and the original's own, then every node kept float32 and why."""
     lines = "".join(f"<p class=sub>{_e(line.strip())}</p>" for line in precision_lines(precision, "below"))
-    rounded = precision.get("weights_rounded")  # (not in a report of schema 1.0)
-    if rounded and sum(rounded.values()):
+    counts = cast(Mapping[str, int], precision.get("weights_rounded") or {})  # (not in a report of schema 1.0)
+    if sum(counts.values()):
         ways = {
             "by_input_moments": "by their input's second moments",  # (schema 1.3)
             "keeping_row_sums": "keeping each output's sum of its weights",
             "to_nearest": "to nearest",
         }
-        said = [f"{rounded[way]} {words}" for way, words in ways.items() if rounded.get(way)]
+        said = [f"{counts[way]} {words}" for way, words in ways.items() if counts.get(way)]
         lines += f"<p class=sub>weights rounded: {_e(', '.join(said))}</p>"
     judged = precision["validation"]["outputs"].items()
     by_rounding = precision["validation"].get("bound_by") == "rounded"  # (schema 1.2)
@@ -501,7 +504,7 @@ def _validation(validation) -> str:
     )
 
 
-def _device_check(on_device: dict) -> str:
+def _device_check(on_device: OnDevice) -> str:
     """The check on the device (original and optimized there with TF32 off), per output, and how
     far TF32 on, ORT's default, moves the optimized graph's outputs."""
     effect = on_device.get("tf32_effect", {})
@@ -528,5 +531,8 @@ def _bytes(value) -> str:
     return f"{value / 2**20:.1f} MiB" if value is not None else "n/a"
 
 
-def _number(value: float) -> str:
+def _number(value: float | None) -> str:
+    """A report's number; null is one that was not finite (JSON has no inf or NaN)."""
+    if value is None:
+        return "not finite"
     return f"{value:.0f}" if float(value).is_integer() else f"{value:.3g}"

@@ -5,9 +5,12 @@ both graphs (report["runtime_fusions"], ["low_rank_branches"], ["transformer_fus
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
+
+from .types import LowRankBranch, RuntimeFusion, TransformerFusions
 
 
-def runtime_fusions_line(entries: list[dict]) -> str:
+def runtime_fusions_line(entries: Sequence[RuntimeFusion]) -> str:
     """One line for the terminal: the fusions kept whole and those broken, by kind."""
     parts = []
     for kept, verb in ((True, "kept whole"), (False, "broken (--strategy all)")):
@@ -20,7 +23,7 @@ def runtime_fusions_line(entries: list[dict]) -> str:
     return "ONNX Runtime fusions " + "; ".join(parts)
 
 
-def low_rank_line(branches: list[dict]) -> str:
+def low_rank_line(branches: Sequence[LowRankBranch]) -> str:
     """One line for the terminal: how many, where, and how to ask why."""
     first = branches[0]
     where = first["module"] or first["nodes"][-1]
@@ -32,7 +35,7 @@ def low_rank_line(branches: list[dict]) -> str:
     )
 
 
-def transformer_fusions_line(entry: dict) -> str | None:
+def transformer_fusions_line(entry: TransformerFusions) -> str | None:
     """One line for the terminal: what the optimizer fuses in the original as the model type
     checked, and what of it the optimized graph keeps, loses or adds."""
     checked = [(t, counts) for t, counts in (entry.get("model_types") or {}).items() if counts["optimized"] is not None]
@@ -50,7 +53,7 @@ def transformer_fusions_line(entry: dict) -> str | None:
     return f"{line} ({untried})" if untried else line
 
 
-def not_tried_text(entry: dict) -> str | None:
+def not_tried_text(entry: TransformerFusions) -> str | None:
     """What the check left out for time, in words, or None where it left nothing out."""
     skipped = entry.get("not_tried_for_time")
     if not skipped:

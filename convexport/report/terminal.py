@@ -5,12 +5,13 @@ report has nothing of it."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 from rich.console import Console
 from rich.table import Table
 
 from .rewrite_lines import low_rank_line, runtime_fusions_line, transformer_fusions_line
-from .types import OptimizeReport
+from .types import OptimizeReport, Validation
 from .words import (
     device_check_line,
     dropped_for_speed_line,
@@ -149,8 +150,8 @@ def validation(report: OptimizeReport, console: Console) -> None:
     for line in (export_check_line(checked), nonfinite_line(checked)):
         if line:
             console.print(line, markup=False)
-    if checked.get("on_device"):
-        console.print(device_check_line(checked["on_device"]), markup=False)
+    if "on_device" in checked:  # a Validation's (an InvalidModel has none)
+        console.print(device_check_line(cast(Validation, checked)["on_device"]), markup=False)
 
 
 def precision(report: OptimizeReport, console: Console) -> None:

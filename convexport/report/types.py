@@ -517,7 +517,7 @@ class OptimizeReport(TypedDict):
     output: Annotated[str | None, "where the optimized model was written (null: not written)"]
     exporter: Annotated[str, "how the model became ONNX"]
     export_warnings: Annotated[list[str], "the TorchScript tracer's warnings, where the module was traced"]
-    opset: Annotated[int, "the model's default-domain opset"]
+    opset: Annotated[int | None, "the model's default-domain opset (null: it imports none)"]
     conversions: Annotated[list[str], "what was done to an old ONNX model before the rules"]
     input_changes: Annotated[list[str], "an ONNX model's fixed input dims that --input changed"]
     notes: Annotated[list[str], "what a user should know of how the model was read"]

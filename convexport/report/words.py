@@ -6,19 +6,22 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..util.files import write_text_atomically
+from .types import OnDevice, OptimizeReport, Precision, Profile, Rewrite
 
 
-def write_json(report: dict, destination: str | Path) -> None:
+def write_json(report: Mapping[str, Any], destination: str | Path) -> None:
     """Atomically write the report as indented, standard JSON ("-": to stdout): a number that
     is not finite (an error ratio against zero, say) is written as null, never as the
     non-standard Infinity or NaN."""
     write_text_atomically(as_json_text(report) + "\n", destination)
 
 
-def as_json_text(report: dict) -> str:
+def as_json_text(report: Mapping[str, Any]) -> str:
     """The report as the JSON write_json writes."""
     return json.dumps(_standard(report), indent=2, default=_jsonable, allow_nan=False)
 
@@ -49,7 +52,7 @@ def tracer_warning(warning: str) -> str:
     return f"export: the TorchScript tracer warned: {warning}"
 
 
-def model_lines(report: dict) -> list[str]:
+def model_lines(report: OptimizeReport) -> list[str]:
     """What the run did to the model as given or noticed about it, one sentence a line: the
     notes (a module in train mode, an output another model writes too), the fixed dims --input
     changed, the conversions of an old ONNX model. The terminal summary and the HTML page both
@@ -69,7 +72,7 @@ def plural(count: int, one: str, many: str | None = None) -> str:
     return f"{count} {one if count == 1 else many or one + 's'}"
 
 
-def module_lines(rewrites: list[dict], most: int = 12) -> list[str]:
+def module_lines(rewrites: Sequence[Rewrite], most: int = 12) -> list[str]:
     """The rewrites by the PyTorch module they folded inside (the innermost one holding all
     their nodes), one line each: `block (Block): conv-batchnorm x1, conv-mul x1`; at most
     `most` lines, the rest counted."""
@@ -97,12 +100,14 @@ def _modules_label(modules: list[str], width: int = 80) -> str:
     return " + ".join(shown) + (f" and {rest} more" if rest else "")
 
 
-def growth_line(report: dict) -> str | None:
+def growth_line(report: OptimizeReport) -> str | None:
     """FLOPs and parameters that grew by more than 5% (a fold can trade them for fewer, larger
     ops; `--strategy all` takes every such trade), in words; None where neither did."""
-    growth = report.get("growth") or {}
+    growth: Mapping[str, Any] = report.get("growth") or {}
+    before: Mapping[str, Any] = report["before"]
+    after: Mapping[str, Any] = report["after"]
     grown = [
-        f"{label} {si(report['before'][key])} -> {si(report['after'][key])} ({growth[key]:.3g}x)"
+        f"{label} {si(before[key])} -> {si(after[key])} ({growth[key]:.3g}x)"
         for key, label in (("flops", "FLOPs"), ("params", "parameters"))
         if growth.get(key) and growth[key] > 1.05
     ]
@@ -112,7 +117,7 @@ def growth_line(report: dict) -> str | None:
     return f"grew: {', '.join(grown)}{why}"
 
 
-def validation_line(validation: dict) -> str:
+def validation_line(validation: Mapping[str, Any]) -> str:
     """The validation's verdict in one line: against the exact (float64) result, the
     optimized graph's error and the original's own (its noise floor), each the largest over
     the outputs; against float32 runs, the largest difference (and why there was no float64)."""
@@ -134,12 +139,12 @@ def validation_line(validation: dict) -> str:
     )
 
 
-def precision_lines(precision: dict, where_listed: str = "the report's kept_float32") -> list[str]:
+def precision_lines(precision: Precision, where_listed: str = "the report's kept_float32") -> list[str]:
     """The half-precision model in two lines: its error against the exact result with the
     bound (the worst output by its bound), then what runs in which type (the nodes kept
     float32 listed, with why, `where_listed`)."""
     judged = precision["validation"]
-    name, worst = max(judged["outputs"].items(), key=lambda item: item[1]["error"] / max(item[1]["bound"], 1e-300))
+    name, worst = max(judged["outputs"].items(), key=lambda item: _over_bound(item[1]["error"], item[1]["bound"]))
     verdict = "passed" if judged["passed"] else "FAILED"
     which = f" (output {name!r})" if len(judged["outputs"]) > 1 else ""
     kept = Counter(entry["op"] for entry in precision["kept_float32"])
@@ -165,7 +170,7 @@ def precision_lines(precision: dict, where_listed: str = "the report's kept_floa
     ]
 
 
-def nonfinite_line(validation: dict) -> str | None:
+def nonfinite_line(validation: Mapping[str, Any]) -> str | None:
     """A note where the original itself gives NaN or infinities: there the optimized graph is
     only checked to give the same, so the validation says less than its verdict suggests."""
     counted = [(name, e) for name, e in validation["outputs"].items() if e.get("nonfinite")]
@@ -181,7 +186,7 @@ def nonfinite_line(validation: dict) -> str | None:
     )
 
 
-def export_check_line(validation: dict) -> str | None:
+def export_check_line(validation: Mapping[str, Any]) -> str | None:
     """A line where the torch model's own float64 run and the exported ONNX graph's disagree:
     the exporter changed the model (convexport then judged its rewrite against the ONNX graph)."""
     check = validation.get("export_check") or {}
@@ -199,26 +204,26 @@ def export_check_line(validation: dict) -> str | None:
     )
 
 
-def device_check_line(on_device: dict) -> str:
+def device_check_line(on_device: OnDevice) -> str:
     """The check on the device in one line: original and optimized there with TF32 off (the
     largest relative difference over the outputs), and how far TF32 on, ORT's default, moves
     the optimized graph's outputs."""
     verdict = "passed" if on_device["passed"] else "FAILED"
-    worst = max((e["max_rel"] for e in on_device["outputs"].values()), default=0.0)
+    worst = max((_known(e["max_rel"]) for e in on_device["outputs"].values()), default=0.0)
     line = f"on {on_device['provider']} (TF32 off): {verdict}, max rel difference {worst:.3g} from the original there"
     effect = on_device.get("tf32_effect")
     if effect:
-        moved = max(e["max_rel"] for e in effect.values())
+        moved = max(_known(e["max_rel"]) for e in effect.values())
         line += f"; TF32 on (ORT's default) moves the outputs by up to {moved:.3g} relative"
     return line
 
 
-def speed_line(profile: dict) -> str:
+def speed_line(profile: Profile) -> str:
     """The latency verdict in words: faster or slower only where the whole paired interval says
     so, with the interval's larger side as ± and what was timed (pairs, threads). A report of
     schema 1.4 or older has no interval: its noise stands for it."""
-    noise = profile.get("noise", 0.0)
-    low, high = profile.get("speedup_interval") or (profile["speedup"] * (1 - noise), profile["speedup"] * (1 + noise))
+    noise, speedup = profile.get("noise", 0.0), _known(profile["speedup"])
+    low, high = profile.get("speedup_interval") or (speedup * (1 - noise), speedup * (1 + noise))
     pairs = profile.get("paired", {}).get("pairs", 0)
     timed = f"{pairs} pairs" if pairs else "timed apart"
     threads = profile.get("threads")
@@ -232,11 +237,11 @@ def speed_line(profile: dict) -> str:
     if profile["verdict"] == "faster":
         said = f"[green]{profile['speedup']:.2f}x faster[/green]"
     else:
-        said = f"[red]{1 / profile['speedup']:.2f}x slower[/red]"
+        said = f"[red]{1 / speedup:.2f}x slower[/red]"
     return f"speed: {said} (±{profile['noise']:.1%}, {timed}) on {where}"
 
 
-def dropped_for_speed_line(report: dict) -> str | None:
+def dropped_for_speed_line(report: OptimizeReport) -> str | None:
     """What was left out because the whole rewrite was slower, or None."""
     choice = report.get("speed_choice")
     if not choice:
@@ -258,10 +263,10 @@ def dropped_for_speed_line(report: dict) -> str | None:
 FIRST_RUN_NOTE_S = 0.5
 
 
-def timed_inputs_line(report: dict) -> str | None:
+def timed_inputs_line(report: OptimizeReport) -> str | None:
     """The made-up inputs the profile timed, where the model leaves dims dynamic (their sizes
     are convexport's choice, profile/timed_sizes.py), else None."""
-    profile = report.get("profile") or {}
+    profile: Mapping[str, Any] = report.get("profile") or {}
     timed = profile.get("inputs")
     dynamic = any(not dim.isdigit() for given in report.get("inputs", []) for dim in given.split(":")[1].split("x"))
     if not timed or not dynamic:
@@ -274,9 +279,10 @@ def timed_inputs_line(report: dict) -> str | None:
     )
 
 
-def first_run_line(profile: dict) -> str | None:
+def first_run_line(profile: Profile) -> str | None:
     """The first run's time before -> after where either is long (see FIRST_RUN_NOTE_S)."""
-    first = [profile.get(side, {}).get("phases_s", {}).get("first_run") for side in ("before", "after")]
+    sides: Mapping[str, Any] = profile
+    first = [sides.get(side, {}).get("phases_s", {}).get("first_run") for side in ("before", "after")]
     if None in first or max(first) < FIRST_RUN_NOTE_S:
         return None
     return (
@@ -299,3 +305,13 @@ def si(value: float) -> str:
         if abs(value) >= scale:
             return f"{value / scale:.3g}{unit}"
     return f"{value:.3g}"
+
+
+def _known(value: float | None) -> float:
+    """A number the report writes null where it is not finite (JSON has no inf or NaN): inf."""
+    return math.inf if value is None else value
+
+
+def _over_bound(error: float | None, bound: float | None) -> float:
+    """An output's error as a multiple of its bound (a null, not finite, as inf)."""
+    return _known(error) / max(_known(bound), 1e-300)

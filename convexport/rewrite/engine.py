@@ -25,6 +25,7 @@ from ..algebra import Refusal
 from ..errors import ConvexportError, first_line
 from ..folds.primitives import Primitive, Rewrite, reach_of
 from ..ir import heap
+from ..report import types as report_types
 from .changes import ChangeLog
 from .conditions import first_failure
 from .decisions import by_estimate, by_measurement
@@ -59,8 +60,8 @@ class RewriteContext:
 @dataclass
 class RewriteOutcome:
     model: onnx.ModelProto
-    applied: list[dict] = field(default_factory=list)
-    skipped: list[dict] = field(default_factory=list)
+    applied: list[report_types.Rewrite] = field(default_factory=list)
+    skipped: list[report_types.Skipped] = field(default_factory=list)
     passes: int = 0
     explained: dict[str, dict[str, str]] = field(default_factory=dict)  # --explain: rule -> node -> why
     folded: int = 0  # nodes of constants computed between passes

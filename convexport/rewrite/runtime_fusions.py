@@ -29,12 +29,14 @@ A pattern is kept whole: all of its nodes, the constant scale and shift at its e
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import ir
 from ..ir import constant_value
+from ..report import types as report_types
 
 
 @dataclass(frozen=True)
@@ -244,7 +246,9 @@ def _is_square(node: ir.Node) -> bool:
     return node.op == "Pow" and _close(constant_value(node.inputs[1]), 2.0)
 
 
-def fusion_entries(applied: list[dict], skipped: list[dict]) -> list[dict]:
+def fusion_entries(
+    applied: Sequence[report_types.Rewrite], skipped: Sequence[report_types.Skipped]
+) -> list[report_types.RuntimeFusion]:
     """The report's `runtime_fusions`: each fusion a rewrite would have broken, once, with
     whether it was kept (the rewrite refused) and the rules that wanted it."""
     entries: dict[tuple, dict] = {}

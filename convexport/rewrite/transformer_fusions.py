@@ -49,6 +49,7 @@ import onnx
 
 from .. import ir
 from ..ir.large import skeleton
+from .engine import RewriteOutcome
 
 # The optimizer's model types for the transformers optimum exports: BERT, DistilBERT, ViT and
 # other encoders (bert), GPT-2 (gpt2), T5 (t5), BART and Whisper (bart).
@@ -340,7 +341,7 @@ class FusionAwareRewrite:
     kernels kept whole, the decisions they made, and the optimizer's fusions before and after."""
 
     folded: onnx.ModelProto
-    outcome: object  # rewrite.engine.RewriteOutcome
+    outcome: RewriteOutcome
     kept: list[tuple[str, frozenset[str]]]
     decided: dict
     before: TransformerFusions

@@ -31,9 +31,11 @@ def in_half(
     request.steps.start(f"converting to {request.dtype}")
     exact = validated.exact if validated is not None else None
     original_runs = validated.reference_runs if validated is not None else None
+    dtype, io_dtype = request.dtype, request.io_dtype
+    assert dtype is not None and io_dtype is not None, "the load stage reads the model's own types"
     half = in_half_precision(
         exported.reference, rewritten.outcome.model, inputs.specs, inputs.made_up_runs, inputs.real_data, exact,
-        request.dtype, request.io_dtype, rewritten.fused, request.device, original_runs,
+        dtype, io_dtype, rewritten.fused, request.device, original_runs,
     )  # fmt: skip
     if half.files is not None:
         cleanup.enter_context(half.files)

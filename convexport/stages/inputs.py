@@ -53,7 +53,7 @@ def _timed_sizes(exported: ExportResult, specs: list[InputSpec], request: Reques
     made only where a size is to be tried)."""
     from ..runtime import create_session
 
-    opened = []
+    opened: list = []  # the session, once one is needed
 
     def run(feeds: dict) -> None:
         if not opened:

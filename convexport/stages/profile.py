@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import onnx
 
@@ -24,7 +25,7 @@ from .. import ir
 from ..load.export import ExportResult
 from ..profile.paired_timer import TARGET
 from ..profile.profiler import profile_models
-from ..report.types import OptimizeReport
+from ..report.types import OptimizeReport, Profile, Rewrite, Skipped, SpeedCandidate, TimedRatio
 from ..runtime import MissingKernel
 from .inputs import RunInputs
 from .report import REGRESSION_RATIO
@@ -81,7 +82,7 @@ def profiled(
         _against_itself(profile, original, inputs, request)
 
 
-def _against_itself(profile: dict, original: onnx.ModelProto, inputs: RunInputs, request: Request) -> None:
+def _against_itself(profile: Profile, original: onnx.ModelProto, inputs: RunInputs, request: Request) -> None:
     """Where the optimized graph read slower: the original timed against a fresh session of
     itself (profile["against_itself"]), and the verdict "no measurable change" where the
     slowdown lies within how far from 1 that reads. Two sessions of one graph can differ by a
@@ -91,7 +92,7 @@ def _against_itself(profile: dict, original: onnx.ModelProto, inputs: RunInputs,
         {"before": original, "after": original}, _timed_specs(inputs), request.device, feeds=_feeds(inputs),
         memory=False, per_op=False, threads=request.options.threads,
     )["paired"]  # fmt: skip
-    profile["against_itself"] = {key: itself[key] for key in ("speedup", "low", "high")}
+    profile["against_itself"] = {"speedup": itself["speedup"], "low": itself["low"], "high": itself["high"]}
     apart = max(abs(itself["speedup"] - 1), 1 - itself["low"], itself["high"] - 1)
     if profile["speedup_interval"][1] >= 1 - apart:
         profile["verdict"] = "no measurable change"
@@ -106,7 +107,7 @@ def _timed_specs(inputs: RunInputs) -> list:
     return inputs.timed or inputs.specs
 
 
-def judged_profile(measured: dict) -> dict:
+def judged_profile(measured: dict) -> Profile:
     """The profile with its speedup, the interval of that ratio and a verdict a person can
     read: faster or slower where the whole 95% interval of the paired ratio says so, else no
     measurable change. `noise` is the interval's larger side, relative to the speedup."""
@@ -119,7 +120,8 @@ def judged_profile(measured: dict) -> dict:
         verdict = "slower"
     else:
         verdict = "no measurable change"
-    profile = {**measured, "speedup": speedup, "speedup_interval": [low, high], "noise": noise, "verdict": verdict}
+    judged = {**measured, "speedup": speedup, "speedup_interval": [low, high], "noise": noise, "verdict": verdict}
+    profile = cast(Profile, judged)  # profile_models' Timing fields, and these
     peak_before, peak_after = measured["before"].get("peak_memory_bytes"), measured["after"].get("peak_memory_bytes")
     if peak_before and peak_after:
         profile["memory_ratio"] = peak_after / peak_before
@@ -135,8 +137,8 @@ class Candidate:
 
     dropped: tuple[str, ...]
     model: onnx.ModelProto
-    applied: list[dict] = field(default_factory=list)
-    skipped: list[dict] = field(default_factory=list)
+    applied: list[Rewrite] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
     speedup: float = 1.0
     low: float = 1.0
     high: float = 1.0
@@ -181,17 +183,17 @@ def faster_candidate(
         ))  # fmt: skip
     given = Candidate(tuple(fired), exported.reference)
     chosen = max([c for c in timed if c.high >= 1] + [given], key=lambda c: c.speedup)
-    low, high = profile["speedup_interval"]
-    whole = {"speedup": profile["speedup"], "low": low, "high": high}
+    speedup, (low, high) = profile["speedup"] or 0.0, profile["speedup_interval"]
+    whole: TimedRatio = {"speedup": speedup, "low": low, "high": high}
     report["speed_choice"] = {
         "all_rewrites": whole,
-        "candidates": [_entry(c) for c in timed] + [{**_entry(given), "as_given": True}],
+        "candidates": [*(_entry(c) for c in timed), {**_entry(given), "as_given": True}],
         "chosen": list(chosen.dropped),
         "written_as_given": chosen is given,
     }
     made = {_made(rewrite) for rewrite in chosen.applied}
     report["dropped_for_speed"] = [
-        {**rewrite, "speedup_without": chosen.speedup, "speedup_with_all": whole["speedup"]}
+        {**rewrite, "speedup_without": chosen.speedup, "speedup_with_all": speedup}
         for rewrite in report["rewrites"]
         if _made(rewrite) not in made
     ]
@@ -206,12 +208,12 @@ def _as_written(model: onnx.ModelProto, declared) -> onnx.ModelProto:
     return ir.as_declared(copy, declared)
 
 
-def _made(rewrite: dict) -> tuple:
+def _made(rewrite: Rewrite) -> tuple:
     """A rewrite as what it did: its rule and the nodes it replaced."""
     return rewrite["rule"], tuple(rewrite["nodes"])
 
 
-def _entry(candidate: Candidate) -> dict:
+def _entry(candidate: Candidate) -> SpeedCandidate:
     return {
         "dropped": list(candidate.dropped),
         "nodes": len(candidate.model.graph.node),

@@ -21,7 +21,7 @@ from ..load.export import ExportResult
 from ..load.model import LoadedModel
 from ..load.onnx_route import overridable_input_count
 from ..profile.environment import measured_environment
-from ..report.types import SCHEMA_VERSION, OptimizeReport
+from ..report.types import SCHEMA_VERSION, GraphStats, Growth, OptimizeReport
 from ..util.files import is_stream, temporary_folder_beside
 from ..util.progress import BytesShown
 from .rewrite import Rewritten
@@ -78,16 +78,27 @@ def restate_after(report: OptimizeReport, after: onnx.ModelProto, declared: Sequ
     report["size_regression"], report["growth"] = _against(report["before"], report["after"])
 
 
-def _stats(model: onnx.ModelProto, declared: Sequence[onnx.ValueInfoProto]) -> dict:
+def _stats(model: onnx.ModelProto, declared: Sequence[onnx.ValueInfoProto]) -> GraphStats:
     """graph_stats (its FLOPs from every shape inference gave) and the bytes of the model as
     written: annotated with what the model given declared (ir.as_declared)."""
-    return {**graph_stats(model), "model_bytes": ir.serialized_bytes(model, ir.declared_entries(model, declared))}
+    stats = graph_stats(model)
+    return {
+        "nodes": stats["nodes"],
+        "ops": stats["ops"],
+        "flops": stats["flops"],
+        "params": stats["params"],
+        "model_bytes": ir.serialized_bytes(model, ir.declared_entries(model, declared)),
+    }
 
 
-def _against(before: dict, after: dict) -> tuple[bool, dict]:
+def _against(before: GraphStats, after: GraphStats) -> tuple[bool, Growth]:
     """Whether the file grew past REGRESSION_RATIO, and FLOPs and parameters after over before."""
     larger = after["model_bytes"] > REGRESSION_RATIO * before["model_bytes"]
-    return larger, {key: after[key] / before[key] if before[key] else None for key in ("flops", "params")}
+    growth: Growth = {
+        "flops": after["flops"] / before["flops"] if before["flops"] else None,
+        "params": after["params"] / before["params"] if before["params"] else None,
+    }
+    return larger, growth
 
 
 def _output_spec(value: onnx.ValueInfoProto) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, cast
 
 import numpy as np
 
@@ -30,12 +31,12 @@ class Request:
     disabled_rules: list[str]
     explain: list[str]  # --explain's RULE[@MODULE] texts
     tolerances: Tolerances
-    strategy: str  # all | cost | measure
+    strategy: Literal["all", "cost", "measure"]
     # the model's compute type (float32, float16, bfloat16) and its interface's: None where not
     # given, until the model is read (stages/export.py's in_its_precision)
     dtype: str | None
     io_dtype: str | None
-    device: str  # where the model will run: what cost and measure decide for, and the profile's
+    device: Literal["cpu", "cuda"]  # where the model will run: what cost and measure decide for, and the profile's
     steps: Steps
 
 
@@ -48,9 +49,7 @@ def read_request(options: OptimizeOptions) -> Request:
     inputs = [] if examples is not None else as_list(options.inputs)
     steps = Steps(options.progress if options.progress is not None else notebook_progress())
     tolerances = Tolerances.parse(options.rtol, options.atol)
-    strategy = STRATEGY_ALIASES.get(options.strategy, options.strategy)
-    if strategy not in STRATEGIES:
-        raise ConvexportError(f"--strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    strategy = _strategy(options.strategy)
     dtype, io_dtype = _type_names(options.dtype, options.io_dtype)
     device = resolve_device(options.device)
     if options.threads is not None and (isinstance(options.threads, bool) or not isinstance(options.threads, int)
@@ -73,6 +72,14 @@ def example_tensors(inputs) -> tuple | None:
     import torch
 
     return tuple(value if isinstance(value, torch.Tensor) else torch.from_numpy(np.asarray(value)) for value in given)
+
+
+def _strategy(given: str) -> Literal["all", "cost", "measure"]:
+    """--strategy's value, its old name (exact) read as the new (all)."""
+    strategy = STRATEGY_ALIASES.get(given, given)
+    if strategy in STRATEGIES:
+        return cast(Literal["all", "cost", "measure"], strategy)
+    raise ConvexportError(f"--strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
 
 
 def as_list(given) -> list:

@@ -4,8 +4,9 @@ weight written once; and, for a bisection, the same rewrite stopped after its fi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, NotRequired, TypedDict, cast
 
 import onnx
 
@@ -15,8 +16,15 @@ from ..folds import builtin_primitives
 from ..half.islands import no_op_casts_in_subgraphs
 from ..load.export import ExportResult
 from ..load.float32_twin import is_twin_of, twin_types
+from ..report.types import (
+    ConstantFolding,
+    DeduplicatedInitializers,
+    LowRankBranch,
+    RuntimeFusion,
+    TransformerFusions,
+)
 from ..rewrite import transformer_fusions
-from ..rewrite.engine import rewrite_model
+from ..rewrite.engine import RewriteOutcome, rewrite_model
 from ..rewrite.explain import ExplainRequest, explanations
 from ..rewrite.low_rank import low_rank_branches_left
 from ..rewrite.rulefile import builtin_rule_files, load_rules, rule_files
@@ -56,6 +64,18 @@ def _rules(paths: Sequence[str | Path], builtin: bool, disabled: Sequence[str] =
     return [rule for rule in rules if rule.name not in set(disabled)]
 
 
+class RewriteSections(TypedDict):
+    """The report's sections the rewrite stage writes (report/types.py declares each)."""
+
+    constant_folding: ConstantFolding
+    low_rank_branches_left: list[LowRankBranch]
+    runtime_fusions: list[RuntimeFusion]
+    deduplicated_initializers: NotRequired[DeduplicatedInitializers]
+    transformer_fusions: NotRequired[TransformerFusions]
+    explain: NotRequired[dict[str, dict[str, str]]]
+    explain_modules: NotRequired[dict[str, str]]
+
+
 @dataclass
 class Rewritten:
     """The rewrite's outcome (its model, the rewrites applied and refused) and what replaying
@@ -65,17 +85,17 @@ class Rewritten:
     rewrite lets it fuse more (a merged LoRA, an attention); the half stage keeps each in one
     precision. `sections` are the report's parts this stage knows, in the report's order."""
 
-    outcome: object  # rewrite.engine.RewriteOutcome
+    outcome: RewriteOutcome
     folded: onnx.ModelProto
     kept: list
     decided: dict
     rules: list
     source: str
-    strategy: str
-    device: str
-    half: str | None = None  # the half type of --dtype, which some folds weigh (rewrite_model)
-    sections: dict = field(default_factory=dict)
-    fused: list = field(default_factory=list)
+    strategy: Literal["all", "cost", "measure"]
+    device: Literal["cpu", "cuda"]
+    half: str | None  # the half type of --dtype, which some folds weigh (rewrite_model)
+    sections: RewriteSections
+    fused: list
 
     def first(self, limit: int) -> onnx.ModelProto:
         """The model after the first `limit` rewrites only, for a bisection (the decisions of
@@ -121,7 +141,8 @@ def rewritten(exported: ExportResult, source: str, asked: RulesAsked, request: R
     outcome = stage.outcome
     deduplicated = ir.deduplicate_initializers(outcome.model)  # copies of a weight, written once
     outcome.model = deduplicated.model
-    sections: dict = {}
+    # in the report's key order (a RewriteSections literal would put its optional keys last)
+    sections: dict[str, object] = {}
     if deduplicated.merged:
         sections["deduplicated_initializers"] = {
             "merged": deduplicated.merged,
@@ -143,7 +164,7 @@ def rewritten(exported: ExportResult, source: str, asked: RulesAsked, request: R
     fused = [(kernel.kind, kernel.nodes) for kernel in stage.after.kernels] if stage.after else stage.kept
     return Rewritten(
         outcome, stage.folded, stage.kept, stage.decided, asked.rules, source, request.strategy, request.device,
-        half, sections, fused,
+        half, cast(RewriteSections, sections), fused,
     )  # fmt: skip
 
 

@@ -5,8 +5,9 @@ found by bisection, and a ValidationError carrying the report (nothing is writte
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import onnx
 
@@ -14,7 +15,7 @@ from .. import ir
 from ..errors import ConvexportError, ValidationError, first_line
 from ..load.export import ExportResult
 from ..load.float32_twin import weights_half_type
-from ..report.types import OptimizeReport
+from ..report.types import Culprit, InvalidModel, OptimizeReport, Rewrite, Validation
 from ..runtime import CUDA, Unloadable, create_session, provider_options
 from ..validate.compare import NoMadeUpInputs, ValidationResult, compare_models, tf32_effect
 from ..validate.exact_check import reference_seconds
@@ -95,12 +96,13 @@ def checked(
         inputs.made_up_runs = 0  # the caller's arrays alone, said in the report
         result = compare(0)
         report["made_up_inputs"] = f"not used: {unsuitable}"
-    report["validation"] = result.to_report()
+    validation: Validation = {**result.to_report()}
+    report["validation"] = validation
     tf32_sample, failed_on = None, "cpu"
     if result.passed and request.device == "cuda":
         say("validating on cuda")
         failed_on = "cuda"  # if it fails now
-        result = _validated_on_device(exported, rewritten, inputs, request, labels, report["validation"], result.exact)
+        result = _validated_on_device(exported, rewritten, inputs, request, labels, validation, result.exact)
         tf32_sample = result.sample if result.passed else None
     if not result.passed:
         _refuse_wrong(result, exported, rewritten, inputs, request, failed_on, report)
@@ -129,7 +131,9 @@ def _refuse_wrong(result, exported, rewritten: Rewritten, inputs: RunInputs, req
     )
 
 
-def _validated_on_device(exported, rewritten: Rewritten, inputs: RunInputs, request, labels, validation: dict, exact):
+def _validated_on_device(
+    exported, rewritten: Rewritten, inputs: RunInputs, request, labels, validation: Validation, exact
+):
     """The check on the CUDA provider the model is deployed on, beside the CPU reference check:
     original and optimized on CUDA with TF32 off, so that only the rewrite can differ; its
     result goes to validation["on_device"] (TF32's own effect is added by record_tf32_effect).
@@ -175,7 +179,8 @@ def _refuse_invalid(problem: str, exported: ExportResult, rewritten: Rewritten, 
     say("finding the rewrite that broke it")
     applied = rewritten.outcome.applied
     culprit = find_bad_rewrite(applied, lambda candidate: _is_valid(exported.reference, candidate), rewritten.first)
-    report["validation"] = {"passed": False, "invalid_model": problem, "culprit": culprit}
+    invalid: InvalidModel = {"passed": False, "invalid_model": problem, "culprit": culprit}
+    report["validation"] = invalid
     blame = _blame(culprit, exported.conversions)
     raise ValidationError(
         f"{rewritten.source}: the optimized graph is not a valid ONNX model ({problem}){blame}; nothing was written",
@@ -222,7 +227,7 @@ def _load_problem(candidate: onnx.ModelProto) -> str | None:
     return None
 
 
-def _blame(culprit: dict | None, conversions: list[str]) -> str:
+def _blame(culprit: Culprit | None, conversions: list[str]) -> str:
     """What the validation failure message says broke the graph."""
     if culprit is None:
         return ""
@@ -238,10 +243,10 @@ def _blame(culprit: dict | None, conversions: list[str]) -> str:
 
 
 def find_bad_rewrite(
-    applied: list[dict],
+    applied: Sequence[Rewrite],
     passes: Callable[[onnx.ModelProto], bool],
     rewrite_first: Callable[[int], onnx.ModelProto],
-) -> dict | None:
+) -> Culprit | None:
     """The first rewrite after which the model no longer `passes` validation, by bisection over
     how many of the (always identically ordered) rewrites are applied (the caller saw all of
     them fail); index 0 when the graph fails before any (a conversion or constant folding
@@ -258,4 +263,5 @@ def find_bad_rewrite(
         else:
             high = middle
     kept = ("rule", "file", "nodes", "reason", "modules", "module")
-    return {"index": high, **{key: value for key, value in applied[high - 1].items() if key in kept}}
+    blamed = {"index": high, **{key: value for key, value in applied[high - 1].items() if key in kept}}
+    return cast(Culprit, blamed)  # a Rewrite's fields that a Culprit names

@@ -23,8 +23,10 @@ max(|ref|, rms(ref))), cosine similarity (the lowest over the runs), failing ele
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, cast
 
 import numpy as np
 import onnx
@@ -38,6 +40,7 @@ from ..load.float32_twin import weights_half_type
 from ..load.input_data import load_npz
 from ..load.input_domains import sized_by_running
 from ..load.inputs import InputSpec, dynamic_dims_note, random_inputs, with_overrides
+from ..report import types as report_types
 from ..runtime import MissingKernel, RunFailure, checked_run, create_session
 from .exact_check import ExactReference, exact_reference, judge, noise_floor_bound
 from .float64 import Float64Evaluator, Float64Unavailable
@@ -56,6 +59,8 @@ DTYPE_DEFAULTS = {
     "float16": (5e-3, 1e-3),
     "bfloat16": (4e-2, 1e-2),
 }
+
+NonfiniteOn = Literal["made-up inputs", "the given inputs", "made-up and given inputs"]
 
 
 class NoMadeUpInputs(RunFailure):
@@ -146,9 +151,12 @@ class OutputError:
     exact_error_rounded: float | None = None
     nonfinite: int = 0  # elements where the original gives NaN or an infinity
 
-    def to_report(self) -> dict:
+    def to_report(self) -> report_types.OutputError:
         """Its fields, exact_error_rounded only where it counted (a half-precision candidate)."""
-        return {name: value for name, value in vars(self).items() if name != "exact_error_rounded" or value is not None}
+        fields = {
+            name: value for name, value in vars(self).items() if name != "exact_error_rounded" or value is not None
+        }
+        return cast(report_types.OutputError, fields)  # the report's OutputError declares these fields
 
     def merge(self, other: OutputError) -> OutputError:
         elements = self.elements + other.elements
@@ -196,9 +204,11 @@ class ValidationResult:
     outputs: dict[str, OutputError] = field(default_factory=dict)
     problem: str | None = None  # a structural mismatch (missing output, shape) if any
     inputs: list[str] = field(default_factory=list)
-    reference: str = "float32"  # what the outputs were judged against: float64 (the exact result) or float32
+    reference: Literal["float64", "float32"] = (
+        "float32"  # what the outputs were judged against: float64 (the exact result) or float32
+    )
     reference_note: str | None = None  # input sets without a float64 reference, and why
-    nonfinite_on: str | None = None  # the input sets where the reference gives NaN or infinity, in words
+    nonfinite_on: NonfiniteOn | None = None  # the input sets where the reference gives NaN or infinity, in words
     exact: ExactReference | None = field(default=None, repr=False)  # for another check on the same input sets
     precision: str | None = None  # the candidate's compute type where coarser than its outputs' (float16)
     # the first input set and the candidate's outputs on it, for a second look at the candidate
@@ -208,8 +218,8 @@ class ValidationResult:
     # fp16's) that need not run the reference again
     reference_runs: ReferenceRuns | None = field(default=None, repr=False)
 
-    def to_report(self) -> dict:
-        report = {
+    def to_report(self) -> report_types.Comparison:
+        report: report_types.Comparison = {
             "passed": self.passed,
             "runs": self.runs,  # rtol/atol null: by each output's dtype, or none where judged against float64
             "rtol": self.tolerances.rtol,
@@ -233,13 +243,13 @@ class ValidationResult:
             report["precision"] = self.precision  # judged at its roundoff
         return report
 
-    def _named(self, export_check: dict) -> dict:
+    def _named(self, export_check: dict) -> report_types.ExportCheck:
         """The export check with its output named rather than numbered."""
-        if "output" not in export_check:
-            return dict(export_check)
-        names = list(self.outputs)
-        index = export_check["output"]
-        return {**export_check, "output": names[index] if index < len(names) else index}
+        named = dict(export_check)
+        if "output" in named:
+            names, index = list(self.outputs), named["output"]
+            named["output"] = names[index] if index < len(names) else index
+        return cast(report_types.ExportCheck, named)  # exact_check.py's export check has its fields
 
     def summary(self) -> str:
         if self.problem:
@@ -268,10 +278,10 @@ def compare_models(
     runs: int = DEFAULT_RUNS,
     tolerances: Tolerances = Tolerances(),
     seed: int = 0,
-    extra_feeds: list[dict] = (),
+    extra_feeds: Sequence[dict] = (),
     labels: tuple[str, str] = ("the reference model", "the candidate"),
     device: str = "cpu",
-    exact: ExactReference | bool = True,
+    exact: ExactReference | bool | None = True,
     exact_budget_s: float | None = None,
     torch_source=None,
     precision: str | None = None,
@@ -304,11 +314,12 @@ def compare_models(
         exact = exact_reference(
             reference, all_feeds, graph_stats(candidate)["flops"], exact_budget_s, torch_source, expected_runs
         )
-    if exact:
+    exact = exact if isinstance(exact, ExactReference) else None  # None: no float64 reference
+    if exact is not None:
         result.reference = "float64" if exact.available(0) else "float32"
         result.reference_note, result.exact = _reference_note(exact), exact
     # a reference that disagrees with ONNX Runtime node by node is suspect: the float32 check too
-    strict = bool(exact) and exact.suspect is not None
+    strict = exact is not None and exact.suspect is not None
     unchanged = same_computation(reference, candidate)
     if unchanged:  # the reference's graph node for node: ONNX Runtime computes it alike
         actual_runs, problem = expected_runs, None
@@ -320,10 +331,10 @@ def compare_models(
     result.sample = (all_feeds[0], actual_runs[0]) if all_feeds else None
     rounded = _rounded_reference(reference, names, all_feeds, expected_runs, exact, precision)
     floor = _NoiseFloor.measured(reference, names, all_feeds, expected_runs, exact, device) if not strict else None
-    candidate64 = _float64_or_none(candidate) if exact and exact.candidate_too and not unchanged else None
+    candidate64 = _float64_or_none(candidate) if exact is not None and exact.candidate_too and not unchanged else None
     for index, (feeds, expected, actual) in enumerate(zip(all_feeds, expected_runs, actual_runs)):
-        float64_run = candidate64.run(feeds) if candidate64 is not None and exact.available(index) else None
-        if unchanged and exact and exact.available(index) and exact.source == "onnx":
+        float64_run = candidate64.run(feeds) if candidate64 is not None and exact and exact.available(index) else None
+        if unchanged and exact is not None and exact.available(index) and exact.source == "onnx":
             float64_run = exact.outputs[index]  # the reference's own float64 run
         for position, (name, ref, cand) in enumerate(zip(names, expected, actual)):
             ours = rounded[index].get(name)
@@ -331,8 +342,8 @@ def compare_models(
                 result.passed = False
                 result.problem = f"output {name!r}: shape {cand.shape} instead of {ref.shape}"
                 return result
-            if exact and exact.available(index):
-                exact_values = dict(zip(names, exact.outputs[index]))[name]
+            if exact is not None and exact.available(index):
+                exact_values = dict(zip(names, exact.outputs[index] or []))[name]
                 candidate_float64 = float64_run[position] if float64_run is not None else None
                 error = compare_exactly(
                     ref, cand, exact_values, candidate_float64, tolerances, name, strict, precision, ours
@@ -350,7 +361,7 @@ def compare_models(
     return result
 
 
-def _nonfinite_on(expected_runs: list[list[np.ndarray]], made_up: int) -> str | None:
+def _nonfinite_on(expected_runs: list[list[np.ndarray]], made_up: int) -> NonfiniteOn | None:
     """Which input sets (the first `made_up` made up, the rest the caller's) the reference gives
     NaN or infinity on, in words; None where it gives none."""
     sets = {
@@ -360,11 +371,9 @@ def _nonfinite_on(expected_runs: list[list[np.ndarray]], made_up: int) -> str | 
     }
     if not sets:
         return None
-    return (
-        {"made-up": "made-up inputs", "given": "the given inputs"}.get(sets.pop())
-        if len(sets) == 1
-        else ("made-up and given inputs")
-    )
+    if sets == {"made-up"}:
+        return "made-up inputs"
+    return "the given inputs" if sets == {"given"} else "made-up and given inputs"
 
 
 def reference_runs(reference, inputs, runs, seed, extra_feeds, label, device):
@@ -624,12 +633,11 @@ def compare_by_noise_floor(
     if own is None or ref.dtype.kind in "USO" or ref.size == 0:
         return compare_arrays(ref, cand, *tolerances.for_output(name, dtype))
     bound = noise_floor_bound(ref, own, dtype)
-    explicit = tolerances.explicit_for(name)
-    rtol, atol = tolerances.for_output(name, dtype) if explicit else (None, None)
     error = compare_arrays(ref, cand, 0.0, bound)  # |cand - orig| <= bound, element by element
-    if explicit:
-        error.mismatches += compare_arrays(ref, cand, rtol, atol).mismatches
-    error.rtol, error.atol = rtol, atol
+    error.rtol = error.atol = None
+    if tolerances.explicit_for(name):
+        error.rtol, error.atol = tolerances.for_output(name, dtype)
+        error.mismatches += compare_arrays(ref, cand, error.rtol, error.atol).mismatches
     return error
 
 
@@ -666,7 +674,7 @@ def validate_files(
     inputs_npz: Path | None,
     runs: int,
     tolerances: Tolerances,
-    input_specs: list[InputSpec] = (),
+    input_specs: Sequence[InputSpec] = (),
 ) -> ValidationResult:
     """`convexport validate`: seeded random inputs (dims from the model, or --input), plus the
     arrays of DATA.npz if given."""
@@ -685,9 +693,13 @@ def validate_files(
         raise ConvexportError("--runs 0 without --inputs compares nothing")
     if runs:  # made-up data: an image's dynamic dims, as the model takes them
         specs = sized_by_running(models[0], specs)
-    candidate, reference = half_type(models[1]), half_type(models[0])
+    candidate_half, reference_half = half_type(models[1]), half_type(models[0])
     # a reference of float16 weights computes in float16 itself: a folded candidate of it too
-    precision = candidate if candidate is not None and candidate != reference else weights_half_type(models[0])
+    precision = (
+        candidate_half
+        if candidate_half is not None and candidate_half != reference_half
+        else weights_half_type(models[0])
+    )
     result = compare_models(models[0], models[1], specs, runs, tolerances, extra_feeds=feeds, precision=precision)
     result.precision = precision
     return result

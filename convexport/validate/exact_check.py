@@ -59,6 +59,7 @@ import onnx
 
 from ..errors import first_line
 from ..ir import heap
+from ..report.types import ReferenceCheck
 from .float64 import Float64Evaluator, Float64OutOfTime, Float64Unavailable
 from .float64.node_check import NodeCheck, NodeDisagreement, check_nodes
 from .float64.precision import UNIT_ROUNDOFF, dtype_name, rms
@@ -102,12 +103,15 @@ class ExactReference:
         """The first node where the float64 graph disagrees with ONNX Runtime, if any."""
         return self.check.disagreement if self.check is not None else None
 
-    def check_report(self) -> dict:
+    def check_report(self) -> ReferenceCheck:
         """The node check as the report says it."""
         if self.check is None:
             return {"nodes_checked": 0, "note": self.check_note or "not run"}
         suspect = self.suspect
-        report = {"nodes_checked": self.check.nodes_checked, "disagreement": suspect.to_report() if suspect else None}
+        report: ReferenceCheck = {
+            "nodes_checked": self.check.nodes_checked,
+            "disagreement": suspect.to_report() if suspect else None,
+        }
         if self.check.stopped_at is not None:
             report["note"] = f"stopped at its time budget, {self.check.nodes_checked} of {self.check.stopped_at} nodes"
         return report
@@ -130,7 +134,7 @@ def exact_reference(
     from ..ir.large import weight_bytes
 
     budget_s = FLOAT64_BUDGET_S if budget_s is None else budget_s
-    none = [None] * len(all_feeds)
+    none: list[list[np.ndarray] | None] = [None] * len(all_feeds)
     flops = reference_flops(model)
     if weight_bytes(model) > FLOAT64_WEIGHT_BYTES:
         return ExactReference(

@@ -46,8 +46,9 @@ def _export(loaded: LoadedModel, ask: ExportAsk) -> ExportResult:
     args, names, specs = _program_arguments(loaded, ask.specs, ask.dynamic_batch)
     model, exporter, tracer_warnings = torch_graph(loaded, args, names, ask.opset, None, ("dynamo",))
     _name_torch_symbols(model, specs)
+    inferred = ir.infer_shapes(model, loaded.source)
     return ExportResult(
-        ir.infer_shapes(model, loaded.source), graph_input_specs(model), exporter, tracer_warnings,
+        inferred, graph_input_specs(model), exporter, tracer_warnings, reference=inferred,
         argument_names=list(names), declared=ir.declared_value_info(model),
     )  # fmt: skip
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from ...report import types as report_types
 from . import Float64Evaluator, widen_array
 from .precision import UNIT_ROUNDOFF, dtype_name, rms
 
@@ -52,7 +53,7 @@ class NodeDisagreement:
         size = "unequal" if self.difference == np.inf else f"{self.difference:.3g} apart (relative)"
         return f"node {self.node!r} ({self.op}) and ONNX Runtime's are {size} on the same inputs"
 
-    def to_report(self) -> dict:
+    def to_report(self) -> report_types.NodeDisagreement:
         return {"node": self.node, "op": self.op, "output": self.output, "difference": self.difference}
 
 

@@ -76,7 +76,7 @@ class _Windows:
         for tap in np.ndindex(*self.kernel):
             view = padded[(slice(None), slice(None), *self._reads(tap))]
             result = view.copy() if result is None else combine(result, view, out=result)
-        return result if nd else padded
+        return result if nd and result is not None else padded
 
     def _reads(self, tap) -> list[slice]:
         """Where the window's tap `tap` reads, for every output position, per spatial axis."""
