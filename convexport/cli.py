@@ -240,13 +240,14 @@ def validate_command(
         from .report.types import SCHEMA_VERSION
         from .report.words import nonfinite_line, write_json
         from .runtime import custom_op_libraries
-        from .validate import compare as checks
+        from .validate.compare import validate_files
+        from .validate.results import Tolerances
 
     def run():
         _check_outputs([reference, candidate, inputs], [("--report", report)])
         with custom_op_libraries(custom_ops_library or []):
-            result = checks.validate_files(
-                reference, candidate, inputs, runs, checks.Tolerances.parse(rtol, atol), input_specs(input)
+            result = validate_files(
+                reference, candidate, inputs, runs, Tolerances.parse(rtol, atol), input_specs(input)
             )
         if report is not None:
             write_json({"schema_version": SCHEMA_VERSION, **result.to_report()}, report)

@@ -15,6 +15,7 @@ import convexport
 from convexport import ir
 from convexport.profile import profiler as profile
 from convexport.validate import compare as validate
+from convexport.validate import runs as validation_runs
 from convexport.rewrite import cost
 from convexport.report.sections import print_optimize_summary, render
 from convexport.runtime import create_session
@@ -51,7 +52,8 @@ def on_fake_cuda(monkeypatch):
 
     runner = profile.session_runner
     monkeypatch.setattr("convexport.stages.request.resolve_device", lambda device: "cuda")
-    monkeypatch.setattr(validate, "create_session", session)
+    monkeypatch.setattr(validate, "create_session", session)  # TF32's effect
+    monkeypatch.setattr(validation_runs, "create_session", session)  # validation's runs
     monkeypatch.setattr(profile, "create_session", session)
     monkeypatch.setattr(profile, "session_runner", lambda session, feeds, device: runner(session, feeds, "cpu"))
     monkeypatch.setattr(profile, "device_memory_used", lambda: 0)

@@ -214,7 +214,7 @@ def test_the_float64_run_of_a_grouped_conv_transpose_with_bias_is_right(group, p
 def test_an_unchanged_graph_is_judged_by_the_reference_runs_alone(monkeypatch):
     """A candidate that is the reference with renamed tensors (ir/same.py) computes alike: it is
     neither run on ONNX Runtime nor widened to float64 again, and its error is the original's."""
-    import convexport.validate.compare as validate
+    from convexport.validate import compare as validate
     from convexport.load.inputs import parse_input_spec
 
     model = well_conditioned()
@@ -225,8 +225,8 @@ def test_an_unchanged_graph_is_judged_by_the_reference_runs_alone(monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("the unchanged graph was run again")
 
-    monkeypatch.setattr(validate, "_candidate_runs", never)
-    monkeypatch.setattr(validate, "_float64_or_none", never)
+    monkeypatch.setattr(validate, "candidate_runs", never)
+    monkeypatch.setattr(validate, "float64_or_none", never)
     result = validate.compare_models(model, renamed, [parse_input_spec("x:1x4x10x10")], runs=2)
     (error,) = result.outputs.values()
     assert result.passed and result.reference == "float64" and error.exact_error == error.exact_error_original

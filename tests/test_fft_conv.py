@@ -174,6 +174,6 @@ def test_a_cuda_fft_conv_is_validated_on_the_cpu_by_the_reference_evaluator(tmp_
 
 
 def _passed():
-    from convexport.validate.compare import Tolerances, ValidationResult
+    from convexport.validate.results import Tolerances, ValidationResult
 
     return ValidationResult(True, 0, Tolerances())

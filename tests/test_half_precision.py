@@ -669,15 +669,16 @@ def test_the_original_runs_once_for_validation_and_half_precision_alike(tmp_path
     """The half-precision judge takes validation's runs of the original on the same input sets
     rather than a session and runs of its own (a 256 MiB model's session costs seconds); without
     validation it makes them itself."""
-    from convexport.validate import compare as validate
+    from convexport.validate import compare, runs
 
-    real, calls = validate.reference_runs, []
+    real, calls = runs.reference_runs, []
 
     def counted(*args, **kwargs):
         calls.append(args[-1])  # the device
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(validate, "reference_runs", counted)
+    monkeypatch.setattr(compare, "reference_runs", counted)  # validation's
+    monkeypatch.setattr(runs, "reference_runs", counted)  # the half-precision judge's own
     result, half = optimized_in_half(conv_net(), tmp_path)
     assert calls == ["cpu"] and result.report["precision"]["validation"]["passed"]
     judged_again(conv_net(), half, result.report)

@@ -18,7 +18,7 @@ from onnx import helper, numpy_helper
 
 import convexport
 from convexport import ir
-from convexport.validate import compare as validate
+from convexport.validate import runs as validation_runs
 from helpers import make_model, tensor
 
 RNG = np.random.default_rng(34)
@@ -95,7 +95,7 @@ def test_validation_holds_one_session_at_a_time(monkeypatch):
     """The original's outputs are computed and its session released before the optimized
     graph's session opens (a session holds a copy of the model's weights)."""
     alive, made, most = [], [0], [0]
-    evaluator = validate._evaluator
+    evaluator = validation_runs._evaluator
 
     def counted(*args, **kwargs):
         session = evaluator(*args, **kwargs)
@@ -104,7 +104,7 @@ def test_validation_holds_one_session_at_a_time(monkeypatch):
         most[0] = max(most[0], len(alive))
         return session
 
-    monkeypatch.setattr(validate, "_evaluator", counted)
+    monkeypatch.setattr(validation_runs, "_evaluator", counted)
     report = convexport.optimize(lora_bn_block(), write=False, profile=False).report
     assert report["validation"]["passed"] and made[0] == 2 and most[0] == 1
 

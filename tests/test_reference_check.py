@@ -15,7 +15,9 @@ import convexport
 from convexport.validate import float64
 from convexport.validate.exact_check import noise_floor_bound
 from convexport.load.inputs import InputSpec
-from convexport.validate.compare import Tolerances, compare_by_noise_floor, compare_models
+from convexport.validate.results import Tolerances
+from convexport.validate.judges import compare_by_noise_floor
+from convexport.validate.compare import compare_models
 from helpers import invoke
 
 

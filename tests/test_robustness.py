@@ -15,7 +15,8 @@ from convexport.errors import ConvexportError
 from convexport.rewrite.engine import rewrite_model
 from convexport.folds import builtin_primitives
 from convexport.rewrite.rulefile import parse_rule_file
-from convexport.validate.compare import Tolerances, compare_arrays
+from convexport.validate.results import Tolerances
+from convexport.validate.judges import compare_arrays
 from graphs import RULES
 from helpers import make_model, run, tensor
 

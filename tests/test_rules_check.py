@@ -139,7 +139,7 @@ def test_a_primitive_that_raises_is_reported_as_a_crash_not_as_inexact(tmp_path)
 def test_a_relative_error_against_zero_is_infinite_not_huge():
     import numpy as np
 
-    from convexport.validate.compare import compare_arrays
+    from convexport.validate.judges import compare_arrays
 
     error = compare_arrays(np.zeros(4, np.float32), np.array([0, 0, 1e-3, 0], np.float32), 1e-4, 1e-5)
     assert error.max_rel == float("inf") and error.mismatches == 1

@@ -16,7 +16,9 @@ from typer.testing import CliRunner
 import convexport
 from convexport.cli import app
 from convexport.load.inputs import InputSpec
-from convexport.validate.compare import Tolerances, compare_arrays, compare_models
+from convexport.validate.results import Tolerances
+from convexport.validate.judges import compare_arrays
+from convexport.validate.compare import compare_models
 from helpers import make_model, tensor
 from resnet import build as build_resnet
 

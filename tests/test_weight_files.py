@@ -21,7 +21,7 @@ from convexport import ir
 from convexport.ir import disk, weight_files
 from convexport.load.routes import load_model
 from convexport.stages import validate as check
-from convexport.validate.compare import ValidationResult
+from convexport.validate.results import ValidationResult
 
 WIDTH = 32
 

@@ -52,7 +52,7 @@ def in_half_precision(
     runs of `original` on those sets (validate.ReferenceRuns): used where they were made on
     `device`, rather than running the original again. The weights of `given` are rounded as
     given (an If's other branch rounded them: branches.py)."""
-    from ..validate.compare import reference_runs
+    from ..validate.runs import reference_runs
 
     def branch_in_half(branch: onnx.ModelProto, specs: list[InputSpec], real: list[dict], rounded) -> HalfPrecision:
         names = {node.name for node in branch.graph.node}

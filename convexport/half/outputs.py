@@ -22,9 +22,9 @@ import numpy as np
 import onnx
 
 from ..runtime import checked_run, create_session
-from ..validate.compare import in_declared_types
 from ..validate.exact_check import judge, noise_floor_bound
 from ..validate.rounded_run import largest_apart
+from ..validate.runs import in_declared_types
 
 
 @dataclass

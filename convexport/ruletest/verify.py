@@ -31,8 +31,9 @@ from ..rewrite.engine import rewrite_model
 from ..rewrite.rulefile import Rule
 from ..runtime import create_session, ort
 from ..util.files import write_atomically
-from ..validate.compare import Tolerances, ValidationResult, compare_arrays, compare_exactly
 from ..validate.float64 import Float64Evaluator, Float64Unavailable, as_float64
+from ..validate.judges import compare_arrays, compare_exactly
+from ..validate.results import Tolerances, ValidationResult
 from .coverage import degenerate, instance_features, possible
 from .instances import Instance, instances, unsupported_ops
 from .samplers import SAMPLERS

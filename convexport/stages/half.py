@@ -10,7 +10,7 @@ from ..half import in_half_precision
 from ..load.export import ExportResult
 from ..load.float32_twin import edges_dropped
 from ..report.types import OptimizeReport
-from ..validate.compare import ValidationResult
+from ..validate.results import ValidationResult
 from .inputs import RunInputs
 from .request import Request
 from .rewrite import Rewritten

@@ -15,7 +15,7 @@ from ..load.input_data import load_npz
 from ..load.inputs import InputSpec, in_units
 from ..profile.environment import available_memory_bytes
 from ..profile.timed_sizes import timed_sizes
-from ..validate.compare import DEFAULT_RUNS
+from ..validate.results import DEFAULT_RUNS
 from .request import Request
 
 

@@ -17,7 +17,7 @@ from ..options import OptimizeOptions
 from ..rewrite.engine import STRATEGIES, STRATEGY_ALIASES
 from ..runtime import resolve_device
 from ..util.progress import Steps, notebook_progress
-from ..validate.compare import Tolerances
+from ..validate.results import Tolerances
 
 
 @dataclass

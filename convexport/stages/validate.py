@@ -17,8 +17,10 @@ from ..load.export import ExportResult
 from ..load.float32_twin import weights_half_type
 from ..report.types import Culprit, InvalidModel, OptimizeReport, Rewrite, Validation
 from ..runtime import CUDA, Unloadable, create_session, provider_options
-from ..validate.compare import NoMadeUpInputs, ValidationResult, compare_models, tf32_effect
+from ..validate.compare import compare_models, tf32_effect
 from ..validate.exact_check import reference_seconds
+from ..validate.results import ValidationResult
+from ..validate.runs import NoMadeUpInputs
 from .inputs import RunInputs
 from .request import Request
 from .rewrite import Rewritten

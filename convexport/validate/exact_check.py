@@ -32,7 +32,7 @@ input set without one is judged by the noise floor measured on those with one (v
 
 the criterion above with the original's own error on that set taken as the largest seen, or,
 where larger, as the distance there between the original's run and its run summed in another
-order (ONNX Runtime's optimisations and packed weights on: validate._NoiseFloor), its
+order (ONNX Runtime's optimisations and packed weights on: judges.NoiseFloor), its
 float32 noise on that set; with no float64 reference at all, float32 runs are compared with
 rtol/atol.
 
