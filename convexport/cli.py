@@ -294,7 +294,7 @@ def profile(
         from .load.routes import load_model
         from .profile.profiler import profile_models
         from .report.types import SCHEMA_VERSION
-        from .report.words import write_json
+        from .report.words import mebibytes, write_json
         from .runtime import custom_op_libraries, resolve_device
 
     def run():
@@ -336,7 +336,7 @@ def profile(
             f"{model} on {measured['provider']}: median {latency['median']:.3f} ms "
             f"({latency['median_low']:.3f}-{latency['median_high']:.3f}, 95% interval), p90 {latency['p90']:.3f} ms "
             f"over {measured['runs']} runs, {entry['throughput_per_s']:.1f} samples/s, peak memory "
-            f"{entry['peak_memory_bytes'] / 2**20:.1f} MiB{ops}",
+            f"{mebibytes(entry['peak_memory_bytes'])}{ops}",
             markup=False,
         )
 

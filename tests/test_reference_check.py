@@ -145,6 +145,34 @@ class Branchy(torch.nn.Module):
         return y - 1.0
 
 
+def test_a_torch_run_not_compared_says_why_in_a_report_the_schema_accepts(monkeypatch):
+    """Where torch's own run cannot be the reference (TorchUnavailable: the graph's inputs are not
+    the arguments, too many weights, no float64 copy), export_check is the note alone; the shipped
+    schema required its comparison's fields (the autouse schema check fails such a report)."""
+    from convexport.stages import load
+    from convexport.validate.torch_reference import TorchUnavailable
+
+    monkeypatch.setattr(load, "torch_float64", lambda *args: TorchUnavailable("the reason"))
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).eval()
+    validation = convexport.optimize(module, inputs=["x:1x3x8x8"], write=False, profile=False).report["validation"]
+    assert validation["passed"] and validation["export_check"] == {"note": "the reason"}
+
+
+@pytest.mark.parametrize("slowdown, source", [(None, "torch"), (1e9, "onnx")])
+def test_a_torch_run_estimated_over_its_time_is_not_made(slowdown, source, monkeypatch, tmp_path):
+    """torch's float64 convolution has no fast path for a large kernel (seed 003's 135x135 took
+    24 s a run, the ONNX graph's through the FFT 1 s): where torch's first run is estimated over
+    what the reference may take, the ONNX graph's float64 run is the reference, on every set."""
+    from convexport.validate import torch_reference
+
+    if slowdown is not None:  # as if torch's large-kernel convolution were this much slower
+        monkeypatch.setattr(torch_reference, "LARGE_KERNEL_SLOWDOWN", slowdown)
+    module = torch.nn.Sequential(torch.nn.Conv2d(1, 3, 11, padding=5), torch.nn.Conv2d(3, 2, 1)).eval()
+    validation = convexport.optimize(module, inputs=["x:1x1x24x24"], write=False, profile=False).report["validation"]
+    assert validation["passed"] and validation["reference"] == "float64"
+    assert validation["reference_source"] == source and "reference_note" not in validation
+
+
 @pytest.mark.parametrize("route", ["module", "torchscript", "exported_program"])
 def test_a_torch_model_is_judged_against_its_own_float64_run(route, tmp_path):
     module = ConvBNNet().eval()

@@ -14,6 +14,7 @@ from .types import OnDevice, OptimizeReport, Precision, Profile, TransformerFusi
 from .words import (
     export_check_line,
     growth_line,
+    mebibytes,
     model_lines,
     nonfinite_line,
     plural,
@@ -236,8 +237,8 @@ def _summary_table(report) -> str:
             rows.append(
                 (
                     "peak memory",
-                    _bytes(profile["before"]["peak_memory_bytes"]),
-                    _bytes(profile["after"]["peak_memory_bytes"]),
+                    mebibytes(profile["before"].get("peak_memory_bytes")),
+                    mebibytes(profile["after"].get("peak_memory_bytes")),
                 )
             )
     if "model_bytes" in before:
@@ -525,10 +526,6 @@ def _device_check(on_device: OnDevice) -> str:
         "<table><tr><th>output</th><th class=num>vs original there, max rel</th><th class=num>max abs</th>"
         f"<th class=num>beyond</th><th class=num>TF32 on moves it, max rel</th></tr>{rows}</table>"
     )
-
-
-def _bytes(value) -> str:
-    return f"{value / 2**20:.1f} MiB" if value is not None else "n/a"
 
 
 def _number(value: float | None) -> str:

@@ -18,6 +18,7 @@ from .words import (
     export_check_line,
     first_run_line,
     growth_line,
+    mebibytes,
     model_lines,
     module_lines,
     nonfinite_line,
@@ -72,8 +73,8 @@ def graph(report: OptimizeReport, console: Console) -> None:
             flag = " [red](more)[/red]" if profile.get("memory_regression") else ""
             table.add_row(
                 "peak memory MiB",
-                f"{profile['before']['peak_memory_bytes'] / 2**20:.1f}",
-                f"{profile['after']['peak_memory_bytes'] / 2**20:.1f}{flag}",
+                mebibytes(profile["before"]["peak_memory_bytes"], unit=False),
+                mebibytes(profile["after"]["peak_memory_bytes"], unit=False) + flag,
             )
     if "model_bytes" in before:
         flag = " [red](larger)[/red]" if report.get("size_regression") else ""

@@ -299,6 +299,14 @@ def size(count: int) -> str:
     return f"{count} B"
 
 
+def mebibytes(count: float | None, unit: bool = True) -> str:
+    """Memory in MiB, one decimal ("12.3 MiB"; the number alone under a column that names the
+    unit); "n/a" for none measured."""
+    if count is None:
+        return "n/a"
+    return f"{count / 2**20:.1f}" + (" MiB" if unit else "")
+
+
 def si(value: float) -> str:
     """A count with an SI suffix: 16.5M, 2.99k."""
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):

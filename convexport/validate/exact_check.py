@@ -156,7 +156,7 @@ def exact_reference(
         onnx_first = evaluator.run(all_feeds[0], deadline=first_deadline) if all_feeds else []
         check, check_note = _checked(model, all_feeds, evaluator, first_deadline)
         torch_outputs, export_check = _torch_reference(
-            torch_source, all_feeds, onnx_first, original_runs, evaluator, began, budget_s
+            model, torch_source, all_feeds, onnx_first, original_runs, evaluator, began, budget_s
         )
         if torch_outputs is not None:
             outputs, source = torch_outputs, "torch"
@@ -221,19 +221,25 @@ def gemm_rate(size: int) -> float:
     return 2 * size**3 / max(best, 1e-9)
 
 
-def _torch_reference(torch_source, all_feeds, onnx_first, original_runs, evaluator, began: float, budget_s: float):
-    """The torch model's float64 outputs on the input sets (within the budget, the first always)
-    where it agrees with the ONNX graph's on the first, else None; and what the comparison found
-    (the report's export_check), None for no torch source.
+def _torch_reference(
+    model, torch_source, all_feeds, onnx_first, original_runs, evaluator, began: float, budget_s: float
+):
+    """The torch model's float64 outputs on the input sets (within the budget, the first unless
+    its estimate is over what a first run may take) where it agrees with the ONNX graph's on the
+    first, else None; and what the comparison found (the report's export_check), None for no torch
+    source or a first run over its time.
 
     On a later set torch's run must be as near the original's float32 run as it was on the
     first (_as_near_as_first): a traced export that fixed a data-dependent
     branch agrees on one set and parts on another. Such a set takes the ONNX graph's float64 run
     instead, and the check says where the two parted."""
-    from .torch_reference import TorchUnavailable
+    from .torch_reference import TorchUnavailable, estimated_flops
 
     if torch_source is None or not all_feeds or not original_runs:
         return None, None
+    left = max(FIRST_RUN_OVER_BUDGET * budget_s, FIRST_RUN_LEAST_S) - (time.perf_counter() - began)
+    if not isinstance(torch_source, TorchUnavailable) and estimated_flops(model) / reference_rate() > left:
+        return None, None  # the ONNX graph's float64 run, already made, is the reference
     if isinstance(torch_source, TorchUnavailable):
         return None, {"note": str(torch_source)}
     shapes = [array.shape for array in onnx_first]

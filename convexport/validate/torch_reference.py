@@ -12,7 +12,9 @@ arguments the exporter called it with, in that order; its outputs flattened as t
 flattens them, where they are the ONNX graph's outputs in number and shape. Anything else (an
 input the exporter dropped or renamed, a dict output in another order, an op without a float64
 kernel, a dtype baked into a TorchScript graph) leaves the ONNX graph's float64 run as the
-reference, and the report says why.
+reference, and the report says why. So does a run that would take longer than the reference's
+time budget (estimated_flops): torch's float64 convolution has no fast path for a large kernel,
+which the ONNX graph's float64 run takes through the FFT.
 """
 
 from __future__ import annotations
@@ -24,9 +26,31 @@ from typing import Any
 import numpy as np
 import onnx
 
+from .. import flops
 from ..errors import first_line
+from ..ir.stats import node_flops
 from ..util.quiet import quiet_libraries
-from .float64 import widen_array
+from .float64 import FFT_TAPS, widen_array
+
+# torch's float64 convolution over a kernel of FFT_TAPS taps or more, against the float64
+# reference's rate: a 35x35 kernel over 1 -> 3 channels ran 12x slower (bench/RESULTS.md,
+# "Measurements behind the code")
+LARGE_KERNEL_SLOWDOWN = 12.0
+
+
+def estimated_flops(model: onnx.ModelProto) -> float:
+    """torch's float64 run of `model` in FLOPs at the float64 reference's rate: each node as
+    flops.py counts it, a convolution of a large kernel (FFT_TAPS taps or more) done directly and
+    LARGE_KERNEL_SLOWDOWN times slower."""
+
+    def large_kernel(node: onnx.NodeProto, op: str, shapes: dict) -> float | None:
+        weight = shapes.get(node.input[1]) if op == "Conv" and len(node.input) > 1 else None
+        output = shapes.get(node.output[0])
+        if weight is None or output is None or np.prod(weight[2:]) < FFT_TAPS:
+            return None
+        return LARGE_KERNEL_SLOWDOWN * flops.conv(output, weight)
+
+    return node_flops(model, large_kernel)
 
 
 class TorchUnavailable(Exception):
