@@ -59,7 +59,7 @@ def _main(
     _debug = _debug or debug  # main() takes --debug from anywhere on the line
 
 
-def flag_option(name: str, *, grouped: bool = False, default=None):
+def flag_option(name: str, *, grouped: bool = False):
     """The typer parameter of OptimizeOptions' option `name` as options.py declares it (its
     flag, help and, `grouped`, its help group): optimize takes every one, the other commands
     the ones they share."""

@@ -31,6 +31,13 @@ def pytest_configure(config):
     runtime.create_session = on_one_core
 
 
+def pytest_collection_modifyitems(items):
+    """The tests marked `long` (end-to-end runs of tens of seconds each) first: make test's
+    workers start on them and share what is left, rather than one of them starting a long run
+    as the others finish."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @pytest.fixture(scope="session")
 def small_net_path() -> Path:
     return FIXTURES / "small_net.py"

@@ -155,6 +155,7 @@ def run_python(block: Block, folder: Path) -> None:
     assert matches(expected, done.stdout), f"{block.name}:\nshown:\n{expected}\nprinted:\n{done.stdout}"
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("document", [d for d in DOCUMENTS if RUNNABLE[d]], ids=lambda d: str(d.relative_to(ROOT)))
 def test_the_documents_commands_print_what_they_show(document, workspaces):
     folder = workspaces(document)

@@ -220,6 +220,7 @@ UNAVAILABLE = {
 }
 
 
+@pytest.mark.long
 def test_every_backend_case_agrees_with_onnx_runtime_at_every_opset():
     checked, failures = backend_sweep()
     unexpected = [f for f in failures if f[0] not in UNAVAILABLE]
@@ -227,6 +228,7 @@ def test_every_backend_case_agrees_with_onnx_runtime_at_every_opset():
     assert sum(checked.values()) > 1300  # the sweep runs (onnx 1.23: 1,387 case-opset pairs over 250 op-opsets)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("op, opset", sorted(REQUIRED))
 def test_the_float64_path_was_checked_at(op, opset):
     checked, _ = backend_sweep()

@@ -68,6 +68,7 @@ def runs_somewhere(path: str, feeds: dict | None) -> bool:
     return True
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("path", MODELS, ids=lambda p: os.path.relpath(p, DATA).removesuffix("/model.onnx"))
 def test_every_backend_model_is_optimized_and_exact(path, tmp_path):
     model = onnx.load(path)
@@ -92,6 +93,7 @@ def test_every_backend_model_is_optimized_and_exact(path, tmp_path):
                 np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.long
 def test_ir3_weights_are_folded_and_the_conversion_is_said():
     result = convexport.optimize(os.path.join(DATA, "light", "light_resnet50.onnx"), write=False, profile=False)
     report = result.report

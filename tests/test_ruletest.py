@@ -63,6 +63,7 @@ FORGETFUL_RULE = """rules:
 """
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("rule", BUILTIN, ids=lambda rule: rule.name)
 def test_builtin_rule_is_exact_on_random_instances(rule, tmp_path):
     result = verify_rule(rule, PRIMITIVES, EXAMPLES, seed=0, out_dir=tmp_path, rewritten=REWRITTEN, budget_s=30)
@@ -130,6 +131,7 @@ def test_rules_test_passes_a_correct_user_rule(tmp_path):
     ("y = Softmax(x)", "", "no random instances of Softmax"),
     ("y = Conv(x, w:const)", "    where:\n      rank: {x: [7]}\n", "none of"),
 ])
+@pytest.mark.long
 def test_untestable_rules_exit_1(tmp_path, match, where, fragment):
     path = tmp_path / "r.yaml"
     path.write_text(f"rules:\n  - name: r\n    doc: d\n    match:\n      - {match}\n{where}    apply: forward_input\n")

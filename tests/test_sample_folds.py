@@ -35,6 +35,7 @@ def test_sample_conv_counts(model, strategy, tmp_path):
     assert not gone & set(report["after"]["ops"])
 
 
+@pytest.mark.long
 def test_seed002_with_a_dynamic_batch(tmp_path):
     result = convexport.optimize(f"{SAMPLES}/seed002_group_attention.py", output=tmp_path / "o.onnx",
                                  dynamic_batch=True, profile=False)
