@@ -47,9 +47,10 @@ def spilled_weights(model: onnx.ModelProto) -> Path | None:
 
 def _spilled_file(large: list[tuple[onnx.TensorProto, onnx.TensorProto]]) -> Path | None:
     files = {file_range(original)[0] if is_file_backed(original) else None for original, _ in large}
-    if len(files) != 1 or None in files:
+    (only,) = files if len(files) == 1 else (None,)
+    if only is None:
         return None
-    path = Path(files.pop())
+    path = Path(only)
     return path if path.parent.name.startswith(SPILL_PREFIX) and path.name == WEIGHTS_NAME else None
 
 

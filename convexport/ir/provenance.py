@@ -106,11 +106,11 @@ class Provenance:
             chains += [
                 _module_chain(self.nodes.get(source), source) for source in (derived.sources if derived else [name])
             ]
-        chains = [chain for chain in chains if chain is not None]
-        if not chains:
+        known = [chain for chain in chains if chain is not None]
+        if not known:
             return None
-        common = chains[0]
-        for chain in chains[1:]:
+        common = known[0]
+        for chain in known[1:]:
             shared = 0
             while shared < min(len(common), len(chain)) and common[shared] == chain[shared]:
                 shared += 1

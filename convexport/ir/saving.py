@@ -42,7 +42,7 @@ from ..util.files import (
 try:
     import fcntl
 except ImportError:  # Windows: the pair is still written in order, without the lock
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # the module, or None where the system has none
 
 
 def save_atomically(model: onnx.ModelProto, destination: Path, inputs: Sequence[str | Path] = ()) -> Path | None:
@@ -57,6 +57,7 @@ def save_atomically(model: onnx.ModelProto, destination: Path, inputs: Sequence[
         return None
     if not ir.needs_external_data(model):
         with temporary_beside(destination) as (model_temporary, model_final):
+            assert model_temporary is not None  # a file: a stream was written above
             onnx.save(model, model_temporary)
             give_permissions_of(model_final, model_temporary)
             _commit(model_final, [(model_temporary, model_final)], inputs)
@@ -73,12 +74,15 @@ def save_atomically(model: onnx.ModelProto, destination: Path, inputs: Sequence[
     spilled = ir.spilled_weights(model)
     with contextlib.ExitStack() as stack:
         model_temporary, model_final = stack.enter_context(temporary_beside(destination))
+        assert model_temporary is not None  # a file: a stream was written above
         if spilled is not None and spilled.parent.parent == data.parent:
             ir.moved_weights(model, spilled, data.name)
             onnx.save(model, model_temporary)
             data_temporary = str(spilled)
         else:
-            data_temporary, _ = stack.enter_context(temporary_beside(data))
+            made, _ = stack.enter_context(temporary_beside(data))
+            assert made is not None  # beside a file
+            data_temporary = made
             ir.save_with_external_data(model, model_temporary, data.name, Path(data_temporary))
         give_permissions_of(model_final, model_temporary)
         give_permissions_of(model_final, data_temporary)

@@ -51,7 +51,7 @@ def proto_outer_reads(graph: onnx.GraphProto) -> set[str]:
     """The names `graph`'s nodes (and their subgraphs') read that `graph` does not define:
     what it reads from the scopes around it."""
     defined = proto_own_names(graph)
-    read = set()
+    read: set[str] = set()
     for node in graph.node:
         read.update(name for name in node.input if name)
         for sub in proto_subgraphs(node):

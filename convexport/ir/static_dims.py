@@ -35,11 +35,10 @@ def fold_static_dims(model: onnx.ModelProto, keep: frozenset[str] = frozenset())
     for number, scope in enumerate(proto_scopes(model.graph)):
         shapes = {node.output[0]: _shape_value(node, dims) for node in scope.node if node.op_type == "Shape"}
         for index, node in enumerate(scope.node):
-            if node.domain not in ("", "ai.onnx") or not node.input or shapes.get(node.input[0]) is None:
+            shape = shapes.get(node.input[0]) if node.input and node.domain in ("", "ai.onnx") else None
+            if shape is None or node.name in keep:
                 continue
-            if node.name in keep:
-                continue
-            picked = _picked(node, shapes[node.input[0]], constants)
+            picked = _picked(node, shape, constants)
             if picked is not None:
                 value = numpy_helper.from_array(picked)
                 constant = onnx.helper.make_node("Constant", [], node.output[:1], name=node.name, value=value)
@@ -133,6 +132,8 @@ def _picked(node: onnx.NodeProto, shape: list, constants: dict, keep_dynamic: bo
         starts, ends, axes, steps = (
             constants[node.input[i]].reshape(-1) if len(node.input) > i and node.input[i] else None for i in range(1, 5)
         )
+        if starts is None or ends is None:  # (ONNX requires both)
+            return None
         if axes is not None and list(axes) not in ([0], [-1]):
             return None
         if steps is not None and int(steps[0]) != 1:
@@ -203,11 +204,12 @@ def _constant_target(node, producers, dims, constants) -> np.ndarray | None:
     else:
         parts = [_entries(part, producers, dims, constants) for part in concat.input]
     data_dims = dims.get(node.input[0])
-    if any(part is None for part in parts) or data_dims is None:
+    known = [part for part in parts if part is not None]
+    if len(known) != len(parts) or data_dims is None:
         return None
-    entries = [entry for part in parts for entry in part]
+    entries = [entry for part in known for entry in part]
     copies = not any(attr.name == "allowzero" and attr.i for attr in node.attribute)
-    target = []
+    target: list[int | None] = []
     for axis, entry in enumerate(entries):
         if isinstance(entry, int) and not isinstance(entry, bool):
             target.append(entry)

@@ -25,7 +25,7 @@ from pathlib import Path
 try:
     import fcntl
 except ImportError:  # Windows
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # the module, or None where the system has none
 
 FILE_SUFFIX = ".convexport.tmp"
 FOLDER_PREFIX = ".convexport-"
