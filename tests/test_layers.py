@@ -270,3 +270,19 @@ def test_every_relative_import_names_a_module_of_the_package():
                 if target not in known:
                     broken.append(f"{name}:{node.lineno}: {target}")
     assert broken == []
+
+
+def test_every_builtin_primitive_is_registered_where_it_is_defined():
+    """A primitive of folds/ is registered by @builtin on its definition, under its own name (the
+    registry was a list of 27 names in folds/__init__.py, imported and listed again)."""
+    from convexport.folds import builtin_primitives
+
+    registered = builtin_primitives()
+    decorated = {
+        node.name
+        for path in (PACKAGE / "folds").glob("*.py")
+        for node in ast.parse(path.read_text(encoding="utf-8")).body
+        if isinstance(node, ast.FunctionDef) and any(ast.unparse(d) == "builtin" for d in node.decorator_list)
+    }
+    assert set(registered) == decorated and len(decorated) >= 27
+    assert all(primitive.__name__ == name for name, primitive in registered.items())

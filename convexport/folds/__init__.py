@@ -31,58 +31,26 @@ A branch is x itself or a linear node reading x (Conv, BatchNormalization, per-c
 Mul/Div/Add/Sub, AveragePool, zero Pad): see linear_nodes.py.
 """
 
-from .batch_branches import batch_conv_heads, batch_gathered_linears, batch_split_branches
-from .cleanup import drop_empty_pad, drop_neutral_constant, drop_whole_slice, forward_input
-from .concat_affine import affine_into_concat_parts
-from .concat_ops import flatten_concats, repeat_as_tile
-from .constant_maps import linear_of_constant_map, merge_constant_adds
-from .conv_branches import concat_branches, sum_branches
-from .conv_chain import compose_linear
-from .conv_transpose import compose_conv_transpose
-from .dense_chain import fold_dense_chain, sum_dense_branches
-from .fft_conv import conv_as_fft
-from .layout import (
-    drop_identity_transpose,
-    drop_same_shape_reshape,
-    merge_reshapes,
-    merge_transposes,
-    slices_as_split,
+# each module registers its primitives where it defines them (@builtin, primitives.py)
+from . import (  # noqa: F401
+    batch_branches,
+    cleanup,
+    concat_affine,
+    concat_ops,
+    constant_maps,
+    conv_branches,
+    conv_chain,
+    conv_transpose,
+    dense_chain,
+    fft_conv,
+    layout,
+    linear_region,
+    separable,
+    sibling_convs,
 )
-from .linear_region import fold_linear_region
-from .separable import conv_as_separable
-from .sibling_convs import merge_sibling_convs
-
-REGISTRY = {
-    "forward_input": forward_input,
-    "drop_whole_slice": drop_whole_slice,
-    "drop_neutral_constant": drop_neutral_constant,
-    "drop_empty_pad": drop_empty_pad,
-    "drop_same_shape_reshape": drop_same_shape_reshape,
-    "merge_reshapes": merge_reshapes,
-    "merge_transposes": merge_transposes,
-    "drop_identity_transpose": drop_identity_transpose,
-    "slices_as_split": slices_as_split,
-    "compose_linear": compose_linear,
-    "compose_conv_transpose": compose_conv_transpose,
-    "sum_branches": sum_branches,
-    "concat_branches": concat_branches,
-    "affine_into_concat_parts": affine_into_concat_parts,
-    "linear_of_constant_map": linear_of_constant_map,
-    "merge_constant_adds": merge_constant_adds,
-    "flatten_concats": flatten_concats,
-    "repeat_as_tile": repeat_as_tile,
-    "batch_conv_heads": batch_conv_heads,
-    "batch_gathered_linears": batch_gathered_linears,
-    "batch_split_branches": batch_split_branches,
-    "merge_sibling_convs": merge_sibling_convs,
-    "conv_as_fft": conv_as_fft,
-    "conv_as_separable": conv_as_separable,
-    "fold_dense_chain": fold_dense_chain,
-    "sum_dense_branches": sum_dense_branches,
-    "fold_linear_region": fold_linear_region,
-}
+from .primitives import BUILTIN
 
 
 def builtin_primitives() -> dict:
     """The built-in primitives by the name rule files give them (a copy: a caller may add its own)."""
-    return dict(REGISTRY)
+    return dict(BUILTIN)

@@ -19,7 +19,7 @@ from ..algebra.batching import grouped_from_branches, pack_linear_heads, stack_c
 from ..ir import attribute_or, constant_value, is_absent
 from .branch_groups import BranchGroup, Layout, Step, drop_units, find_branch_group, largest_compatible, view_of
 from .builder import NodeBuilder, output_dtype
-from .primitives import Rewrite, accepts, consumes
+from .primitives import Rewrite, accepts, builtin, consumes
 
 
 class _Builder(NodeBuilder):
@@ -42,6 +42,7 @@ class _Builder(NodeBuilder):
 # --- heads -------------------------------------------------------------------------------------
 
 
+@builtin
 @consumes("heads", "x", heads={"Conv"})
 def batch_conv_heads(match, context) -> Rewrite:
     """heads[] = Conv(x, w[], b[]?) with the same attributes and weight shapes -> one Conv whose
@@ -74,6 +75,7 @@ def _conv_key(conv):
     return sorted((k, str(v)) for k, v in conv.attrs.items()), constant_value(conv.inputs[1]).shape
 
 
+@builtin
 @accepts("form")
 @consumes("g", "heads", "x", g={"Gather"}, heads={"Gemm"})
 def batch_gathered_linears(match, context) -> Rewrite:
@@ -166,6 +168,7 @@ def _gemm_key(gemm):
     )
 
 
+@builtin
 @consumes("x", root={"Split"})
 def batch_split_branches(match, context) -> Rewrite:
     """*parts = Split(x): when every part goes through the same ops, do them once on x."""

@@ -6,9 +6,10 @@ import numpy as np
 
 from ..algebra import Refusal
 from ..ir import constant_value, is_absent
-from .primitives import AFFINE, Rewrite, consumes, reach
+from .primitives import AFFINE, Rewrite, builtin, consumes, reach
 
 
+@builtin
 @reach(0)
 @consumes(every_line=True)
 def forward_input(match, context) -> Rewrite:
@@ -22,6 +23,7 @@ def forwarded(root, tensor, note: str) -> Rewrite:
     return Rewrite(nodes=[], replace=[(root.outputs[0], tensor)], note=note)
 
 
+@builtin
 @reach(0)
 @consumes(root={"Slice"})
 def drop_whole_slice(match, context) -> Rewrite:
@@ -53,6 +55,7 @@ def slice_parameters(node) -> list:
 _NEUTRAL = {"Add": (0.0, False), "Sub": (0.0, True), "Mul": (1.0, False), "Div": (1.0, True)}
 
 
+@builtin
 @reach(0)
 @consumes("x", root=AFFINE)
 def drop_neutral_constant(match, context) -> Rewrite:
@@ -74,6 +77,7 @@ def drop_neutral_constant(match, context) -> Rewrite:
     return forwarded(root, data, f"{root.op} by {neutral[0]:g} forwards its input")
 
 
+@builtin
 @reach(0)
 @consumes(root={"Pad"})
 def drop_empty_pad(match, context) -> Rewrite:

@@ -17,9 +17,10 @@ from ..algebra import Refusal, scale_shift_onnx_weight
 from .builder import NodeBuilder, output_dtype
 from .convnodes import conv_attributes, conv_weights
 from .linear_nodes import channel_affine
-from .primitives import AFFINE, Rewrite, consumes, reach
+from .primitives import AFFINE, Rewrite, builtin, consumes, reach
 
 
+@builtin
 @reach(1)
 @consumes("c", "parts", c={"Concat"}, parts={"Conv"}, root=AFFINE)
 def affine_into_concat_parts(match, context) -> Rewrite:

@@ -6,9 +6,10 @@ import numpy as np
 
 from ..algebra import Refusal
 from .builder import NodeBuilder, output_dtype
-from .primitives import Rewrite, consumes, reach
+from .primitives import Rewrite, builtin, consumes, reach
 
 
+@builtin
 @reach(1)
 @consumes(root={"Concat"})
 def flatten_concats(match, context) -> Rewrite:
@@ -42,6 +43,7 @@ def flatten_concats(match, context) -> Rewrite:
     return Rewrite(build.nodes, [(output, result)], f"{merged} nested Concat(s) flattened")
 
 
+@builtin
 @reach(0)
 @consumes("parts", root={"Concat"})
 def repeat_as_tile(match, context) -> Rewrite:

@@ -13,7 +13,7 @@ from ..algebra import DEFAULT_BORDER_LIMIT_BYTES, Refusal, apply_conv
 from ..ir import constant_value
 from .builder import NodeBuilder, output_dtype
 from .linear_nodes import linear_spec
-from .primitives import Rewrite, accepts, consumes, reach
+from .primitives import Rewrite, accepts, builtin, consumes, reach
 
 
 def _full_map(value: np.ndarray, shape) -> np.ndarray:
@@ -28,6 +28,7 @@ def _full_map(value: np.ndarray, shape) -> np.ndarray:
         raise Refusal(f"the constant of shape {value.shape} does not broadcast to {tuple(shape)}") from None
 
 
+@builtin
 @reach(0)
 @accepts("map_limit_bytes")
 @consumes("h", "t", "m", h={"Add"}, root={"Conv"})
@@ -64,6 +65,7 @@ def linear_of_constant_map(match, context) -> Rewrite:
     )
 
 
+@builtin
 @reach(0)
 @consumes("h", "t", "m1", "m2", h={"Add"}, root={"Add"})
 def merge_constant_adds(match, context) -> Rewrite:

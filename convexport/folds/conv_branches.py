@@ -7,7 +7,7 @@ from .builder import NodeBuilder, output_dtype
 from .convnodes import node_flops, output_elements, spatial_shape
 from .half_rounding import keep_if_rounding_allows, stored_half
 from .linear_nodes import linear_spec
-from .primitives import Rewrite, accepts, consumes, reach
+from .primitives import Rewrite, accepts, builtin, consumes, reach
 
 
 def _branch_spec(tensor, x, context, channels: int | None):
@@ -32,6 +32,7 @@ def _flops(tensors, x) -> float | None:
     return None if None in parts else float(sum(parts))
 
 
+@builtin
 @reach(0)
 @accepts("signs")
 @consumes("x", every_line=True, root={"Add", "Sub"})
@@ -49,6 +50,7 @@ def sum_branches(match, context) -> Rewrite:
     )
 
 
+@builtin
 @reach(0)
 @consumes("x", "parts", "a?", every_line=True, root={"Concat"})
 def concat_branches(match, context) -> Rewrite:

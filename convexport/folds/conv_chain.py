@@ -19,9 +19,10 @@ from ..algebra.outline import composite_outline
 from .builder import NodeBuilder, output_dtype
 from .convnodes import conv_attributes, conv_weights, node_flops, spatial_shape
 from .linear_nodes import channel_affine, composed_note, data_input, linear_spec
-from .primitives import LINEAR, Rewrite, accepts, consumes, reach
+from .primitives import LINEAR, Rewrite, accepts, builtin, consumes, reach
 
 
+@builtin
 @reach(0)
 @accepts("border_limit_bytes")
 @consumes("h", h=LINEAR, root=LINEAR)

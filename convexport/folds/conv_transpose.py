@@ -9,9 +9,10 @@ from ..ir import attribute_or, tensor_dtype
 from .builder import NodeBuilder
 from .convnodes import all_finite, conv_attributes, conv_weights
 from .linear_nodes import channel_affine, composed_note
-from .primitives import LINEAR, Rewrite, consumes, reach
+from .primitives import LINEAR, Rewrite, builtin, consumes, reach
 
 
+@builtin
 @reach(0)
 @consumes("h", h={"ConvTranspose"}, root=LINEAR)
 def compose_conv_transpose(match, context) -> Rewrite:

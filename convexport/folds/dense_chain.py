@@ -32,11 +32,12 @@ from ..ir import attribute_or, constant_value, is_absent
 from .builder import NodeBuilder
 from .convnodes import all_finite
 from .linear_nodes import ELEMENTWISE, data_input
-from .primitives import AFFINE, DENSE, Rewrite, accepts, consumes, reach
+from .primitives import AFFINE, DENSE, Rewrite, accepts, builtin, consumes, reach
 
 DENSE_OPS = ("Gemm", "MatMul")
 
 
+@builtin
 @reach(0)
 @consumes("x", every_line=True, root=DENSE | AFFINE | {"Reshape"})
 def fold_dense_chain(match, context) -> Rewrite:
@@ -80,6 +81,7 @@ def _final_reshape(x, chain: list[ir.Node], context) -> ir.Tensor | None:
     return ir.Constant(context.fresh(output.name + "_shape"), np.array(output.shape, np.int64))
 
 
+@builtin
 @reach(0)
 @accepts("signs")
 @consumes("x", every_line=True, root={"Add", "Sub"})

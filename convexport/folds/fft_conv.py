@@ -17,13 +17,14 @@ from ..algebra.fft_conv import plan_fft_conv
 from ..ir import constant_value
 from .builder import NodeBuilder
 from .convnodes import conv_spec, spatial_shape
-from .primitives import Rewrite, accepts, consumes, reach
+from .primitives import Rewrite, accepts, builtin, consumes, reach
 
 MICROSOFT = "com.microsoft"
 MIN_KERNEL_AREA = 121  # 11x11: below this cuDNN/MLAS direct convs win everywhere
 MIN_ADVANTAGE = 2.0  # the FFT estimate must be this many times cheaper
 
 
+@builtin
 @reach(0)
 @accepts("min_advantage", "min_kernel_area")
 @consumes(root={"Conv"})

@@ -22,7 +22,7 @@ from ..algebra import Refusal
 from ..ir import attribute_or, constant_value
 from .builder import NodeBuilder
 from .cleanup import forwarded, slice_parameters
-from .primitives import Rewrite, consumes, reach
+from .primitives import Rewrite, builtin, consumes, reach
 
 
 def _known(shape) -> bool:
@@ -31,6 +31,7 @@ def _known(shape) -> bool:
     return shape is not None and all(isinstance(dim, int) or (isinstance(dim, str) and dim) for dim in shape)
 
 
+@builtin
 @reach(0)
 @consumes(root={"Reshape"})
 def drop_same_shape_reshape(match, context) -> Rewrite:
@@ -57,6 +58,7 @@ def _keeps_every_dim(root, before, context) -> bool:
     return entries.count(-1) <= 1 and all(keep or entry == -1 for keep, entry in zip(kept, entries))
 
 
+@builtin
 @reach(0)
 @consumes("h", "x", h={"Reshape"}, root={"Reshape"})
 def merge_reshapes(match, context) -> Rewrite:
@@ -109,6 +111,7 @@ def _copies_written(entries: list[int], copied, data, result) -> list[int] | Non
     return [-1 if entry is None else entry for entry in written]
 
 
+@builtin
 @reach(0)
 @consumes("h", "x", h={"Transpose"}, root={"Transpose"})
 def merge_transposes(match, context) -> Rewrite:
@@ -131,6 +134,7 @@ def merge_transposes(match, context) -> Rewrite:
     return Rewrite(build.nodes, [(output, result)], "Transpose of a Transpose is one Transpose")
 
 
+@builtin
 @reach(0)
 @consumes(root={"Transpose"})
 def drop_identity_transpose(match, context) -> Rewrite:
@@ -142,6 +146,7 @@ def drop_identity_transpose(match, context) -> Rewrite:
     return forwarded(root, root.inputs[0], "Transpose that keeps every axis forwards its input")
 
 
+@builtin
 @reach(0)
 @consumes("parts", "x", parts={"Slice"})
 def slices_as_split(match, context) -> Rewrite:

@@ -33,12 +33,13 @@ from .builder import output_dtype
 from .dense_chain import DENSE_OPS, dense_layout, emitted_dense, keeps_last_axis, node_map
 from .half_rounding import refuse_if_rounding_undoes, rounded_map, stored_half
 from .linear_nodes import data_input
-from .primitives import AFFINE, Rewrite, consumes, reach
+from .primitives import AFFINE, Rewrite, builtin, consumes, reach
 
 MAX_DEPTH = 24  # nodes in a region: DoRA's has 9, GPT-2's LoRA on Conv1D 6; a bound on the walk per sum
 SUMS = ("Add", "Sub")
 
 
+@builtin
 @reach(MAX_DEPTH)
 @consumes(every_line=True, root={"Add", "Sub"})
 def fold_linear_region(match, context) -> Rewrite:

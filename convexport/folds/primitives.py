@@ -107,3 +107,13 @@ def _declaring(attribute: str, value) -> Callable[[Primitive], Primitive]:
         return primitive
 
     return declare
+
+
+BUILTIN: dict[str, Primitive] = {}  # the built-in primitives by the name rule files give them
+
+
+def builtin(primitive: Primitive) -> Primitive:
+    """Registers a built-in primitive under its function's name, the name a rule file's `apply:`
+    gives it (folds/__init__.py's builtin_primitives() returns them)."""
+    BUILTIN[primitive.__name__] = primitive
+    return primitive

@@ -10,9 +10,10 @@ from ..algebra.separable import rank_at_least, split_separable
 from ..ir import constant_value
 from .builder import NodeBuilder, output_dtype
 from .convnodes import conv_flops, conv_spec, node_flops, spatial_shape
-from .primitives import Rewrite, consumes, reach
+from .primitives import Rewrite, builtin, consumes, reach
 
 
+@builtin
 @reach(0)
 @consumes(root={"Conv"})
 def conv_as_separable(match, context) -> Rewrite:

@@ -20,9 +20,10 @@ from ..ir import constant_value, is_absent
 from .branch_groups import largest_compatible
 from .builder import NodeBuilder, output_dtype
 from .convnodes import conv_attributes, node_flops
-from .primitives import Rewrite, consumes
+from .primitives import Rewrite, builtin, consumes
 
 
+@builtin
 @consumes("heads", "x", heads={"Conv"})
 def merge_sibling_convs(match, context) -> Rewrite:
     """heads[] = Conv(x, w[], b[]?) -> one Conv of the largest set of ungrouped heads sharing
