@@ -156,7 +156,7 @@ def exact_reference(
         onnx_first = evaluator.run(all_feeds[0], deadline=first_deadline) if all_feeds else []
         check, check_note = _checked(model, all_feeds, evaluator, first_deadline)
         torch_outputs, export_check = _torch_reference(
-            model, torch_source, all_feeds, onnx_first, original_runs, evaluator, began, budget_s
+            model, torch_source, all_feeds, onnx_first, original_runs, evaluator, began, budget_s, first_deadline
         )
         if torch_outputs is not None:
             outputs, source = torch_outputs, "torch"
@@ -222,10 +222,18 @@ def gemm_rate(size: int) -> float:
 
 
 def _torch_reference(
-    model, torch_source, all_feeds, onnx_first, original_runs, evaluator, began: float, budget_s: float
+    model,
+    torch_source,
+    all_feeds,
+    onnx_first,
+    original_runs,
+    evaluator,
+    began: float,
+    budget_s: float,
+    first_deadline: float,
 ):
     """The torch model's float64 outputs on the input sets (within the budget, the first unless
-    its estimate is over what a first run may take) where it agrees with the ONNX graph's on the
+    its estimate goes past `first_deadline`, the first run's) where it agrees with the ONNX graph's on the
     first, else None; and what the comparison found (the report's export_check), None for no torch
     source or a first run over its time.
 
@@ -237,7 +245,7 @@ def _torch_reference(
 
     if torch_source is None or not all_feeds or not original_runs:
         return None, None
-    left = max(FIRST_RUN_OVER_BUDGET * budget_s, FIRST_RUN_LEAST_S) - (time.perf_counter() - began)
+    left = first_deadline - time.perf_counter()
     if not isinstance(torch_source, TorchUnavailable) and estimated_flops(model) / reference_rate() > left:
         return None, None  # the ONNX graph's float64 run, already made, is the reference
     if isinstance(torch_source, TorchUnavailable):
