@@ -1,11 +1,11 @@
 """The optimize pipeline: the API (optimize, export_only) and the orchestrator that runs the
 stages of convexport/stages/ in order: load -> rewrite -> validate -> half -> profile ->
-report, the report filled as they go."""
+report. Each stage hands back what it found; the orchestrator alone places it in the report,
+and turns a stage's refusal into a ValidationError carrying the report as far as it went."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +13,7 @@ from pathlib import Path
 import onnx
 
 from . import ir
-from .errors import ConvexportError, InternalError, first_line
+from .errors import ConvexportError, InternalError, ValidationError, first_line
 from .ir.saving import save_atomically
 from .load.export import export_model
 from .load.inputs import InputSpec, input_specs
@@ -26,7 +26,8 @@ from .stages import half, load, rewrite
 from .stages import profile as profile_stage
 from .stages import report as report_stage
 from .stages import validate as validate_stage
-from .stages.inputs import reported_inputs, run_inputs
+from .stages.inputs import RunInputs, reported_inputs, run_inputs
+from .stages.refusal import Refused
 from .stages.request import as_list, example_tensors, read_request
 from .util.api_words import in_callers_words
 from .util.files import check_paths
@@ -145,30 +146,33 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
     report = report_stage.base_report(loaded, graph, rewritten)
     outcome = rewritten.outcome
     report_stage.spill_before_validation(outcome, graph.reference, destination, cleanup, say)
-    validate_stage.refuse_if_invalid(graph, rewritten, options.validate, report, say)
-    runs = run_inputs(graph, request)
-    report["inputs"] = reported_inputs(graph, request)
-    if runs.note:
-        report["made_up_inputs"] = runs.note
-    checked = None
-    if options.validate:
-        checked = validate_stage.checked(graph, rewritten, runs, request, exported.torch_source, report)
-    if request.dtype != "float32":
-        validated = checked.result if checked else None
-        outcome.model = half.in_half(graph, rewritten, runs, validated, request, report, cleanup)
-        report_stage.restate_after(report, outcome.model, graph.declared)
+    with _refusal_reported(report):
+        validate_stage.refuse_if_invalid(graph, rewritten, options.validate, say)
+        runs = run_inputs(graph, request)
+        report["inputs"] = reported_inputs(graph, request)
+        if runs.note:
+            report["made_up_inputs"] = runs.note
+        checked = _validated(exported, rewritten, runs, request, report) if options.validate else None
+        if request.dtype != "float32":
+            validated = checked.result if checked else None
+            outcome.model, report["precision"] = half.in_half(graph, rewritten, runs, validated, request, cleanup)
+            _restate(report, outcome.model, graph.declared)
     exported.torch_source = None  # the torch model's float64 copy (twice its weights), before the profile's sessions
     ir.as_declared(outcome.model, graph.declared)  # annotated as given, as it is timed and written
     tf32_sample = checked.tf32_sample if checked else None
+    on_device = report["validation"].get("on_device") if report["validation"] else None
     if options.profile:
-        read_tf32 = functools.partial(
-            validate_stage.record_tf32_effect, report["validation"], outcome.model, tf32_sample
-        )
-        profile_stage.profiled(graph, outcome.model, runs, request, report, read_tf32 if tf32_sample else None)
+        read_tf32 = None
+        if tf32_sample and on_device is not None:
+
+            def read_tf32(session) -> None:
+                on_device.update(validate_stage.tf32_effect_fields(outcome.model, tf32_sample, session))
+
+        _place_profile(report, profile_stage.profiled(graph, outcome.model, runs, request, read_tf32))
         _faster_one_instead(exported, rewritten, runs, request, report)
-    if tf32_sample and not validate_stage.tf32_effect_recorded(report["validation"]):  # not profiled, or skipped
-        say("validating on cuda", "TF32's effect")
-        validate_stage.record_tf32_effect(report["validation"], outcome.model, tf32_sample)
+    if tf32_sample and on_device is not None and not validate_stage.tf32_effect_recorded(on_device):
+        say("validating on cuda", "TF32's effect")  # not profiled, or the profile skipped
+        on_device.update(validate_stage.tf32_effect_fields(outcome.model, tf32_sample))
     weights = report_stage.written(outcome.model, destination, loaded.files, say) if destination is not None else None
     if destination is not None:
         report["output"], report["output_weights"] = str(destination), str(weights) if weights is not None else None
@@ -180,25 +184,74 @@ def _optimized(model, options: OptimizeOptions, cleanup: contextlib.ExitStack) -
     return OptimizeResult(report, outcome.model, graph.reference, destination, weights)
 
 
+@contextlib.contextmanager
+def _refusal_reported(report: OptimizeReport):
+    """A stage's refusal as the ValidationError the API raises, carrying the report with the
+    refusal's sections in it."""
+    try:
+        yield
+    except Refused as refused:
+        if refused.made_up_inputs is not None:
+            report["made_up_inputs"] = refused.made_up_inputs
+        if refused.validation is not None:
+            report["validation"] = refused.validation
+        if refused.precision is not None:
+            report["precision"] = refused.precision
+        raise ValidationError(str(refused), report) from None
+
+
+def _validated(
+    exported: load.Exported, rewritten: rewrite.Rewritten, runs: RunInputs, request, report: OptimizeReport
+) -> validate_stage.Checked:
+    """The validate stage's check, its sections placed in the report."""
+    checked = validate_stage.checked(exported.graph, rewritten, runs, request, exported.torch_source)
+    if checked.made_up_inputs is not None:
+        report["made_up_inputs"] = checked.made_up_inputs
+    report["validation"] = checked.validation
+    return checked
+
+
+def _restate(report: OptimizeReport, model: onnx.ModelProto, declared) -> None:
+    """The report's `after` for the model written, where it is not the one the rewrite gave."""
+    report["after"], report["size_regression"], report["growth"] = report_stage.restated(
+        report["before"], model, declared
+    )
+
+
+def _place_profile(report: OptimizeReport, profiled: profile_stage.Profiled) -> None:
+    if profiled.skipped is not None:
+        report["profile_skipped"] = profiled.skipped
+    else:
+        report["profile"] = profiled.profile
+
+
 def _faster_one_instead(
-    exported: load.Exported, rewritten: rewrite.Rewritten, runs, request, report: OptimizeReport
+    exported: load.Exported, rewritten: rewrite.Rewritten, runs: RunInputs, request, report: OptimizeReport
 ) -> None:
     """Where the whole rewrite is slower on the device, the fastest graph instead (stages/profile.py):
     rewritten.outcome.model becomes it, restated, validated, annotated as given and profiled."""
     graph, outcome = exported.graph, rewritten.outcome
-    faster = profile_stage.faster_candidate(graph, rewritten, runs, request, report)
-    if faster is None:
+    search = profile_stage.faster_candidate(graph, rewritten, runs, request, report["profile"], report["rewrites"])
+    if search is None:
         return
-    outcome.model = faster
-    report_stage.restate_after(report, faster, graph.declared)
+    if search.not_made is not None:
+        report["speed_choice_skipped"] = search.not_made
+    if search.model is None or search.choice is None:
+        return
+    report["speed_choice"], report["dropped_for_speed"] = search.choice, search.dropped
+    report["rewrites"], report["skipped"] = search.applied, search.skipped
+    outcome.model = search.model
+    _restate(report, search.model, graph.declared)
     if request.options.validate:
-        validate_stage.checked(graph, rewritten, runs, request, exported.torch_source, report)
+        with _refusal_reported(report):
+            _validated(exported, rewritten, runs, request, report)
     report["profile"] = None
-    if report["speed_choice"]["written_as_given"]:
+    if search.choice["written_as_given"]:
         outcome.model = graph.as_given()
         report["profile_skipped"] = "every candidate was slower than the model as given, which is written"
     else:
-        profile_stage.profiled(graph, ir.as_declared(faster, graph.declared), runs, request, report)
+        as_written = ir.as_declared(search.model, graph.declared)
+        _place_profile(report, profile_stage.profiled(graph, as_written, runs, request))
 
 
 def export_only(

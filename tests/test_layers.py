@@ -286,3 +286,30 @@ def test_every_builtin_primitive_is_registered_where_it_is_defined():
     }
     assert set(registered) == decorated and len(decorated) >= 27
     assert all(primitive.__name__ == name for name, primitive in registered.items())
+
+
+
+def _report_writes(source: str) -> list[str]:
+    """Where `source` takes a report (a parameter named report, or typed OptimizeReport) or
+    assigns to a key of one."""
+    writes = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+            writes += [f"{node.name} takes {arg.arg}" for arg in arguments
+                       if arg.arg == "report" or (arg.annotation and "OptimizeReport" in ast.unparse(arg.annotation))]
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
+        writes += [f"line {node.lineno}: {ast.unparse(target)} =" for target in targets
+                   if isinstance(target, ast.Subscript) and ast.unparse(target.value).split("[")[0] == "report"]
+    return writes
+
+
+def test_no_stage_writes_into_the_report():
+    """Each stage hands its sections back; the orchestrator (pipeline.py) alone places them: no
+    stage takes the report or assigns to a key of it (the report stage builds the first one)."""
+    writes = {path.name: _report_writes(path.read_text(encoding="utf-8"))
+              for path in sorted((PACKAGE / "stages").glob("*.py"))}
+    assert {name: found for name, found in writes.items() if found} == {}
+    planted = "def checked(graph, report: OptimizeReport):\n    report['validation']['culprit'] = None\n"
+    assert _report_writes(planted) == ["checked takes report", "line 2: report['validation']['culprit'] ="]

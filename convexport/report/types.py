@@ -263,15 +263,22 @@ class OutputDifference(TypedDict):
     max_rel: Annotated[float | None, "largest relative difference"]
 
 
-class OnDevice(Comparison):
-    """The same check on the CUDA provider the model is deployed on, TF32 off."""
-
+class _OnDeviceCheck(Comparison):
     provider: Annotated[str, "CUDAExecutionProvider"]
     provider_options: Annotated[dict[str, Any], "the provider's options for the check"]
     tf32: Annotated[bool, "whether TF32 was on (false: only the rewrite can differ)"]
-    tf32_effect: NotRequired[Annotated[dict[str, OutputDifference], "per output, TF32 on against off"]]
-    tf32_effect_options: NotRequired[Annotated[dict[str, Any], "the provider's options with TF32 on"]]
-    tf32_effect_note: NotRequired[Annotated[str, "why TF32's effect was not measured"]]
+
+
+class TF32Effect(TypedDict, total=False):
+    """TF32's effect on the device check's outputs, measured once the profile has a session."""
+
+    tf32_effect: Annotated[dict[str, OutputDifference], "per output, TF32 on against off"]
+    tf32_effect_options: Annotated[dict[str, Any], "the provider's options with TF32 on"]
+    tf32_effect_note: Annotated[str, "why TF32's effect was not measured"]
+
+
+class OnDevice(_OnDeviceCheck, TF32Effect):
+    """The same check on the CUDA provider the model is deployed on, TF32 off."""
 
 
 class Validation(Comparison):

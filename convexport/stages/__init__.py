@@ -14,5 +14,6 @@ stage calls another, or back up), each the entry of the package of the same name
 
 Before them, request.py reads and checks the options (what was asked, refused in the option's
 words before any work); inputs.py is what several stages take (the input sets the checks and
-the profile run on).
+the profile run on). Each stage hands back what it found, its report sections typed; pipeline.py
+places them. A check that fails raises refusal.Refused with its sections.
 """

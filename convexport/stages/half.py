@@ -1,19 +1,28 @@
-"""The half stage (--dtype fp16): the validated model in half precision (convexport/half/), written to
-report["precision"]; a ValidationError where no conversion meets the half-precision bound."""
+"""The half stage (--dtype fp16): the validated model in half precision (convexport/half/) and the
+report's precision section; a refusal (stages/refusal.py) where no conversion meets the
+half-precision bound."""
 
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
-from ..errors import ValidationError
+import onnx
+
 from ..half import in_half_precision
 from ..load.export import ExportResult
 from ..load.float32_twin import edges_dropped
-from ..report.types import OptimizeReport
+from ..report.types import Precision
 from ..validate.results import ValidationResult
 from .inputs import RunInputs
+from .refusal import Refused
 from .request import Request
 from .rewrite import Rewritten
+
+
+class Half(NamedTuple):
+    model: onnx.ModelProto
+    precision: Precision  # the report's section
 
 
 def in_half(
@@ -22,9 +31,8 @@ def in_half(
     inputs: RunInputs,
     validated: ValidationResult | None,
     request: Request,
-    report: OptimizeReport,
     cleanup: contextlib.ExitStack,
-):
+) -> Half:
     """The model in request.dtype, judged on validation's float64 reference and its runs of the
     original (`validated`; None where it did not run: both are made here). A large model's
     weights are in a folder `cleanup` removes (half/on_disk.py)."""
@@ -41,7 +49,7 @@ def in_half(
         cleanup.enter_context(half.files)
     if half.passed:  # a float16 model's twin (load/float32_twin.py): its edges in float16 again
         half.nodes_half -= edges_dropped(half.model)
-    report["precision"] = half.to_report()
+    precision = half.to_report()
     if not half.passed:
-        raise ValidationError(f"{rewritten.source}: {half.failure()}; nothing was written", report)
-    return half.model
+        raise Refused(f"{rewritten.source}: {half.failure()}; nothing was written", precision=precision)
+    return Half(half.model, precision)

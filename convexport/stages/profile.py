@@ -11,7 +11,9 @@ given is the last candidate, at a speedup of 1 by definition (a rewrite slower b
 SLOWER_MARGIN is kept; a large model's graphs, timed one after the other rather than in pairs,
 are not searched: `speed_choice_skipped` says so). The candidate with the highest
 speedup whose interval does not lie below 1 is written, and the rewrites it leaves out are
-reported under `dropped_for_speed` with the ratio measured."""
+reported under `dropped_for_speed` with the ratio measured.
+
+Each function hands back the report sections it found; pipeline.py places them."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from .. import ir
 from ..load.export import ExportResult
 from ..profile.paired_timer import TARGET
 from ..profile.profiler import profile_models
-from ..report.types import OptimizeReport, Profile, Rewrite, Skipped, SpeedCandidate, TimedRatio
+from ..report.types import DroppedRewrite, Profile, Rewrite, Skipped, SpeedCandidate, SpeedChoice, TimedRatio
 from ..runtime import MissingKernel
 from .inputs import RunInputs
 from .report import REGRESSION_RATIO
@@ -39,22 +41,28 @@ MAX_CANDIDATES = 6  # graphs timed beside the original, after the whole rewrite
 SLOWER_MARGIN = TARGET
 
 
+@dataclass
+class Profiled:
+    """The report's profile section, or why there is none (its profile_skipped)."""
+
+    profile: Profile | None = None
+    skipped: str | None = None
+
+
 def profiled(
     exported: ExportResult,
     optimized: onnx.ModelProto,
     inputs: RunInputs,
     request: Request,
-    report: OptimizeReport,
     after_timing: Callable[[object], None] | None = None,
-) -> None:
-    """report["profile"] of `optimized` (annotated as it is written) against the model as given,
-    or report["profile_skipped"] where the device has no kernel for a graph or the graph is
-    unchanged. `after_timing` is handed the optimized graph's session once it is timed (TF32's
-    effect is read on it: stages/validate.py)."""
+) -> Profiled:
+    """The profile of `optimized` (annotated as it is written) against the model as given, or
+    why it was skipped: the device has no kernel for a graph, or the graph is unchanged.
+    `after_timing` is handed the optimized graph's session once it is timed (TF32's effect is
+    read on it: stages/validate.py)."""
     original = exported.as_given()
     if ir.same_computation(original, optimized):
-        report["profile_skipped"] = "the optimized graph computes as the original does, node for node: nothing to time"
-        return
+        return Profiled(skipped="the optimized graph computes as the original does, node for node: nothing to time")
     device = request.device
     say = request.steps.start
     say(f"profiling on {device}")
@@ -72,14 +80,14 @@ def profiled(
             threads=request.options.threads,
         )
     except MissingKernel as exc:
-        report["profile_skipped"] = str(exc)
-        return
-    profile = report["profile"] = judged_profile(measured)
+        return Profiled(skipped=str(exc))
+    profile = judged_profile(measured)
     if inputs.made_up_runs:
         profile["inputs"] = [str(spec) for spec in _timed_specs(inputs)]
     if profile["verdict"] == "slower" and measured["paired"]["stopped"] != "apart":
         say(f"profiling on {device}", "the original against itself")
         _against_itself(profile, original, inputs, request)
+    return Profiled(profile)
 
 
 def _against_itself(profile: Profile, original: onnx.ModelProto, inputs: RunInputs, request: Request) -> None:
@@ -144,33 +152,49 @@ class Candidate:
     high: float = 1.0
 
 
+@dataclass
+class SpeedSearch:
+    """What the search for a faster graph found: the report's speed_choice_skipped where it was
+    not made; else the graph chosen (with the annotations the rewrite gave it; the reference
+    itself for the model as given), the report's speed_choice, the chosen graph's rewrites and
+    refusals (its rewrites and skipped), and the whole rewrite's rewrites it does not make
+    (dropped_for_speed)."""
+
+    not_made: str | None = None
+    model: onnx.ModelProto | None = None
+    choice: SpeedChoice | None = None
+    applied: list[Rewrite] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    dropped: list[DroppedRewrite] = field(default_factory=list)
+
+
 def faster_candidate(
-    exported: ExportResult, rewritten: Rewritten, inputs: RunInputs, request: Request, report: OptimizeReport
-) -> onnx.ModelProto | None:
-    """The graph to write instead of the whole rewrite, where the profile found it slower (module
-    doc); None where nothing is to change. Each candidate is timed annotated as it would be
-    written (ir.as_declared) against the model as given; the one chosen is returned with the
-    annotations the rewrite gave it (the reference itself for the model as given). Records
-    report["speed_choice"], the written graph's rewrites and refusals in report["rewrites"] and
-    ["skipped"], and the whole rewrite's rewrites it does not make in report["dropped_for_speed"]."""
-    profile = report.get("profile")
+    exported: ExportResult,
+    rewritten: Rewritten,
+    inputs: RunInputs,
+    request: Request,
+    profile: Profile | None,
+    rewrites: list[Rewrite],
+) -> SpeedSearch | None:
+    """The graph to write instead of the whole rewrite (`rewrites`), where `profile` found it
+    slower (module doc); None where nothing is to change. Each candidate is timed annotated as it
+    would be written (ir.as_declared) against the model as given."""
     if not profile or request.strategy == "all" or request.dtype != "float32":
         return None
     if profile["verdict"] != "slower" or profile["speedup_interval"][1] >= 1 - SLOWER_MARGIN:
         return None
     if profile["paired"]["stopped"] == "apart":  # a large model's, timed apart: no paired ratio to act on
-        report["speed_choice_skipped"] = (
-            "the models were timed one after the other (each holds its weights), not in pairs: their ratio "
-            "mixes two moments of the machine, too uncertain to drop rewrites for"
+        return SpeedSearch(
+            not_made="the models were timed one after the other (each holds its weights), not in pairs: their "
+            "ratio mixes two moments of the machine, too uncertain to drop rewrites for"
         )
-        return None
     say = request.steps.start
     original = exported.as_given()
-    fired = list(dict.fromkeys(rewrite["rule"] for rewrite in report["rewrites"]))
+    fired = list(dict.fromkeys(rewrite["rule"] for rewrite in rewrites))
     timed: list[Candidate] = []
-    for dropped in _drop_sets(fired):
-        say("choosing for speed", f"without {', '.join(dropped)}")
-        outcome = rewritten.without(frozenset(dropped), exported.reference)
+    for left_out in _drop_sets(fired):
+        say("choosing for speed", f"without {', '.join(left_out)}")
+        outcome = rewritten.without(frozenset(left_out), exported.reference)
         if ir.same_computation(original, outcome.model):
             continue
         measured = profile_models(
@@ -178,27 +202,28 @@ def faster_candidate(
             request.device, feeds=_feeds(inputs), memory=False, per_op=False, threads=request.options.threads,
         )["paired"]  # fmt: skip
         timed.append(Candidate(
-            tuple(dropped), outcome.model, outcome.applied, outcome.skipped,
+            left_out, outcome.model, outcome.applied, outcome.skipped,
             measured["speedup"], measured["low"], measured["high"],
         ))  # fmt: skip
     given = Candidate(tuple(fired), exported.reference)
     chosen = max([c for c in timed if c.high >= 1] + [given], key=lambda c: c.speedup)
     speedup, (low, high) = profile["speedup"] or 0.0, profile["speedup_interval"]
     whole: TimedRatio = {"speedup": speedup, "low": low, "high": high}
-    report["speed_choice"] = {
+    choice: SpeedChoice = {
         "all_rewrites": whole,
         "candidates": [*(_entry(c) for c in timed), {**_entry(given), "as_given": True}],
         "chosen": list(chosen.dropped),
         "written_as_given": chosen is given,
     }
     made = {_made(rewrite) for rewrite in chosen.applied}
-    report["dropped_for_speed"] = [
+    dropped: list[DroppedRewrite] = [
         {**rewrite, "speedup_without": chosen.speedup, "speedup_with_all": speedup}
-        for rewrite in report["rewrites"]
+        for rewrite in rewrites
         if _made(rewrite) not in made
     ]
-    report["rewrites"], report["skipped"] = chosen.applied, chosen.skipped
-    return chosen.model
+    return SpeedSearch(
+        model=chosen.model, choice=choice, applied=chosen.applied, skipped=chosen.skipped, dropped=dropped
+    )
 
 
 def _as_written(model: onnx.ModelProto, declared) -> onnx.ModelProto:

@@ -9,6 +9,7 @@ import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import onnx
 
@@ -71,11 +72,17 @@ def base_report(loaded: LoadedModel, exported: ExportResult, rewritten: Rewritte
     }
 
 
-def restate_after(report: OptimizeReport, after: onnx.ModelProto, declared: Sequence[onnx.ValueInfoProto]) -> None:
+class Restated(NamedTuple):
+    after: GraphStats
+    size_regression: bool
+    growth: Growth
+
+
+def restated(before: GraphStats, after: onnx.ModelProto, declared: Sequence[onnx.ValueInfoProto]) -> Restated:
     """The report's `after` (and what it gives) for the model written, when it is not the one
     the rewrite gave."""
-    report["after"] = _stats(after, declared)
-    report["size_regression"], report["growth"] = _against(report["before"], report["after"])
+    stats = _stats(after, declared)
+    return Restated(stats, *_against(before, stats))
 
 
 def _stats(model: onnx.ModelProto, declared: Sequence[onnx.ValueInfoProto]) -> GraphStats:

@@ -1,27 +1,29 @@
 """The validate stage: the optimized graph checked against the original: a valid model first (onnx's
 checker, ONNX Runtime's loading), then the same outputs within the float64 bound (on the CPU,
 and on CUDA where it is deployed there); where it fails, the first rewrite that breaks it,
-found by bisection, and a ValidationError carrying the report (nothing is written)."""
+found by bisection, and a refusal (stages/refusal.py) carrying the validation section: nothing
+is written. Each function hands back what it found; pipeline.py places it in the report."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import NoReturn, cast
 
 import onnx
 
 from .. import ir
-from ..errors import ConvexportError, ValidationError, first_line
+from ..errors import ConvexportError, first_line
 from ..load.export import ExportResult
 from ..load.float32_twin import weights_half_type
-from ..report.types import Culprit, InvalidModel, OptimizeReport, Rewrite, Validation
+from ..report.types import Culprit, InvalidModel, OnDevice, Rewrite, Validation
 from ..runtime import CUDA, Unloadable, create_session, provider_options
 from ..validate.compare import compare_models, tf32_effect
 from ..validate.exact_check import reference_seconds
 from ..validate.results import ValidationResult
 from ..validate.runs import NoMadeUpInputs
 from .inputs import RunInputs
+from .refusal import Refused
 from .request import Request
 from .rewrite import Rewritten
 
@@ -35,23 +37,23 @@ FLOAT64_SHARE = 0.4
 FLOAT64_MIN_S = 0.5
 
 
-def refuse_if_invalid(
-    exported: ExportResult, rewritten: Rewritten, validating: bool, report: OptimizeReport, say
-) -> None:
-    """A ValidationError where the optimized graph is not a valid model, whether or not it is
-    validated by running it (validation loads it anyway)."""
+def refuse_if_invalid(exported: ExportResult, rewritten: Rewritten, validating: bool, say) -> None:
+    """A refusal where the optimized graph is not a valid model, whether or not it is validated
+    by running it (validation loads it anyway)."""
     model = rewritten.outcome.model
     invalid = rewritten.outcome.invalid or checker_problem(exported.reference, model)
     if invalid is None and not validating and model is not exported.reference:
         invalid = _load_problem(model)
     if invalid is not None:
-        _refuse_invalid(invalid, exported, rewritten, report, say)
+        _refuse_invalid(invalid, exported, rewritten, say)
 
 
 @dataclass
 class Checked:
     result: ValidationResult  # the last check made: the CPU's, or the device's where there was one
     tf32_sample: tuple | None  # the device check's first input set, for TF32's effect on the device
+    validation: Validation  # the report's section
+    made_up_inputs: str | None  # why made-up inputs were not used, where they were not
 
 
 def checked(
@@ -60,11 +62,10 @@ def checked(
     inputs: RunInputs,
     request: Request,
     torch_source,
-    report: OptimizeReport,
 ) -> Checked:
-    """The validation, written to report["validation"]; a ValidationError where it fails.
-    `inputs.made_up_runs` becomes 0 where made-up inputs cannot run the model and the caller's
-    arrays are used alone (report["made_up_inputs"] says why)."""
+    """The validation and its report section; a refusal where it fails. `inputs.made_up_runs`
+    becomes 0 where made-up inputs cannot run the model and the caller's arrays are used alone
+    (Checked.made_up_inputs says why)."""
     say = request.steps.start
     say("validating")
     labels = (f"{rewritten.source} (as exported)", "the optimized graph")
@@ -86,20 +87,20 @@ def checked(
         result.precision = precision
         return result
 
+    made_up_inputs = None
     try:
         result = compare(inputs.made_up_runs)
     except Unloadable as unloadable:  # valid to onnx's checker, not to ONNX Runtime
         if _load_problem(exported.reference) is not None:
             raise  # the model as given: its own problem, said as such
-        _refuse_invalid(first_line(unloadable), exported, rewritten, report, say)
+        _refuse_invalid(first_line(unloadable), exported, rewritten, say)
     except NoMadeUpInputs as unsuitable:
         if not inputs.real_data:
             raise ConvexportError(f"{unsuitable}; or give real inputs with --inputs DATA.npz") from None
         inputs.made_up_runs = 0  # the caller's arrays alone, said in the report
         result = compare(0)
-        report["made_up_inputs"] = f"not used: {unsuitable}"
+        made_up_inputs = f"not used: {unsuitable}"
     validation: Validation = {**result.to_report()}
-    report["validation"] = validation
     tf32_sample, failed_on = None, "cpu"
     if result.passed and request.device == "cuda":
         say("validating on cuda")
@@ -107,13 +108,20 @@ def checked(
         result = _validated_on_device(exported, rewritten, inputs, request, labels, validation, result.exact)
         tf32_sample = result.sample if result.passed else None
     if not result.passed:
-        _refuse_wrong(result, exported, rewritten, inputs, request, failed_on, report)
-    return Checked(result, tf32_sample)
+        validation["culprit"] = _culprit(result, exported, rewritten, inputs, request, failed_on)
+        raise Refused(
+            f"{rewritten.source}: the optimized graph does not match the original ({result.summary()})"
+            f"{_blame(validation['culprit'], exported.conversions)}; nothing was written",
+            validation=validation,
+            made_up_inputs=made_up_inputs,
+        )
+    return Checked(result, tf32_sample, validation, made_up_inputs)
 
 
-def _refuse_wrong(result, exported, rewritten: Rewritten, inputs: RunInputs, request: Request, failed_on, report):
-    """The ValidationError for an optimized graph whose outputs are wrong, naming the first
-    rewrite after which they are."""
+def _culprit(
+    result: ValidationResult, exported, rewritten: Rewritten, inputs: RunInputs, request: Request, failed_on: str
+) -> Culprit | None:
+    """The first rewrite after which the outputs are wrong (find_bad_rewrite)."""
     request.steps.start("finding the rewrite that broke it")
     exact = result.exact  # the float64 reference, computed once, for every step of the bisection
 
@@ -124,13 +132,7 @@ def _refuse_wrong(result, exported, rewritten: Rewritten, inputs: RunInputs, req
             precision=weights_half_type(exported.reference),
         ).passed  # fmt: skip
 
-    culprit = find_bad_rewrite(rewritten.outcome.applied, passes, rewritten.first)
-    report["validation"]["culprit"] = culprit
-    raise ValidationError(
-        f"{rewritten.source}: the optimized graph does not match the original ({result.summary()})"
-        f"{_blame(culprit, exported.conversions)}; nothing was written",
-        report,
-    )
+    return find_bad_rewrite(rewritten.outcome.applied, passes, rewritten.first)
 
 
 def _validated_on_device(
@@ -157,36 +159,36 @@ def _validated_on_device(
     return on_device
 
 
-def record_tf32_effect(validation: dict, model: onnx.ModelProto, sample, session=None) -> None:
-    """validation["on_device"]["tf32_effect"]: per output, how far the optimized graph as
-    deployed (ORT's default CUDA options, TF32 on) lands from the device check's TF32-off
-    outputs (validate.tf32_effect), on `session` where the profile hands its own over."""
+def tf32_effect_fields(model: onnx.ModelProto, sample, session=None) -> OnDevice:
+    """The fields of validation["on_device"] that say, per output, how far the optimized graph
+    as deployed (ORT's default CUDA options, TF32 on) lands from the device check's TF32-off
+    outputs (validate.tf32_effect), measured on `session` where the profile hands its own over."""
     effect = tf32_effect(model, sample, session)
-    on_device = validation["on_device"]
     if effect is None:
-        on_device["tf32_effect_note"] = f"not measured: {CUDA} has no kernel for the graph with its default options"
-        return
-    on_device["tf32_effect"] = {name: {"max_abs": e.max_abs, "max_rel": e.max_rel} for name, e in effect.items()}
-    on_device["tf32_effect_options"] = provider_options("cuda")
+        note = f"not measured: {CUDA} has no kernel for the graph with its default options"
+        return cast(OnDevice, {"tf32_effect_note": note})
+    return cast(OnDevice, {
+        "tf32_effect": {name: {"max_abs": e.max_abs, "max_rel": e.max_rel} for name, e in effect.items()},
+        "tf32_effect_options": provider_options("cuda"),
+    })  # fmt: skip
 
 
-def tf32_effect_recorded(validation: dict) -> bool:
-    return bool({"tf32_effect", "tf32_effect_note"} & validation["on_device"].keys())
+def tf32_effect_recorded(on_device: OnDevice) -> bool:
+    return bool({"tf32_effect", "tf32_effect_note"} & on_device.keys())
 
 
-def _refuse_invalid(problem: str, exported: ExportResult, rewritten: Rewritten, report: OptimizeReport, say):
-    """ValidationError for an optimized graph that is not a valid model (`problem`), naming the
+def _refuse_invalid(problem: str, exported: ExportResult, rewritten: Rewritten, say) -> NoReturn:
+    """The refusal of an optimized graph that is not a valid model (`problem`), naming the
     first rewrite after which it is not (the same bisection as for wrong values): a rule whose
     rewrite breaks the graph's shapes is the rule's fault, told as such (exit 3), not convexport's."""
     say("finding the rewrite that broke it")
     applied = rewritten.outcome.applied
     culprit = find_bad_rewrite(applied, lambda candidate: _is_valid(exported.reference, candidate), rewritten.first)
     invalid: InvalidModel = {"passed": False, "invalid_model": problem, "culprit": culprit}
-    report["validation"] = invalid
     blame = _blame(culprit, exported.conversions)
-    raise ValidationError(
+    raise Refused(
         f"{rewritten.source}: the optimized graph is not a valid ONNX model ({problem}){blame}; nothing was written",
-        report,
+        validation=invalid,
     )
 
 
