@@ -45,7 +45,7 @@ from families import arguments, write_section  # noqa: E402
 
 import convexport  # noqa: E402
 from convexport.load.inputs import InputSpec  # noqa: E402
-from convexport.profile.profiler import profile_models  # noqa: E402
+from convexport.profile.profiler import TimingSettings, profile_models  # noqa: E402
 from convexport.util.quiet import quiet_libraries  # noqa: E402
 
 HEADING = "## Adapters and detectors against their hand forms"
@@ -186,7 +186,8 @@ def row(case: Case, route: str) -> str:
     fused = {name: kernels(model) for name, model in (("cx", result.model), ("hand", hand_graph))}
     shown = [kind for kind in FUSED_KERNELS if fused["cx"][kind] or fused["hand"][kind]]
     kept = ", ".join(f"{kind} {fused['cx'][kind]}/{fused['hand'][kind]}" for kind in shown) or "-"
-    timed = profile_models({"hand": hand_graph, "convexport": result.model}, specs, "cpu", memory=False, per_op=False)
+    timed = profile_models({"hand": hand_graph, "convexport": result.model}, specs, "cpu",
+                           TimingSettings(memory=False, per_op=False))
     ratio = timed["convexport"]["latency_ms"]["median"] / timed["hand"]["latency_ms"]["median"]
     valid = "yes" if result.report["validation"]["passed"] else "NO"
     left = len(result.report["low_rank_branches_left"])
@@ -212,7 +213,7 @@ def fusion_cost() -> list[str]:
     for strategy in ("cost", "all"):
         models[strategy] = convexport.optimize(original, inputs=specs, write=False, profile=False,
                                                strategy=strategy).model
-    timed = profile_models(models, specs, "cpu", memory=False, per_op=False)
+    timed = profile_models(models, specs, "cpu", TimingSettings(memory=False, per_op=False))
     median = {name: timed[name]["latency_ms"]["median"] for name in models}
     lines = ["", "Keeping the runtime's Gelu whole, on a mid-size BERT + LoRA (hidden 256, batch 4 x 128, "
              "TorchScript at opset 17), median latency over the hand form's:", "",

@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 
 import convexport  # noqa: E402
 from convexport.load.onnx_route import graph_input_specs  # noqa: E402
-from convexport.profile.profiler import profile_models  # noqa: E402
+from convexport.profile.profiler import TimingSettings, profile_models  # noqa: E402
 
 CASES = [
     ("seed000_subtracted_conv.py", ("cost", "all")),
@@ -49,7 +49,7 @@ def main() -> None:
                                builtin_rules=False)
     row("repvgg (training form)", "cost", auto, args)
     measured = profile_models({"hand": hand.model, "auto": auto.model}, graph_input_specs(auto.model),
-                              args.device, args.runs, memory=False, per_op=False)
+                              args.device, TimingSettings(args.runs, memory=False, per_op=False))
     ratio = measured["hand"]["latency_ms"]["median"] / measured["auto"]["latency_ms"]["median"]
     print(f"repvgg: automatic fold {measured['auto']['latency_ms']['median']:.3f} ms vs hand re-parameterised "
           f"{measured['hand']['latency_ms']['median']:.3f} ms (hand/auto {ratio:.3f}); Conv "
@@ -59,7 +59,8 @@ def main() -> None:
 def row(model, strategy, result, args) -> None:
     report = result.report
     measured = profile_models({"before": result.original, "after": result.model},
-                              graph_input_specs(result.original), args.device, args.runs, memory=False, per_op=False)
+                              graph_input_specs(result.original), args.device,
+                              TimingSettings(args.runs, memory=False, per_op=False))
     before, after = (measured[key]["latency_ms"]["median"] for key in ("before", "after"))
     conv = f"{report['before']['ops'].get('Conv', 0)}->{report['after']['ops'].get('Conv', 0)}"
     nodes = f"{report['before']['nodes']}->{report['after']['nodes']}"

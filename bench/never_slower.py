@@ -72,15 +72,15 @@ def wall(command: list[str]) -> float:
 def _paired_in_child(original: str, candidate: str, threads: int, sizes: dict | None, queue) -> None:
     from convexport.load.input_domains import sized_by_running
     from convexport.load.onnx_route import graph_input_specs
-    from convexport.profile.profiler import profile_models
+    from convexport.profile.profiler import TimingSettings, profile_models
 
     try:
         model = onnx.load(original)
         specs = graph_input_specs(model)
         feeds = None if sizes is None else feeds_at(specs, sizes)
         measured = profile_models(
-            {"before": model, "after": onnx.load(candidate)}, sized_by_running(model, specs), "cpu", memory=False,
-            per_op=False, threads=threads or None, budget_s=4.0, feeds=feeds,
+            {"before": model, "after": onnx.load(candidate)}, sized_by_running(model, specs), "cpu",
+            TimingSettings(memory=False, per_op=False, threads=threads or None, budget_s=4.0), feeds=feeds,
         )  # fmt: skip
         queue.put(measured["paired"])
     except Exception as exc:  # said in the parent, not a wait for a result that never comes

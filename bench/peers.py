@@ -30,8 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 
 import convexport  # noqa: E402
+from convexport.load.inputs import InputSets  # noqa: E402
 from convexport.load.onnx_route import graph_input_specs  # noqa: E402
-from convexport.profile.profiler import profile_models  # noqa: E402
+from convexport.profile.profiler import TimingSettings, profile_models  # noqa: E402
 from convexport.validate.compare import compare_models  # noqa: E402
 
 MODELS = [
@@ -107,7 +108,7 @@ def optimize_all(original, calls: int = 1):
 
 
 def relative_error(original, candidate, inputs) -> float:
-    result = compare_models(original, candidate, inputs, runs=2)
+    result = compare_models(original, candidate, InputSets(inputs, 2))
     return max((error.max_rel for error in result.outputs.values()), default=float("nan"))
 
 
@@ -171,7 +172,7 @@ def timed_pair(original, variant, inputs, device) -> dict:
 
 def _time_in_child(paths, inputs, device, queue) -> None:
     models = {name: onnx.load(path) for name, path in paths.items()}
-    measured = profile_models(models, inputs, device, memory=True, per_op=False)
+    measured = profile_models(models, inputs, device, TimingSettings(memory=True, per_op=False))
     queue.put({name: {"ms": measured[name]["latency_ms"]["median"], "peak": measured[name]["peak_memory_bytes"]}
                for name in models})
 

@@ -292,7 +292,7 @@ def profile(
         from .load.inputs import input_specs, with_overrides
         from .load.onnx_route import graph_input_specs
         from .load.routes import load_model
-        from .profile.profiler import profile_models
+        from .profile.profiler import TimingSettings, profile_models
         from .report.types import SCHEMA_VERSION
         from .report.words import mebibytes, write_json
         from .runtime import custom_op_libraries, resolve_device
@@ -307,15 +307,8 @@ def profile(
         specs = with_overrides(graph_input_specs(onnx_model), input_specs(input), model)
         with custom_op_libraries(custom_ops_library or []):
             specs = sized_by_running(onnx_model, specs)  # an image's dynamic dims, as the model takes them
-            measured = profile_models(
-                {"model": onnx_model},
-                specs,
-                resolve_device(device),
-                runs,
-                warmup,
-                per_op=not no_per_op,
-                threads=threads,
-            )
+            timing = TimingSettings(runs, warmup, per_op=not no_per_op, threads=threads)
+            measured = profile_models({"model": onnx_model}, specs, resolve_device(device), timing)
         if report is not None:
             write_json({"schema_version": SCHEMA_VERSION, **measured}, report)
         if _is_stdout(report):

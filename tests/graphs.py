@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
-from convexport.rewrite.engine import rewrite_model
+from convexport.rewrite.engine import RewriteSettings, rewrite_model
 from convexport.folds import builtin_primitives
 from convexport.rewrite.rulefile import builtin_rule_files, load_rules
 from helpers import make_model, op_counts, run, tensor
@@ -75,7 +75,7 @@ class GraphBuilder:
 
 
 def rewrite(model, strategy="all", rules=RULES):
-    return rewrite_model(model, rules, builtin_primitives(), strategy)
+    return rewrite_model(model, rules, builtin_primitives(), RewriteSettings(strategy))
 
 
 def assert_same_outputs(original, rewritten, input_shape, seed=0, rtol=1e-4, atol=1e-5):

@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from convexport.rewrite.engine import rewrite_model
+from convexport.rewrite.engine import RewriteSettings, rewrite_model
 from convexport.folds import builtin_primitives
 from convexport.rewrite.rulefile import builtin_rule_files, load_rules
 from helpers import make_model, op_counts, run, tensor
@@ -17,7 +17,7 @@ RULES = load_rules(builtin_rule_files(), set(builtin_primitives()))
 
 
 def rewrite(model, strategy="all"):
-    return rewrite_model(model, RULES, builtin_primitives(), strategy)
+    return rewrite_model(model, RULES, builtin_primitives(), RewriteSettings(strategy))
 
 
 def conv_bn_model(nd=2, group=1, bias=True, eps=1e-3, extra_consumer=False, bn_output_is_graph_output=True):

@@ -215,7 +215,7 @@ def test_an_unchanged_graph_is_judged_by_the_reference_runs_alone(monkeypatch):
     """A candidate that is the reference with renamed tensors (ir/same.py) computes alike: it is
     neither run on ONNX Runtime nor widened to float64 again, and its error is the original's."""
     from convexport.validate import compare as validate
-    from convexport.load.inputs import parse_input_spec
+    from convexport.load.inputs import InputSets, parse_input_spec
 
     model = well_conditioned()
     renamed = onnx.ModelProto()
@@ -227,7 +227,7 @@ def test_an_unchanged_graph_is_judged_by_the_reference_runs_alone(monkeypatch):
 
     monkeypatch.setattr(validate, "candidate_runs", never)
     monkeypatch.setattr(validate, "float64_or_none", never)
-    result = validate.compare_models(model, renamed, [parse_input_spec("x:1x4x10x10")], runs=2)
+    result = validate.compare_models(model, renamed, InputSets([parse_input_spec("x:1x4x10x10")], 2))
     (error,) = result.outputs.values()
     assert result.passed and result.reference == "float64" and error.exact_error == error.exact_error_original
 

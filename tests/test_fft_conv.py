@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 
-from convexport.rewrite.engine import rewrite_model
+from convexport.rewrite.engine import RewriteSettings, rewrite_model
 from convexport.folds import builtin_primitives
 from graphs import RULES, GraphBuilder, rewrite
 from helpers import all_op_counts, op_counts, run
@@ -148,7 +148,7 @@ def test_for_cuda_the_fft_conv_is_rfft_and_irfft_and_equals_the_direct_conv(nd, 
     model = builder.model([y])
     rules = [replace(rule, params={**rule.params, "min_kernel_area": 16, "min_advantage": 0.0})
              if rule.name == "large-kernel-fft" else rule for rule in RULES]
-    outcome = rewrite_model(model, rules, builtin_primitives(), "all", device="cuda")
+    outcome = rewrite_model(model, rules, builtin_primitives(), RewriteSettings("all", "cuda"))
     counts = op_counts(outcome.model)
     assert counts["Rfft"] == 1 and counts["Irfft"] == 1 and "Conv" not in counts and "Scan" not in counts, counts
     assert {entry.domain for entry in outcome.model.opset_import} >= {"", "com.microsoft"}

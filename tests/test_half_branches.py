@@ -139,12 +139,13 @@ def test_a_branch_that_misses_its_bound_leaves_no_weights_folder_behind(tmp_path
     """Where the second branch misses its bound, the model is not converted by branch and every
     folder the branches' attempts kept (the first's, which passed, among them) is removed."""
     from convexport.half.branches import in_half_by_branch
+    from convexport.load.inputs import InputSets
     from convexport.half.choose import HalfPrecision
     from convexport.half.outputs import OutputJudgement
 
     closed = []
 
-    def converted(branch, specs, real, given):
+    def converted(branch, sets, given):
         files = contextlib.ExitStack()
         files.callback(closed.append, branch.graph.name)
         passed = branch.graph.name.endswith("else_branch")  # the first converted (attributes are sorted)
@@ -152,7 +153,7 @@ def test_a_branch_that_misses_its_bound_leaves_no_weights_folder_behind(tmp_path
         outputs = {value.name: judged for value in branch.graph.output}
         return HalfPrecision(branch, "float16", "float32", 1, 0, [], outputs, "float64", files=files)
 
-    assert in_half_by_branch(merged(), [], [], converted) is None
+    assert in_half_by_branch(merged(), InputSets([], 0), converted) is None
     assert sorted(closed) == ["test_else_branch", "test_then_branch"], closed
 
 

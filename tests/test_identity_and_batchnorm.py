@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from onnx import helper
 
 import onnx
-from convexport.rewrite.engine import rewrite_model
+from convexport.rewrite.engine import RewriteSettings, rewrite_model
 from convexport.folds import builtin_primitives
 from graphs import RULES, assert_same_outputs
 from helpers import make_model, op_counts, tensor
@@ -24,7 +24,7 @@ RNG = np.random.default_rng(7)
 def rewritten(model, strategy="all", limit=None, rules=RULES):
     """The engine's outcome; the input left as it was."""
     before = model.SerializeToString()
-    outcome = rewrite_model(model, rules, builtin_primitives(), strategy, limit=limit)
+    outcome = rewrite_model(model, rules, builtin_primitives(), RewriteSettings(strategy), limit=limit)
     assert model.SerializeToString() == before
     return outcome
 

@@ -12,7 +12,7 @@ import pytest
 from onnx import helper
 
 from convexport.profile import paired_timer
-from convexport.rewrite.engine import rewrite_model
+from convexport.rewrite.engine import RewriteSettings, rewrite_model
 from convexport.folds import builtin_primitives
 from graphs import RULES, GraphBuilder, assert_same_outputs, fold, rewrite
 from helpers import all_op_counts, op_counts
@@ -372,8 +372,8 @@ def test_each_device_gets_the_fft_conv_it_runs():
     builder = GraphBuilder([2, 3, 96, 96])
     y = builder.conv("x", 3, 31, pads=15)
     model = builder.model([y])
-    on_cpu = rewrite_model(model, RULES, builtin_primitives(), "cost", device="cpu")
-    on_cuda = rewrite_model(model, RULES, builtin_primitives(), "cost", device="cuda")
+    on_cpu = rewrite_model(model, RULES, builtin_primitives(), RewriteSettings("cost", "cpu"))
+    on_cuda = rewrite_model(model, RULES, builtin_primitives(), RewriteSettings("cost", "cuda"))
     assert "DFT" in all_op_counts(on_cpu.model) and "Rfft" not in all_op_counts(on_cpu.model)
     counts = all_op_counts(on_cuda.model)
     assert counts["Rfft"] == counts["Irfft"] == 1 and "DFT" not in counts and "Scan" not in counts

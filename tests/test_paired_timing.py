@@ -4,6 +4,7 @@ rewrite that is slower on the device is not written (stages/profile.py)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -132,8 +133,8 @@ def device_where(cost, stopped="interval", sessions_apart=1.0):
     against a second session of itself)."""
     real = measure.profile_models
 
-    def timed(models, inputs, device, **options):
-        measured = real(models, inputs, device, **{**options, "memory": False, "per_op": False, "runs": 8})
+    def timed(models, inputs, device, settings, **options):
+        measured = real(models, inputs, device, replace(settings, memory=False, per_op=False, runs=8), **options)
         before, after = (cost(model) for model in models.values())
         speedup = sessions_apart if models["before"] is models["after"] else before / after
         measured["paired"] = {"speedup": speedup, "low": speedup * 0.99, "high": speedup * 1.01, "pairs": 8,

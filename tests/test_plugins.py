@@ -8,7 +8,7 @@ from onnx import helper
 
 import convexport
 from convexport.errors import ConvexportError
-from convexport.rewrite.engine import rewrite_model
+from convexport.rewrite.engine import RewriteSettings, rewrite_model
 from convexport.folds import builtin_primitives
 from convexport.rewrite.rulefile import parse_rule_file
 from helpers import make_model, op_counts, run, tensor
@@ -82,7 +82,7 @@ def rule_file(tmp_path, apply):
 def test_file_plugin_applies(tmp_path):
     rules = parse_rule_file(rule_file(tmp_path, "my_primitives.py:drop_double_negation"), set(builtin_primitives()))
     model = double_negation_model()
-    outcome = rewrite_model(model, rules, builtin_primitives(), "all")
+    outcome = rewrite_model(model, rules, builtin_primitives(), RewriteSettings("all"))
     assert op_counts(outcome.model) == {"Relu": 1}
     feeds = {"x": np.array([-1, 0, 2], np.float32)}
     np.testing.assert_array_equal(run(outcome.model, feeds)[0], run(model, feeds)[0])
@@ -131,7 +131,7 @@ def test_a_builtin_primitive_on_a_pattern_it_cannot_read_names_the_rule(tmp_path
                        {"w": np.ones((2, 2, 1, 1), np.float32), "k": np.ones((2, 1, 1), np.float32)})
     with pytest.raises(ConvexportError, match=r"misfit.yaml:2: rule 'misfit': primitive sum_branches raised "
                                               r"IndexError.*does the pattern bind the names sum_branches reads"):
-        rewrite_model(model, rules, builtin_primitives(), "all")
+        rewrite_model(model, rules, builtin_primitives(), RewriteSettings("all"))
 
 
 def test_a_plugin_says_no_by_raising_refusal(tmp_path):
@@ -144,7 +144,7 @@ def test_a_plugin_says_no_by_raising_refusal(tmp_path):
 def test_a_plugin_builds_with_the_builtin_builder(tmp_path):
     path = rule_file(tmp_path, "my_primitives.py:identity_by_builder")
     model = double_negation_model()
-    outcome = rewrite_model(model, parse_rule_file(path, set(builtin_primitives())), builtin_primitives(), "all")
+    outcome = rewrite_model(model, parse_rule_file(path, set(builtin_primitives())), builtin_primitives(), RewriteSettings("all"))
     assert op_counts(outcome.model) == {"Relu": 1, "Identity": 1}
     feeds = {"x": np.array([-1, 0, 2], np.float32)}
     np.testing.assert_array_equal(run(outcome.model, feeds)[0], run(model, feeds)[0])

@@ -192,7 +192,7 @@ def test_optimize_validates_on_real_data_too(tmp_path):
 def test_a_scan_bodys_op_time_stays_out_of_the_top_level_chart():
     """The Scan node's time includes its body's; the body's Relu is not counted again."""
     from convexport.load.inputs import InputSpec
-    from convexport.profile.profiler import profile_models
+    from convexport.profile.profiler import TimingSettings, profile_models
 
     body = helper.make_graph(
         [helper.make_node("Relu", ["row"], ["out"], name="body_relu")], "body",
@@ -201,5 +201,5 @@ def test_a_scan_bodys_op_time_stays_out_of_the_top_level_chart():
     )
     nodes = [helper.make_node("Scan", ["x"], ["y"], name="scan", body=body, num_scan_inputs=1)]
     model = make_model(nodes, [tensor("x", [8, 64])], [tensor("y", [8, 64])])
-    measured = profile_models({"m": model}, [InputSpec("x", (8, 64))], "cpu", runs=5, warmup=1, memory=False)
+    measured = profile_models({"m": model}, [InputSpec("x", (8, 64))], "cpu", TimingSettings(runs=5, warmup=1, memory=False))
     assert set(measured["m"]["op_time_ms"]) == {"Scan"}

@@ -15,7 +15,7 @@ import convexport
 from convexport.cli import app
 from convexport.load.onnx_route import graph_input_specs
 from convexport.profile import paired_timer, profiler as profile
-from convexport.profile.profiler import profile_models
+from convexport.profile.profiler import TimingSettings, profile_models
 from convexport.report.sections import print_optimize_summary, render
 
 
@@ -43,8 +43,8 @@ def test_profile_numbers_are_positive_and_consistent(optimized):
 
 def test_profile_runs_and_blocks(optimized):
     model = optimized.model
-    measured = profile_models({"a": model, "b": model}, graph_input_specs(model), "cpu", runs=13, warmup=1,
-                              memory=False, per_op=False)
+    measured = profile_models({"a": model, "b": model}, graph_input_specs(model), "cpu",
+                              TimingSettings(runs=13, warmup=1, memory=False, per_op=False))
     assert measured["runs"] >= 13 and measured["paired"]["stopped"] == "runs" and "op_time_ms" not in measured["a"]
 
 
@@ -76,7 +76,7 @@ def test_the_runs_are_sized_from_the_settled_time_not_the_first(monkeypatch):
     monkeypatch.setattr(profile, "create_session", lambda model, device, profile_path=None, what="", threads=None: model)
     monkeypatch.setattr(profile, "session_runner", lambda session, feeds, device: session)
     slow = SlowStart(slow=1, first=0.05, then=0.001)
-    measured = profile.profile_models({"m": slow}, [], "cpu", memory=False, per_op=False)
+    measured = profile.profile_models({"m": slow}, [], "cpu", profile.TimingSettings(memory=False, per_op=False))
     assert measured["runs"] >= paired_timer.MIN_PAIRS * paired_timer.block_size(0.001) and measured["m"]["warmup_runs"] >= 2 * profile.WARM_WINDOW
     assert measured["m"]["latency_ms"]["median"] < 5
 
@@ -88,7 +88,7 @@ def test_a_first_run_longer_than_the_warm_up_budget_does_not_size_the_runs(monke
     monkeypatch.setattr(profile, "session_runner", lambda session, feeds, device: session)
     monkeypatch.setattr(profile, "WARM_BUDGET_S", 0.1)
     slow = SlowStart(slow=1, first=0.3, then=0.001)
-    measured = profile.profile_models({"m": slow}, [], "cpu", memory=False, per_op=False)
+    measured = profile.profile_models({"m": slow}, [], "cpu", profile.TimingSettings(memory=False, per_op=False))
     assert measured["runs"] >= paired_timer.MIN_PAIRS * paired_timer.block_size(0.001) and measured["m"]["warmup_runs"] >= 1 + 2 * profile.WARM_WINDOW
 
 
@@ -107,7 +107,7 @@ def test_after_timing_gets_each_session_once_timed_and_before_it_is_released(mon
     def then(session):
         seen.append((session, session.runs))
 
-    measured = profile.profile_models(models, [], "cpu", memory=False, per_op=False, after_timing={"after": then})
+    measured = profile.profile_models(models, [], "cpu", profile.TimingSettings(memory=False, per_op=False), after_timing={"after": then})
     assert [session for session, _ in seen] == [sessions["after"]]
     timed_runs = seen[0][1] - measured["after"]["warmup_runs"]
     assert timed_runs >= measured["runs"]  # handed over after its timed runs (and blocks' settling runs)
@@ -149,7 +149,7 @@ def test_no_warm_up_or_timed_run_carries_the_profiler(monkeypatch, tmp_path):
     monkeypatch.setattr(profile, "session_runner", lambda session, feeds, device: session.run)
     monkeypatch.setattr(paired_timer, "TIMED_BUDGET_S", 0.2)
     model = onnx.parser.parse_model("<ir_version: 10, opset_import: [\"\" : 18]> g (float[1] x) => (float[1] y) { y = Relu(x) }")
-    result = profile.profile_models({"m": model}, [], "cpu", memory=False)
+    result = profile.profile_models({"m": model}, [], "cpu", profile.TimingSettings(memory=False))
     measured = result["m"]
     assert result["runs"] >= paired_timer.MIN_PAIRS * paired_timer.block_size(0.001)  # blocks sized from the plain 1 ms, not 4
     assert measured["latency_ms"]["median"] < 2.5 and measured["op_time_ms"]["Conv"] == pytest.approx(4, rel=0.01)

@@ -10,7 +10,7 @@ import convexport.folds.conv_chain as conv_chain
 from convexport.ir import NameGenerator, import_graph
 from convexport.rewrite import decisions, engine
 from convexport.algebra import Refusal
-from convexport.rewrite.engine import RewriteContext, rewrite_model
+from convexport.rewrite.engine import RewriteContext, RewriteSettings, rewrite_model
 from convexport.rewrite.matcher import PatternMatcher
 from convexport.folds import builtin_primitives
 from graphs import RULES, GraphBuilder, fold
@@ -64,9 +64,9 @@ def test_a_replay_reuses_the_decision_of_the_built_rewrite(monkeypatch):
     builder = GraphBuilder([1, 3, 12, 12])
     y = builder.conv(builder.conv("x", 5, 1), 4, 3, pads=1)
     model, decided = builder.model([y]), {}
-    first = rewrite_model(model, RULES, builtin_primitives(), "cost", decided=decided)
+    first = rewrite_model(model, RULES, builtin_primitives(), RewriteSettings("cost"), decided=decided)
     monkeypatch.setattr(engine, "by_estimate", lambda *args: pytest.fail("a replay judged again"))
-    again = rewrite_model(model, RULES, builtin_primitives(), "cost", decided=decided)
+    again = rewrite_model(model, RULES, builtin_primitives(), RewriteSettings("cost"), decided=decided)
     assert again.applied == first.applied and again.model.graph.node == first.model.graph.node
 
 

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 import convexport
 from convexport.validate import float64
 from convexport.validate.exact_check import noise_floor_bound
-from convexport.load.inputs import InputSpec
+from convexport.load.inputs import InputSets, InputSpec
 from convexport.validate.results import Tolerances
 from convexport.validate.judges import compare_by_noise_floor
 from convexport.validate.compare import compare_models
@@ -74,7 +74,7 @@ def without_our_batch_norm(monkeypatch):
 
 def test_a_wrong_reference_is_named_and_the_stricter_check_refuses(monkeypatch):
     without_our_batch_norm(monkeypatch)
-    result = compare_models(conv_bn(13), conv_bn(13, tamper=0.05), INPUTS)
+    result = compare_models(conv_bn(13), conv_bn(13, tamper=0.05), InputSets(INPUTS))
     assert not result.passed  # the float64 bound alone (4 x 2.46) would have passed it
     assert "the float64 reference is suspect" in result.reference_note and "'bn' (BatchNormalization)" in (
         result.reference_note
@@ -85,7 +85,7 @@ def test_a_wrong_reference_is_named_and_the_stricter_check_refuses(monkeypatch):
 
 def test_a_wrong_reference_still_passes_an_identical_model(monkeypatch):
     without_our_batch_norm(monkeypatch)
-    result = compare_models(conv_bn(13), conv_bn(13), INPUTS)
+    result = compare_models(conv_bn(13), conv_bn(13), InputSets(INPUTS))
     assert result.passed and "suspect" in result.reference_note
     (output,) = result.outputs.values()
     assert output.rtol == 1e-4  # judged by the float32 tolerance as well
@@ -95,7 +95,7 @@ def test_input_sets_without_a_reference_are_judged_by_the_noise_floor(monkeypatc
     import convexport.validate.exact_check as exact_check
 
     monkeypatch.setattr(exact_check, "_float64_runs", lambda evaluator, feeds, budget: [None] * len(feeds))
-    result = compare_models(conv_bn(17), conv_bn(17), INPUTS, runs=3)
+    result = compare_models(conv_bn(17), conv_bn(17), InputSets(INPUTS, 3))
     assert result.passed and result.reference == "float64"
     assert "on 1 of 3 input sets" in result.reference_note and "noise floor" in result.reference_note
 
@@ -240,12 +240,12 @@ def test_an_input_set_without_a_reference_is_judged_by_the_originals_noise_there
     monkeypatch.setattr(exact_check, "_float64_runs", lambda evaluator, feeds, budget: [None] * len(feeds))
     loud = {"x": (np.random.default_rng(9).normal(size=(8, 256)) * 100).astype(np.float32)}
     result = compare_models(_difference_of_two_products(False), _difference_of_two_products(True),
-                            [InputSpec("x", (8, 256))], runs=1, extra_feeds=[loud])  # fmt: skip
+                            InputSets([InputSpec("x", (8, 256))], 1, [loud]))  # fmt: skip
     assert "on 1 of 2 input sets" in result.reference_note
     assert result.passed, result.summary()
     # and a wrong fold still fails on that set
     wrong = _difference_of_two_products(True)
     d = numpy_helper.to_array(wrong.graph.initializer[0])
     wrong.graph.initializer[0].CopyFrom(numpy_helper.from_array(d * np.float32(1.01), "d"))
-    assert not compare_models(_difference_of_two_products(False), wrong, [InputSpec("x", (8, 256))], runs=1,
-                              extra_feeds=[loud]).passed  # fmt: skip
+    assert not compare_models(_difference_of_two_products(False), wrong,
+                              InputSets([InputSpec("x", (8, 256))], 1, [loud])).passed  # fmt: skip

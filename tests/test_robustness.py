@@ -12,7 +12,7 @@ from onnx.reference import ReferenceEvaluator
 
 import convexport
 from convexport.errors import ConvexportError
-from convexport.rewrite.engine import rewrite_model
+from convexport.rewrite.engine import RewriteSettings, rewrite_model
 from convexport.folds import builtin_primitives
 from convexport.rewrite.rulefile import parse_rule_file
 from convexport.validate.results import Tolerances
@@ -135,7 +135,7 @@ def scan_model():
 @pytest.mark.parametrize("build, op, shape", [(loop_model, "Loop", (1, 4, 6, 6)), (scan_model, "Scan", (3, 1, 4, 6, 6))])
 def test_loop_and_scan_bodies_are_rewritten_inside(build, op, shape):
     model = build()
-    outcome = rewrite_model(model, RULES, PRIMITIVES, "all")
+    outcome = rewrite_model(model, RULES, PRIMITIVES, RewriteSettings("all"))
     onnx.checker.check_model(outcome.model, full_check=True)
     assert [entry["rule"] for entry in outcome.applied] == ["conv-conv"]
     assert len(body_convs(outcome.model, op)["body"]) == 1
@@ -160,7 +160,7 @@ def test_a_shared_initializer_keeps_its_value_for_its_other_readers():
     model = make_model(nodes, [tensor("x", [1, 3, 5, 5])], [tensor("y1", [1, 4, 5, 5]), tensor("r", [1, 4, 5, 5])],
                        {"w": w, "k": np.arange(1, 5, dtype=np.float32).reshape(4, 1, 1)})
     before = model.SerializeToString()
-    outcome = rewrite_model(model, RULES, PRIMITIVES, "all")
+    outcome = rewrite_model(model, RULES, PRIMITIVES, RewriteSettings("all"))
     assert "conv-mul" in [entry["rule"] for entry in outcome.applied]
     assert model.SerializeToString() == before
     kept = {init.name: numpy_helper.to_array(init) for init in outcome.model.graph.initializer}
@@ -183,7 +183,7 @@ def test_a_primitive_cannot_edit_a_constant_in_place(tmp_path):
     model = make_model([helper.make_node("Mul", ["x", "k"], ["y"])], [tensor("x", [2])], [tensor("y", [2])],
                        {"k": np.ones(2, np.float32)})
     with pytest.raises(ConvexportError, match="rule 'edit-k'.*read-only"):
-        rewrite_model(model, rules, PRIMITIVES, "all")
+        rewrite_model(model, rules, PRIMITIVES, RewriteSettings("all"))
 
 
 def test_bfloat16_heads_fold_in_float64_and_stay_bfloat16():
@@ -200,7 +200,7 @@ def test_bfloat16_heads_fold_in_float64_and_stay_bfloat16():
     nodes.append(helper.make_node("Concat", [f"y{h}" for h in range(heads)], ["y"], axis=1))
     model = make_model(nodes, [tensor("x", [2, heads, features], TensorProto.BFLOAT16)],
                        [tensor("y", [2, heads * outputs], TensorProto.BFLOAT16)], inits)
-    outcome = rewrite_model(model, RULES, PRIMITIVES, "all")
+    outcome = rewrite_model(model, RULES, PRIMITIVES, RewriteSettings("all"))
     assert "gathered-linear-branches" in [entry["rule"] for entry in outcome.applied]
     onnx.checker.check_model(outcome.model, full_check=True)
     float_inits = [init for init in outcome.model.graph.initializer if init.data_type != TensorProto.INT64]
@@ -302,5 +302,5 @@ def test_a_chain_whose_output_is_empty_is_left_alone():
             y = Conv <kernel_shape = [1]> (h, w)
         }""")
     model.graph.initializer.append(numpy_helper.from_array(np.ones((3, 2, 1), np.float32), "w"))
-    outcome = rewrite_model(model, RULES, builtin_primitives(), "all")
+    outcome = rewrite_model(model, RULES, builtin_primitives(), RewriteSettings("all"))
     assert [node.op_type for node in outcome.model.graph.node] == ["AveragePool", "Conv"]

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import convexport
 from convexport.cli import app
-from convexport.load.inputs import InputSpec
+from convexport.load.inputs import InputSets, InputSpec
 from convexport.validate.results import Tolerances
 from convexport.validate.judges import compare_arrays
 from convexport.validate.compare import compare_models
@@ -52,14 +52,14 @@ def conv_weights(model):
 def test_fp32_level_noise_passes(resnet):
     rng = np.random.default_rng(0)
     noisy = with_weights(resnet, lambda name, w: w * (1 + rng.uniform(-2e-7, 2e-7, w.shape)))
-    assert compare_models(resnet, noisy, INPUTS).passed
+    assert compare_models(resnet, noisy, InputSets(INPUTS)).passed
 
 
 @pytest.mark.parametrize("which", [0, 9, -1])       # the stem, a middle block, the last block
 def test_one_percent_change_of_one_weight_tensor_fails(resnet, which):
     target = conv_weights(resnet)[which]
     nudged = with_weights(resnet, lambda name, w: w * 1.01 if name == target else w)
-    result = compare_models(resnet, nudged, INPUTS)
+    result = compare_models(resnet, nudged, InputSets(INPUTS))
     assert not result.passed, result.summary()
 
 
@@ -93,13 +93,13 @@ def test_per_output_tolerances_are_a_bound_besides_the_exact_result():
     criterion lets through."""
     reference, inputs = two_output_model(1.0), [InputSpec("x", (4,))]
     wrong_b = two_output_model(1.001)
-    assert not compare_models(reference, wrong_b, inputs).passed
-    assert not compare_models(reference, wrong_b, inputs, tolerances=Tolerances.parse(None, ["b:1e-2"])).passed
+    assert not compare_models(reference, wrong_b, InputSets(inputs)).passed
+    assert not compare_models(reference, wrong_b, InputSets(inputs), tolerances=Tolerances.parse(None, ["b:1e-2"])).passed
     one_unit_off = two_output_model(1.0, scale_a=float(np.nextafter(np.float32(2.0), np.float32(3.0))))
-    assert compare_models(reference, one_unit_off, inputs).passed
+    assert compare_models(reference, one_unit_off, InputSets(inputs)).passed
     tight = Tolerances.parse(["a:1e-8"], ["0"])
-    assert not compare_models(reference, one_unit_off, inputs, tolerances=tight).passed
-    assert compare_models(reference, one_unit_off, inputs, tolerances=Tolerances.parse(["b:1e-8"], ["0"])).passed
+    assert not compare_models(reference, one_unit_off, InputSets(inputs), tolerances=tight).passed
+    assert compare_models(reference, one_unit_off, InputSets(inputs), tolerances=Tolerances.parse(["b:1e-8"], ["0"])).passed
 
 
 def test_cli_validate_with_per_output_tolerance(tmp_path):
@@ -194,5 +194,5 @@ def test_a_candidate_that_cannot_run_where_the_reference_runs_fails_validation()
     relu = make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [1, 3, 8, 8])], [tensor("y", [1, 3, 8, 8])])
     broken = make_model([helper.make_node("Conv", ["x", "w"], ["y"])], [tensor("x", [1, 3, 8, 8])],
                         [tensor("y", [1, 3, 8, 8])], {"w": np.ones((3, 5, 1, 1), np.float32)})
-    result = compare_models(relu, broken, [InputSpec("x", (1, 3, 8, 8))])
+    result = compare_models(relu, broken, InputSets([InputSpec("x", (1, 3, 8, 8))]))
     assert not result.passed and "cannot run the candidate on x:1x3x8x8:float32" in result.problem, result.problem

@@ -10,17 +10,19 @@ value of every tensor the nodes are measured on. A model that is one If over two
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 
 from ..ir import heap
 from ..ir.slots import element_types
-from ..load.inputs import InputSpec
+from ..load.inputs import InputSets
 from ..runtime import checked_run, create_session
 from ..validate.exact_check import ExactReference, exact_reference
 from ..validate.float64 import Float64Evaluator, Float64Unavailable
 from .branches import in_half_by_branch
-from .choose import HalfPrecision, to_half_precision
+from .choose import HalfPrecision, HalfTarget, to_half_precision
 from .kept import KeptFloat32
 from .outputs import HalfRuns
 
@@ -29,52 +31,45 @@ DTYPES = {
     "float32": "float32",
 }  # fmt: skip
 
-__all__ = ["DTYPES", "HalfPrecision", "KeptFloat32", "in_half_precision"]
+__all__ = ["DTYPES", "HalfPrecision", "HalfTarget", "KeptFloat32", "in_half_precision"]
 
 
 def in_half_precision(
     original: onnx.ModelProto,
     optimized: onnx.ModelProto,
-    inputs: list[InputSpec],
-    runs: int,
-    extra_feeds: list[dict],
+    inputs: InputSets,
     exact: ExactReference | None,
-    dtype: str,
-    io_dtype: str,
-    fused: list[tuple[str, frozenset[str]]],
-    device: str,
+    target: HalfTarget,
     original_runs=None,
     given: dict[str, tuple[onnx.TensorProto, str]] | None = None,
 ) -> HalfPrecision:
-    """`optimized` in `dtype` (package doc), judged on the input sets validation used (`runs`
-    made up from `inputs`, then `extra_feeds`) against `exact` (validation's float64 reference of
-    `original`; computed here where validation did not run). `original_runs` are validation's
-    runs of `original` on those sets (validate.ReferenceRuns): used where they were made on
-    `device`, rather than running the original again. The weights of `given` are rounded as
-    given (an If's other branch rounded them: branches.py)."""
+    """`optimized` converted for `target` (package doc), judged on the input sets validation
+    used against `exact` (validation's float64 reference of `original`; computed here where
+    validation did not run). `original_runs` are validation's runs of `original` on those sets
+    (validate.ReferenceRuns): used where they were made on the target's device, rather than
+    running the original again. The weights of `given` are rounded as given (an If's other
+    branch rounded them: branches.py)."""
     from ..validate.runs import reference_runs
 
-    def branch_in_half(branch: onnx.ModelProto, specs: list[InputSpec], real: list[dict], rounded) -> HalfPrecision:
+    def branch_in_half(branch: onnx.ModelProto, sets: InputSets, rounded) -> HalfPrecision:
         names = {node.name for node in branch.graph.node}
-        own_fused = [(kernel, members) for kernel, members in fused if members <= names]
-        return in_half_precision(
-            branch, branch, specs, runs, real, None, dtype, io_dtype, own_fused, device, given=rounded
-        )
+        own_fused = [(kernel, members) for kernel, members in target.fused if members <= names]
+        return in_half_precision(branch, branch, sets, None, replace(target, fused=own_fused), given=rounded)
 
-    by_branch = in_half_by_branch(optimized, inputs, extra_feeds, branch_in_half)
+    by_branch = in_half_by_branch(optimized, inputs, branch_in_half)
     if by_branch is not None:
         return by_branch
-    if original_runs is not None and original_runs.device == device:
+    if original_runs is not None and original_runs.device == target.device:
         names, feeds, float32 = original_runs.names, original_runs.feeds, original_runs.outputs
     else:
-        names, feeds, float32 = reference_runs(original, inputs, runs, 0, extra_feeds, "the model as given", device)
+        names, feeds, float32 = reference_runs(original, inputs, "the model as given", target.device)
     if exact is None:
         exact = exact_reference(original, feeds)
     exact_outputs = [dict(zip(names, exact.outputs[i])) if exact.available(i) else None for i in range(len(feeds))]
     judged_on = HalfRuns(feeds, [dict(zip(names, run)) for run in float32], exact_outputs)
     heap.release_after(optimized)  # validation's float64 evaluators, in cycles: before this stage's own
     values = _exact_values(optimized, feeds[0], exact.available(0))
-    return to_half_precision(optimized, dtype, io_dtype, judged_on, values, fused, device, given)
+    return to_half_precision(optimized, target, judged_on, values, given)
 
 
 def _exact_values(model: onnx.ModelProto, feeds: dict, float64: bool) -> dict[str, np.ndarray]:

@@ -32,12 +32,12 @@ import onnx
 from .. import ir
 from ..ir import heap, proto_subgraphs
 from ..ir.slots import HALF_TYPES
-from ..load.inputs import InputSpec
+from ..load.inputs import InputSets
 from .choose import HalfPrecision
 
 # a branch's model, its input specs, its real input sets and the weights rounded already
 # (WeightRounding.given) -> that model in half precision
-BranchConverter = Callable[[onnx.ModelProto, list[InputSpec], list[dict], dict | None], HalfPrecision]
+BranchConverter = Callable[[onnx.ModelProto, InputSets, dict | None], HalfPrecision]
 
 
 def merged_branches(model: onnx.ModelProto) -> list[str] | None:
@@ -77,9 +77,7 @@ def branch_model(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
     return made
 
 
-def in_half_by_branch(
-    model: onnx.ModelProto, inputs: list[InputSpec], extra_feeds: list[dict], convert: BranchConverter
-) -> HalfPrecision | None:
+def in_half_by_branch(model: onnx.ModelProto, inputs: InputSets, convert: BranchConverter) -> HalfPrecision | None:
     """`model` (an If over two branches: merged_branches) with each branch converted by
     `convert`; the main graph's weights the first branch rounded given to the second, rounded
     so (converted again without them where the second then misses its bound); None where it
@@ -91,7 +89,7 @@ def in_half_by_branch(
         return None
     files = contextlib.ExitStack()
     try:
-        converted = _by_branch(model, branches, inputs, extra_feeds, convert, files)
+        converted = _by_branch(model, branches, inputs, convert, files)
     except BaseException:
         files.close()
         raise
@@ -103,8 +101,7 @@ def in_half_by_branch(
 def _by_branch(
     model: onnx.ModelProto,
     branches: list[str],
-    inputs: list[InputSpec],
-    extra_feeds: list[dict],
+    inputs: InputSets,
     convert: BranchConverter,
     files: contextlib.ExitStack,
 ) -> HalfPrecision | None:
@@ -116,13 +113,16 @@ def _by_branch(
     for name in branches:
         branch = branch_model(model, name)
         reads = {value.name for value in branch.graph.input}
-        specs = [spec for spec in inputs if spec.name in reads]
-        real = [{k: v for k, v in feeds.items() if k in reads} for feeds in extra_feeds]
-        half = convert(branch, specs, real, given or None)
+        sets = replace(
+            inputs,
+            specs=[spec for spec in inputs.specs if spec.name in reads],
+            given=[{k: v for k, v in feeds.items() if k in reads} for feeds in inputs.given],
+        )
+        half = convert(branch, sets, given or None)
         if given and not half.passed:
             _close(half)
             given = {}
-            half = convert(branch, specs, real, None)
+            half = convert(branch, sets, None)
         del branch  # its float32 weights: one branch's at a time
         heap.release_after(model)  # the first branch's sessions and evaluators, before the second's
         if half.files is not None:

@@ -147,25 +147,35 @@ class HalfPrecision:
         }
 
 
+@dataclass(frozen=True)
+class HalfTarget:
+    """What a model is converted for: the half type it computes in (float16, bfloat16), its
+    interface's type (the half type, or float32), the device it runs on, and the kernels ONNX
+    Runtime fuses there ((kind, node names)), each kept in one precision."""
+
+    dtype: str
+    io_dtype: str
+    device: str
+    fused: list[tuple[str, frozenset[str]]] = field(default_factory=list)
+
+
 def to_half_precision(
     model: onnx.ModelProto,
-    dtype: str,
-    io_dtype: str,
+    target: HalfTarget,
     runs: HalfRuns,
     values: dict[str, np.ndarray],
-    fused: list[tuple[str, frozenset[str]]],
-    device: str,
     given: dict[str, tuple[onnx.TensorProto, str]] | None = None,
 ) -> HalfPrecision:
-    """`model` (float32) with every node it can run in `dtype` within the bound (module doc):
-    judged on `runs`, each node measured on `values` (the exact value of every tensor on the
-    first input set), the nodes of each of `fused` (kernel, node names) in one precision, the
+    """`model` (float32) with every node it can run in the target's type within the bound
+    (module doc): judged on `runs`, each node measured on `values` (the exact value of every
+    tensor on the first input set), the nodes of each fused kernel in one precision, the
     weights of `given` rounded as given (WeightRounding.given)."""
+    dtype, io_dtype, device = target.dtype, target.io_dtype, target.device
     if not _float_interface(model):  # nothing of an int64 or bool interface takes the half type
         io_dtype = "float32"
     io_type = HALF_TYPES[dtype] if io_dtype == dtype else FLOAT
     choice = _Choice(model, HALF_TYPES[dtype], io_type, runs, device, given)
-    kept = choice.kept_by_own_error(values, fused)
+    kept = choice.kept_by_own_error(values, target.fused)
     converted, judged = choice.nearer_rounding(choice.attempt(kept), kept, values)
     if choice.out_of_range and (over_bound(judged) or over_bound(choice.judged_out_of_range_in_half())):
         del converted  # an attempt that misses the bound goes before the next (a large one's files: on_disk.py)

@@ -222,6 +222,29 @@ def random_inputs(specs: list[InputSpec], seed: int, dynamic_size: int = DEFAULT
     return feeds
 
 
+# seeded random input sets a check makes where the caller gives no number
+DEFAULT_RUNS = 3
+
+
+@dataclass(frozen=True)
+class InputSets:
+    """The input sets a check runs the models on: `made_up` sets of seeded random data made from
+    `specs` (random_inputs: set r seeded `seed + r`, its dynamic dims of size r + 1, so that a
+    graph that works at one size only fails), then the caller's own arrays, `given`, as they are."""
+
+    specs: list[InputSpec]
+    made_up: int = DEFAULT_RUNS
+    given: list[dict] = field(default_factory=list)
+    seed: int = 0
+
+    def __len__(self) -> int:
+        return self.made_up + len(self.given)
+
+    def made_up_feeds(self) -> list[dict[str, np.ndarray]]:
+        """The made-up sets' arrays (a ConvexportError where convexport makes no data of an input's type)."""
+        return [random_inputs(self.specs, self.seed + run, dynamic_size=run + 1) for run in range(self.made_up)]
+
+
 DRAWN_AT_ONCE = 1 << 22  # float64 draws made at a time (32 MiB) before they are rounded to the input's type
 
 

@@ -105,27 +105,37 @@ class _Session:
     session: object = None  # ONNX Runtime's, for after_timing
 
 
+@dataclass(frozen=True)
+class TimingSettings:
+    """How profile_models times: `runs` timed runs of each model (None: until the paired
+    interval is within `target` of the speedup, or `budget_s` of timed runs), after at least
+    `warmup` runs; the peak memory and the per-op times measured besides where asked (each in
+    runs of its own); sessions of `threads` intra-op threads (None: ONNX Runtime's default)."""
+
+    runs: int | None = None
+    warmup: int = DEFAULT_WARMUP
+    memory: bool = True
+    per_op: bool = True
+    threads: int | None = None
+    target: float = TARGET
+    budget_s: float | None = None
+
+
 def profile_models(
     models: dict[str, onnx.ModelProto],
     inputs: list[InputSpec],
     device: str,
-    runs: int | None = None,
-    warmup: int = DEFAULT_WARMUP,
-    memory: bool = True,
-    per_op: bool = True,
-    progress: Callable[[int, int], None] | None = None,
+    settings: TimingSettings = TimingSettings(),
+    *,
     feeds: dict | None = None,
+    progress: Callable[[int, int], None] | None = None,
     after_timing: dict[str, Callable[[object], None]] | None = None,
-    threads: int | None = None,
-    target: float = TARGET,
-    budget_s: float | None = None,
 ) -> dict:
     """Per model label (one model, or two: before and after): latency_ms, throughput,
-    peak_memory_bytes, op_time_ms (see the module doc); measured on one device, on `feeds`
-    (random inputs made to `inputs` when None), each model fed them in the types its inputs
-    declare (a float16 interface gets float16 arrays). Two models get `paired`: the speedup of
-    the first over the second, its interval and the pairs it took. `runs` fixes the timed runs
-    of each model (else: until the interval is within `target`, or `budget_s` of timed runs).
+    peak_memory_bytes, op_time_ms (see the module doc); measured on one device as `settings`
+    say, on `feeds` (random inputs made to `inputs` when None), each model fed them in the
+    types its inputs declare (a float16 interface gets float16 arrays). Two models get
+    `paired`: the speedup of the first over the second, its interval and the pairs it took.
     `progress(done, total)` is told of the timing's progress. `after_timing[label]` is called
     with that model's session once it is timed, before it is released: other work on the same
     model and options uses it instead of a session of its own (a CUDA session's first run builds
@@ -137,9 +147,10 @@ def profile_models(
     batch = next((int(v.shape[0]) for v in feeds.values() if v.ndim), 1)
     hint = dynamic_dims_note(inputs, f"made {DEFAULT_DYNAMIC_SIZE}")
 
+    runs, target, budget_s, threads = settings.runs, settings.target, settings.budget_s, settings.threads
+
     def warmed(label: str, model: onnx.ModelProto) -> _Session:
-        fed = fed_as_declared(model, feeds)
-        return _warmed_session(model, label, fed, device, warmup, hint, per_op, memory, threads)
+        return _warmed_session(model, label, fed_as_declared(model, feeds), device, settings, hint)
 
     one_at_a_time = any(isinstance(m, onnx.ModelProto) and kept_from_serialisation(m) for m in models.values())
     sessions: dict[str, _Session] = {}
@@ -184,7 +195,7 @@ def profile_models(
     if one_at_a_time:
         result["one_at_a_time"] = True  # timed one after the other, not taking turns (see the module doc)
     memories = {}
-    if memory and device != "cuda":
+    if settings.memory and device != "cuda":
         memories = _peak_memories(models, feeds, MEMORY_RUNS, threads, together=not one_at_a_time)
     for label in models:
         latency = _latency(samples[label])
@@ -244,7 +255,9 @@ def time_models(
     timing_threads', else ONNX Runtime's default)."""
     threads = threads if threads is not None else _timing_threads.get()
     sessions = {
-        label: _warmed_session(model, label, feeds, device, DEFAULT_WARMUP, "", False, False, threads)
+        label: _warmed_session(
+            model, label, feeds, device, TimingSettings(memory=False, per_op=False, threads=threads), ""
+        )
         for label, model in models.items()
     }
     settled = max(session.settled_s for session in sessions.values())
@@ -256,10 +269,11 @@ def time_models(
     }
 
 
-def _warmed_session(model, label, feeds, device, warmup, hint, per_op, memory, threads) -> _Session:
+def _warmed_session(model, label, feeds, device, settings: TimingSettings, hint: str) -> _Session:
     """The model's session after its first run, its memory, its per-op pass (as asked) and
     its warm-up, in that order (see the module doc). A model that cannot run on `feeds` fails
     in its first run, in one line."""
+    memory, per_op, threads = settings.memory, settings.per_op, settings.threads
     what = f"the model profiled as {label!r}"
     device_before = device_memory_used() if memory and device == "cuda" else None
     with tempfile.TemporaryDirectory(prefix="convexport-profile-") as folder:
@@ -285,7 +299,7 @@ def _warmed_session(model, label, feeds, device, warmup, hint, per_op, memory, t
             measured["op_time_ms"] = op_times(events, skip, model)
             measured["profiled_run_ms"] = profiled_run_ms(events, skip)
             phases["per_op"] = time.perf_counter() - per_op_began
-        times = warm_up(run, warmup)
+        times = warm_up(run, settings.warmup)
         phases["warm_up"] = sum(times)
     if device_before is not None:
         measured["peak_memory_bytes"] = max(device_memory_used() - device_before, 0)

@@ -42,6 +42,21 @@ STRATEGIES = ("all", "cost", "measure")
 STRATEGY_ALIASES = {"exact": "all"}  # its old name: every strategy applies only exact rewrites
 
 
+@dataclass(frozen=True)
+class RewriteSettings:
+    """What a rewrite aims at: how each rewrite is decided (`strategy`: all, cost or measure),
+    the device those decisions are for, the half type the model will be rounded into (--dtype;
+    None for float32), for the folds whose exactness rounding can undo (folds/half_rounding.py),
+    the rules whose every verdict is kept (--explain), and the kernels ONNX Runtime's transformer
+    optimizer makes ((kind, node names)), kept whole as the fusions of runtime_fusions.py are."""
+
+    strategy: str = "cost"
+    device: str = "cpu"
+    half: str | None = None
+    explain: frozenset[str] = frozenset()
+    kept_kernels: tuple | list = ()
+
+
 @dataclass
 class RewriteContext:
     """What a primitive may use besides its match."""
@@ -114,30 +129,22 @@ def rewrite_model(
     model: onnx.ModelProto,
     rules: list[Rule],
     primitives: dict[str, Primitive],
-    strategy: str = "cost",
+    settings: RewriteSettings = RewriteSettings(),
+    *,
     source: str = "model",
     limit: int | None = None,
-    device: str = "cpu",
     decided: dict | None = None,
-    explain: frozenset[str] = frozenset(),
-    kept_kernels=(),
-    half: str | None = None,
 ) -> RewriteOutcome:
-    """Rewrite to a fixed point; with `limit`, stop after that many rewrites (the same first
-    ones as an unlimited run, since the order is deterministic: used to find a bad one).
-    `decided` keeps each cost or measure decision by rule and nodes; a later run given the
-    same dict replays them (a measurement need not come out the same twice). For the rules
-    named in `explain`, the outcome's `explained` says, for each node where matching started
-    (the root op's nodes), what happened there last: the pattern line or condition that
-    failed, the primitive's or the decision's refusal, or the rewrite. `kept_kernels`: (kind,
-    node names) of the kernels ONNX Runtime's transformer optimizer makes, kept whole as the
-    fusions of runtime_fusions.py are. `half`: the type the rewritten model will be rounded into
-    (float16, bfloat16; None for float32), for the folds whose exactness rounding can undo
-    (folds/half_rounding.py)."""
+    """Rewrite to a fixed point, as `settings` say; with `limit`, stop after that many rewrites
+    (the same first ones as an unlimited run, since the order is deterministic: used to find a
+    bad one). `decided` keeps each cost or measure decision by rule and nodes; a later run given
+    the same dict replays them (a measurement need not come out the same twice). For the rules
+    settings.explain names, the outcome's `explained` says, for each node where matching
+    started (the root op's nodes), what happened there last: the pattern line or condition that
+    failed, the primitive's or the decision's refusal, or the rewrite. `source` names the model
+    in messages."""
     with _collector_paused():
-        outcome = _rewrite(
-            model, rules, primitives, strategy, source, limit, device, decided, frozenset(explain), kept_kernels, half
-        )
+        outcome = _rewrite(model, rules, primitives, settings, source, limit, decided)
     # the graph is garbage now, in cycles that hold every weight a rewrite read (a 1 GiB
     # LoRA/BN MLP: 1 GiB held through validation until the collector happened to run)
     heap.release_after(model)
@@ -161,14 +168,20 @@ def _collector_paused():
             gc.enable()
 
 
-def _rewrite(model, rules, primitives, strategy, source, limit, device, decided, explain, kept, half) -> RewriteOutcome:
+def _rewrite(
+    model, rules, primitives, settings: RewriteSettings, source: str, limit: int | None, decided: dict | None
+) -> RewriteOutcome:
+    strategy = settings.strategy
     if strategy not in STRATEGIES:  # the caller resolves aliases: an unknown one would mean "cost"
         raise ValueError(f"strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
     opset = ir.onnx_opset(model) or ir.DEFAULT_OPSET
     decided = {} if decided is None else decided
     graph = ir.import_graph(model)
-    fusions = RuntimeFusions(graph, kept)
-    base = RewriteContext(graph, opset, ir.NameGenerator(graph), {}, strategy, device, decided, fusions, half)
+    fusions = RuntimeFusions(graph, settings.kept_kernels)
+    base = RewriteContext(
+        graph, opset, ir.NameGenerator(graph), {}, strategy, settings.device, decided, fusions, settings.half
+    )
+    explain = frozenset(settings.explain)
     state = _Run(primitives, ChangeLog(), [], {}, limit, explain=explain, provenance=graph.provenance)
     passes, changed_at_all = 0, False
     for passes in range(1, MAX_PASSES + 1):  # noqa: B007 (the count of passes made is reported)

@@ -27,7 +27,7 @@ from ..errors import ConvexportError, first_line
 from ..folds.primitives import Primitive
 from ..load.inputs import random_inputs
 from ..load.onnx_route import graph_input_specs
-from ..rewrite.engine import rewrite_model
+from ..rewrite.engine import RewriteSettings, rewrite_model
 from ..rewrite.rulefile import Rule
 from ..runtime import create_session, ort
 from ..util.files import write_atomically
@@ -180,9 +180,8 @@ def check_instance(instance: Instance, rule: Rule, primitives: dict[str, Primiti
         return Checked(INVALID, None)
     before = instance.model.SerializeToString()
     try:
-        outcome = rewrite_model(
-            instance.model, [rule], primitives, strategy="all", source="rule instance", explain=frozenset({rule.name})
-        )
+        explaining = RewriteSettings("all", explain=frozenset({rule.name}))
+        outcome = rewrite_model(instance.model, [rule], primitives, explaining, source="rule instance")
     except ConvexportError as exc:
         return Checked(f"{CRASHED}the rewrite failed: {exc}", None)
     except Exception as exc:
@@ -211,7 +210,7 @@ def _exact_in_float64(instance: Instance, rule: Rule, primitives: dict[str, Prim
     """Whether the rule, applied to the instance in float64, computes its float64 result."""
     wide = as_float64(instance.model)
     try:
-        outcome = rewrite_model(wide, [rule], primitives, strategy="all", source="rule instance")
+        outcome = rewrite_model(wide, [rule], primitives, RewriteSettings("all"), source="rule instance")
         if not outcome.applied:
             return False
         expected = Float64Evaluator(wide).run(instance.feeds)

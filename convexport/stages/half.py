@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import onnx
 
-from ..half import in_half_precision
+from ..half import HalfTarget, in_half_precision
 from ..load.export import ExportResult
 from ..load.float32_twin import edges_dropped
 from ..report.types import Precision
@@ -41,10 +41,8 @@ def in_half(
     original_runs = validated.reference_runs if validated is not None else None
     dtype, io_dtype = request.dtype, request.io_dtype
     assert dtype is not None and io_dtype is not None, "the load stage reads the model's own types"
-    half = in_half_precision(
-        exported.reference, rewritten.outcome.model, inputs.specs, inputs.made_up_runs, inputs.real_data, exact,
-        dtype, io_dtype, rewritten.fused, request.device, original_runs,
-    )  # fmt: skip
+    target = HalfTarget(dtype, io_dtype, request.device, rewritten.fused)
+    half = in_half_precision(exported.reference, rewritten.outcome.model, inputs.sets, exact, target, original_runs)
     if half.files is not None:
         cleanup.enter_context(half.files)
     if half.passed:  # a float16 model's twin (load/float32_twin.py): its edges in float16 again

@@ -12,18 +12,17 @@ from ..errors import ConvexportError
 from ..load import input_domains
 from ..load.export import ExportResult
 from ..load.input_data import load_npz
-from ..load.inputs import InputSpec, in_units
+from ..load.inputs import DEFAULT_RUNS, InputSets, InputSpec, in_units
 from ..profile.environment import available_memory_bytes
 from ..profile.timed_sizes import timed_sizes
-from ..validate.results import DEFAULT_RUNS
 from .request import Request
 
 
 @dataclass
 class RunInputs:
-    specs: list[InputSpec]  # one per graph input, dims concrete where --input made them so
-    real_data: list[dict]  # the caller's input sets (--input-data), as arrays by name
-    made_up_runs: int  # seeded random input sets (0: the caller's only)
+    # the sets: a spec per graph input (dims concrete where --input made them so), the number of
+    # seeded random sets (0: the caller's only), the caller's (--input-data) as arrays by name
+    sets: InputSets
     note: str | None = None  # the report's made_up_inputs where --input-data replaces them
     timed: list[InputSpec] | None = None  # the sizes the profile times made-up inputs at (profile/timed_sizes.py)
 
@@ -45,7 +44,7 @@ def run_inputs(exported: ExportResult, request: Request) -> RunInputs:
         specs = input_domains.sized_by_running(exported.reference, specs)
     note = None if options.made_up_inputs else "not used: --input-data replaces them"
     timed = _timed_sizes(exported, specs, request) if made_up_runs and options.profile else None
-    return RunInputs(specs, real_data, made_up_runs, note, timed)
+    return RunInputs(InputSets(specs, made_up_runs, real_data), note, timed)
 
 
 def _timed_sizes(exported: ExportResult, specs: list[InputSpec], request: Request) -> list[InputSpec]:

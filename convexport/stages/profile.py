@@ -26,7 +26,7 @@ import onnx
 from .. import ir
 from ..load.export import ExportResult
 from ..profile.paired_timer import TARGET
-from ..profile.profiler import profile_models
+from ..profile.profiler import TimingSettings, profile_models
 from ..report.types import DroppedRewrite, Profile, Rewrite, Skipped, SpeedCandidate, SpeedChoice, TimedRatio
 from ..runtime import MissingKernel
 from .inputs import RunInputs
@@ -71,18 +71,17 @@ def profiled(
             {"before": original, "after": optimized},
             _timed_specs(inputs),
             device,
+            TimingSettings(per_op=request.options.per_op, threads=request.options.threads),
             feeds=_feeds(inputs),
-            per_op=request.options.per_op,
             progress=lambda done, total: say(
                 f"profiling on {device}", f"{done}/{total} timed" if total else f"{done} pairs"
             ),
             after_timing={"after": after_timing} if after_timing else None,
-            threads=request.options.threads,
         )
     except MissingKernel as exc:
         return Profiled(skipped=str(exc))
     profile = judged_profile(measured)
-    if inputs.made_up_runs:
+    if inputs.sets.made_up:
         profile["inputs"] = [str(spec) for spec in _timed_specs(inputs)]
     if profile["verdict"] == "slower" and measured["paired"]["stopped"] != "apart":
         say(f"profiling on {device}", "the original against itself")
@@ -97,8 +96,8 @@ def _against_itself(profile: Profile, original: onnx.ModelProto, inputs: RunInpu
     few percent for as long as they live (ONNX Runtime's arena places their buffers apart:
     bench/RESULTS.md), which no interval of pairs within one pair of sessions sees."""
     itself = profile_models(
-        {"before": original, "after": original}, _timed_specs(inputs), request.device, feeds=_feeds(inputs),
-        memory=False, per_op=False, threads=request.options.threads,
+        {"before": original, "after": original}, _timed_specs(inputs), request.device, _ratio_only(request),
+        feeds=_feeds(inputs),
     )["paired"]  # fmt: skip
     profile["against_itself"] = {"speedup": itself["speedup"], "low": itself["low"], "high": itself["high"]}
     apart = max(abs(itself["speedup"] - 1), 1 - itself["low"], itself["high"] - 1)
@@ -106,13 +105,18 @@ def _against_itself(profile: Profile, original: onnx.ModelProto, inputs: RunInpu
         profile["verdict"] = "no measurable change"
 
 
+def _ratio_only(request: Request) -> TimingSettings:
+    """The timing of a ratio alone: no peak memory, no per-op times."""
+    return TimingSettings(memory=False, per_op=False, threads=request.options.threads)
+
+
 def _feeds(inputs: RunInputs) -> dict | None:
-    return inputs.real_data[0] if inputs.made_up_runs == 0 else None
+    return inputs.sets.given[0] if inputs.sets.made_up == 0 else None
 
 
 def _timed_specs(inputs: RunInputs) -> list:
     """The sizes made-up inputs are timed at: grown where the model leaves dims dynamic (profile/timed_sizes.py)."""
-    return inputs.timed or inputs.specs
+    return inputs.timed or inputs.sets.specs
 
 
 def judged_profile(measured: dict) -> Profile:
@@ -199,7 +203,7 @@ def faster_candidate(
             continue
         measured = profile_models(
             {"before": original, "after": _as_written(outcome.model, exported.declared)}, _timed_specs(inputs),
-            request.device, feeds=_feeds(inputs), memory=False, per_op=False, threads=request.options.threads,
+            request.device, _ratio_only(request), feeds=_feeds(inputs),
         )["paired"]  # fmt: skip
         timed.append(Candidate(
             left_out, outcome.model, outcome.applied, outcome.skipped,

@@ -24,7 +24,7 @@ from ..report.types import (
     TransformerFusions,
 )
 from ..rewrite import transformer_fusions
-from ..rewrite.engine import RewriteOutcome, rewrite_model
+from ..rewrite.engine import RewriteOutcome, RewriteSettings, rewrite_model
 from ..rewrite.explain import ExplainRequest, explanations
 from ..rewrite.low_rank import low_rank_branches_left
 from ..rewrite.rulefile import builtin_rule_files, load_rules, rule_files
@@ -113,10 +113,10 @@ class Rewritten:
         return outcome
 
     def _replayed(self, rules: list, limit: int | None):
+        settings = RewriteSettings(self.strategy, self.device, self.half, kept_kernels=self.kept)
         return rewrite_model(
-            self.folded, rules, builtin_primitives(), self.strategy, self.source, limit, self.device,
-            self.decided, kept_kernels=self.kept, half=self.half,
-        )  # fmt: skip
+            self.folded, rules, builtin_primitives(), settings, source=self.source, limit=limit, decided=self.decided
+        )
 
 
 def rewritten(exported: ExportResult, source: str, asked: RulesAsked, request: Request) -> Rewritten:
@@ -126,10 +126,8 @@ def rewritten(exported: ExportResult, source: str, asked: RulesAsked, request: R
     half = None if request.dtype == "float32" else request.dtype
 
     def rewrite(folded: onnx.ModelProto, kept: list, decided: dict):
-        return rewrite_model(
-            folded, asked.rules, primitives, request.strategy, source, device=request.device, decided=decided,
-            explain=explained, kept_kernels=kept, half=half,
-        )  # fmt: skip
+        settings = RewriteSettings(request.strategy, request.device, half, explained, kept)
+        return rewrite_model(folded, asked.rules, primitives, settings, source=source, decided=decided)
 
     say = request.steps.start
     with ir.counting_bytes(BytesShown(say, "rewriting", "of weights read", ir.weight_bytes(exported.model))):

@@ -7,7 +7,7 @@ is written. Each function hands back what it found; pipeline.py places it in the
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NoReturn, cast
 
 import onnx
@@ -16,10 +16,11 @@ from .. import ir
 from ..errors import ConvexportError, first_line
 from ..load.export import ExportResult
 from ..load.float32_twin import weights_half_type
+from ..load.inputs import InputSets
 from ..report.types import Culprit, InvalidModel, OnDevice, Rewrite, Validation
 from ..runtime import CUDA, Unloadable, create_session, provider_options
 from ..validate.compare import compare_models, tf32_effect
-from ..validate.exact_check import reference_seconds
+from ..validate.exact_check import ExactRequest, reference_seconds
 from ..validate.results import ValidationResult
 from ..validate.runs import NoMadeUpInputs
 from .inputs import RunInputs
@@ -63,8 +64,8 @@ def checked(
     request: Request,
     torch_source,
 ) -> Checked:
-    """The validation and its report section; a refusal where it fails. `inputs.made_up_runs`
-    becomes 0 where made-up inputs cannot run the model and the caller's arrays are used alone
+    """The validation and its report section; a refusal where it fails. `inputs.sets` loses its
+    made-up sets where made-up inputs cannot run the model and the caller's arrays are used alone
     (Checked.made_up_inputs says why)."""
     say = request.steps.start
     say("validating")
@@ -72,33 +73,32 @@ def checked(
     budget = max(
         FLOAT64_MIN_S,
         FLOAT64_SHARE * request.steps.elapsed(),
-        reference_seconds(FULL_REFERENCE_FLOPS, inputs.made_up_runs + len(inputs.real_data or ())),
+        reference_seconds(FULL_REFERENCE_FLOPS, len(inputs.sets)),
     )
 
     # a model of half weights computes in half: its rewrite's folds, rounded into it, are judged so
     precision = weights_half_type(exported.reference)
 
-    def compare(runs: int) -> ValidationResult:
+    def compare(sets: InputSets) -> ValidationResult:
         result = compare_models(
-            exported.reference, rewritten.outcome.model, inputs.specs, runs, request.tolerances,
-            extra_feeds=inputs.real_data, labels=labels, exact_budget_s=budget, torch_source=torch_source,
-            precision=precision,
+            exported.reference, rewritten.outcome.model, sets, request.tolerances, labels=labels,
+            exact=ExactRequest(budget, torch_source), precision=precision,
         )  # fmt: skip
         result.precision = precision
         return result
 
     made_up_inputs = None
     try:
-        result = compare(inputs.made_up_runs)
+        result = compare(inputs.sets)
     except Unloadable as unloadable:  # valid to onnx's checker, not to ONNX Runtime
         if _load_problem(exported.reference) is not None:
             raise  # the model as given: its own problem, said as such
         _refuse_invalid(first_line(unloadable), exported, rewritten, say)
     except NoMadeUpInputs as unsuitable:
-        if not inputs.real_data:
+        if not inputs.sets.given:
             raise ConvexportError(f"{unsuitable}; or give real inputs with --inputs DATA.npz") from None
-        inputs.made_up_runs = 0  # the caller's arrays alone, said in the report
-        result = compare(0)
+        inputs.sets = replace(inputs.sets, made_up=0)  # the caller's arrays alone, said in the report
+        result = compare(inputs.sets)
         made_up_inputs = f"not used: {unsuitable}"
     validation: Validation = {**result.to_report()}
     tf32_sample, failed_on = None, "cpu"
@@ -127,8 +127,7 @@ def _culprit(
 
     def passes(candidate: onnx.ModelProto) -> bool:
         return compare_models(
-            exported.reference, candidate, inputs.specs, inputs.made_up_runs, request.tolerances,
-            extra_feeds=inputs.real_data, device=failed_on, exact=exact or False,
+            exported.reference, candidate, inputs.sets, request.tolerances, device=failed_on, exact=exact,
             precision=weights_half_type(exported.reference),
         ).passed  # fmt: skip
 
@@ -143,9 +142,8 @@ def _validated_on_device(
     result goes to validation["on_device"] (TF32's own effect is added by record_tf32_effect).
     The device check's result is returned: a graph that fails it fails validation."""
     on_device = compare_models(
-        exported.reference, rewritten.outcome.model, inputs.specs, inputs.made_up_runs, request.tolerances,
-        extra_feeds=inputs.real_data, labels=labels, device="cuda", exact=exact or False,
-        precision=weights_half_type(exported.reference),
+        exported.reference, rewritten.outcome.model, inputs.sets, request.tolerances, labels=labels,
+        device="cuda", exact=exact, precision=weights_half_type(exported.reference),
     )  # fmt: skip
     validation["on_device"] = {
         **on_device.to_report(),

@@ -22,39 +22,32 @@ from ..ir.stats import graph_stats
 from ..load.float32_twin import weights_half_type
 from ..load.input_data import load_npz
 from ..load.input_domains import sized_by_running
-from ..load.inputs import InputSpec, with_overrides
+from ..load.inputs import InputSets, InputSpec, with_overrides
 from ..runtime import MissingKernel, checked_run, create_session
-from .exact_check import ExactReference, exact_reference
+from .exact_check import ExactReference, ExactRequest, exact_reference
 from .float64.precision import dtype_name
 from .judges import NoiseFloor, compare_arrays, compare_by_noise_floor, compare_exactly, reference_note
-from .results import DEFAULT_RUNS, NonfiniteOn, OutputError, ReferenceRuns, Tolerances, ValidationResult
+from .results import NonfiniteOn, OutputError, ReferenceRuns, Tolerances, ValidationResult
 from .runs import candidate_runs, float64_or_none, reference_runs, rounded_reference
 
 
 def compare_models(
     reference: onnx.ModelProto,
     candidate: onnx.ModelProto,
-    inputs: list[InputSpec],
-    runs: int = DEFAULT_RUNS,
+    inputs: InputSets,
     tolerances: Tolerances = Tolerances(),
-    seed: int = 0,
-    extra_feeds: Sequence[dict] = (),
+    *,
     labels: tuple[str, str] = ("the reference model", "the candidate"),
     device: str = "cpu",
-    exact: ExactReference | bool | None = True,
-    exact_budget_s: float | None = None,
-    torch_source=None,
+    exact: ExactReference | ExactRequest | None = ExactRequest(),
     precision: str | None = None,
 ) -> ValidationResult:
-    """Run both models on `runs` seeded input sets (and `extra_feeds`), compare every output:
-    against the reference's float64 result where it has one (validate/exact_check.py; `exact`: True to
-    compute it here, within `exact_budget_s` seconds; an ExactReference computed before on the
-    same input sets; False for none),
-    else with the tolerances; explicit tolerances (--rtol/--atol) bound the candidate against
-    the reference's own run besides. `torch_source` (torch_reference.torch_float64's) makes a
-    torch model's own float64 run the exact result where it agrees with the ONNX graph's. The
-    reference failing to run is a RunFailure (the inputs
-    do not suit the model); the candidate failing where the reference runs fails the
+    """Run both models on the input sets, compare every output: against the reference's float64
+    result where it has one (validate/exact_check.py; `exact`: an ExactRequest to compute it
+    here, an ExactReference computed before on the same input sets, None for none), else with
+    the tolerances; explicit tolerances (--rtol/--atol) bound the candidate against the
+    reference's own run besides. The reference failing to run is a RunFailure (the inputs do
+    not suit the model); the candidate failing where the reference runs fails the
     validation. `labels` name the two models in those messages. On CUDA both run with TF32 off
     (tf32_effect reads TF32's own effect). `precision` names the type the candidate computes in
     where it is coarser than its outputs' (float16 inside a float32 interface): its roundoff
@@ -62,19 +55,18 @@ def compare_models(
     with every value rounded to it (validate/rounded_run.py) counts as its own error as well, for
     each output that run keeps."""
     tolerances.check_outputs([out.name for out in reference.graph.output], labels[0])
-    result = ValidationResult(True, runs + len(extra_feeds), tolerances, inputs=[str(spec) for spec in inputs])
+    result = ValidationResult(True, len(inputs), tolerances, inputs=[str(spec) for spec in inputs.specs])
     # One session at a time: the reference's outputs on every input set are computed and its
     # session released before the candidate's opens (a session holds the model's weights: two
     # at once doubled validation's peak memory on large models).
-    names, all_feeds, expected_runs = reference_runs(reference, inputs, runs, seed, extra_feeds, labels[0], device)
+    names, all_feeds, expected_runs = reference_runs(reference, inputs, labels[0], device)
     result.reference_runs = ReferenceRuns(names, all_feeds, expected_runs, device)
-    result.nonfinite_on = nonfinite_on_sets(expected_runs, runs)
+    result.nonfinite_on = nonfinite_on_sets(expected_runs, inputs.made_up)
     heap.release_after(reference)  # its session, before the float64 evaluator's or the candidate's
-    if exact is True:
+    if isinstance(exact, ExactRequest):
         exact = exact_reference(
-            reference, all_feeds, graph_stats(candidate)["flops"], exact_budget_s, torch_source, expected_runs
+            reference, all_feeds, graph_stats(candidate)["flops"], exact.budget_s, exact.torch_source, expected_runs
         )
-    exact = exact if isinstance(exact, ExactReference) else None  # None: no float64 reference
     if exact is not None:
         result.reference = "float64" if exact.available(0) else "float32"
         result.reference_note, result.exact = reference_note(exact), exact
@@ -168,7 +160,7 @@ def validate_files(
         if candidate_half is not None and candidate_half != reference_half
         else weights_half_type(models[0])
     )
-    result = compare_models(models[0], models[1], specs, runs, tolerances, extra_feeds=feeds, precision=precision)
+    result = compare_models(models[0], models[1], InputSets(specs, runs, feeds), tolerances, precision=precision)
     result.precision = precision
     return result
 

@@ -82,6 +82,17 @@ REFERENCE_SHARE_OF_GEMM = 0.25
 FLOAT64_WEIGHT_BYTES = 512 << 20
 
 
+@dataclass(frozen=True)
+class ExactRequest:
+    """A float64 reference to compute for a comparison (exact_reference): on as many input
+    sets as `budget_s` seconds allow (None: the first only, unless far over), judged against
+    the torch model's own float64 run of `torch_source` where there is one
+    (torch_reference.torch_float64's)."""
+
+    budget_s: float | None = None
+    torch_source: object = None
+
+
 @dataclass
 class ExactReference:
     """The original model's float64 outputs on each input set (None where the budget left it

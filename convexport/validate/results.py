@@ -20,9 +20,6 @@ DEFAULT_RTOL = 1e-4
 DEFAULT_ATOL = 1e-5
 
 
-DEFAULT_RUNS = 3
-
-
 # Default (rtol, atol) by output dtype when none is given: about 100x the unit roundoff for
 # the fp32 ones above, and for halves, whose folded weights are rounded to 11 (fp16) or 8
 # (bf16) bits, a few units of their roundoff.

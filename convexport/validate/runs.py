@@ -9,7 +9,7 @@ import onnx
 
 from ..errors import ConvexportError
 from ..ir.slots import HALF_TYPES, element_types
-from ..load.inputs import dynamic_dims_note, random_inputs
+from ..load.inputs import InputSets, dynamic_dims_note
 from ..runtime import MissingKernel, RunFailure, checked_run, create_session
 from .float64 import Float64Evaluator, Float64Unavailable
 from .rounded_run import lost_outputs, rounded_runs
@@ -21,21 +21,20 @@ class NoMadeUpInputs(RunFailure):
     caller's own arrays (--inputs) can check it."""
 
 
-def reference_runs(reference, inputs, runs, seed, extra_feeds, label, device):
-    """The reference's output names, the input sets (`runs` made up, then `extra_feeds`) and
-    its outputs on each; its session is gone when this returns."""
+def reference_runs(reference: onnx.ModelProto, sets: InputSets, label: str, device: str):
+    """The reference's output names, the input sets' arrays (the made-up ones, then the given)
+    and its outputs on each; its session is gone when this returns."""
     session = _evaluator(reference, label, device)
     names = [out.name for out in session.get_outputs()]
-    # run r gives dynamic dims the size r + 1, so a graph that only works at one size fails
     try:
-        made_up = [random_inputs(inputs, seed + run, dynamic_size=run + 1) for run in range(runs)]
+        made_up = sets.made_up_feeds()
     except ConvexportError as exc:  # an input of a type convexport makes no data for
         raise NoMadeUpInputs(str(exc)) from None
-    hint = dynamic_dims_note(inputs, f"take the sizes 1 to {runs}")
-    all_feeds = made_up + list(extra_feeds)
+    hint = dynamic_dims_note(sets.specs, f"take the sizes 1 to {sets.made_up}")
+    all_feeds = made_up + list(sets.given)
     outputs = []
     for index, feeds in enumerate(all_feeds):
-        is_made_up = index < runs  # the rest are the caller's own arrays: no dims to fix
+        is_made_up = index < sets.made_up  # the rest are the caller's own arrays: no dims to fix
         try:
             outputs.append(
                 checked_run(lambda feeds=feeds: session.run(names, feeds), feeds, label, hint if is_made_up else "")
