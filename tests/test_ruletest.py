@@ -131,11 +131,11 @@ def test_rules_test_passes_a_correct_user_rule(tmp_path):
     ("y = Softmax(x)", "", "no random instances of Softmax"),
     ("y = Conv(x, w:const)", "    where:\n      rank: {x: [7]}\n", "none of"),
 ])
-@pytest.mark.long
 def test_untestable_rules_exit_1(tmp_path, match, where, fragment):
     path = tmp_path / "r.yaml"
     path.write_text(f"rules:\n  - name: r\n    doc: d\n    match:\n      - {match}\n{where}    apply: forward_input\n")
-    result = runner.invoke(app, ["rules", "test", str(path), "--examples", "10", "--out", str(tmp_path)])
+    # one round of 10 (the first always runs): a rule no instance of which is rewritten stays so
+    result = runner.invoke(app, ["rules", "test", str(path), "--examples", "10", "--budget", "0", "--out", str(tmp_path)])
     assert result.exit_code == 1, result.output
     assert "UNTESTED r" in result.stdout and fragment in result.stdout
     assert "1 rule(s) could not be tested: r" in result.stderr

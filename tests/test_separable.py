@@ -272,3 +272,30 @@ def test_the_screens_submatrix_is_read_from_the_kernel_as_the_whole_matrix_would
     rows, cols = (np.sort(draw.permutation(size)[:min(matrix.shape)]) for size in matrix.shape)
     sub = _submatrix(weight, rows, cols)
     assert sub.dtype == np.float64 and np.array_equal(sub, matrix[np.ix_(rows, cols)])
+
+
+@pytest.mark.parametrize("rank", [1, 7, 8, 9, 16, 17, 40, 90])
+def test_a_large_low_rank_kernel_is_factored_at_the_width_its_rank_needs(rank, monkeypatch):
+    """The factoring's sketch starts 8 columns wide and doubles while the rank fills it (up to the
+    width where a split stops paying): every rank is found, the factors reproduce the kernel, and a
+    rank-1 kernel (vgg19's constant one) is never sketched at the full width."""
+    import convexport.algebra.separable as separable
+
+    weight = low_rank(64, 64, 3, 3, rank)  # a [192, 192] matrix
+    spec = ConvSpec(weight, np.zeros(64), False, (1, 1), (1, 1), (1, 1), (1, 1))
+    widths = []
+    qr = np.linalg.qr
+    monkeypatch.setattr(np.linalg, "qr", lambda matrix, *a, **k: widths.append(matrix.shape[1]) or qr(matrix, *a, **k))
+    split = split_separable(spec, max_rank=100)
+    assert split.rank == rank
+    rebuilt = np.einsum("rikz,orzl->oikl", split.tall.weight, split.wide.weight)
+    np.testing.assert_allclose(rebuilt, weight, rtol=0, atol=1e-9 * np.abs(weight).max())
+    assert widths[0] == separable.FIRST_SKETCH and widths[-1] > rank and all(w <= 101 for w in widths)
+    assert widths == sorted(widths) and (rank >= separable.FIRST_SKETCH or widths == [separable.FIRST_SKETCH])
+
+
+def test_a_kernel_of_the_rank_where_a_split_stops_paying_is_refused_after_the_widest_sketch():
+    weight = low_rank(64, 64, 3, 3, 120)
+    spec = ConvSpec(weight, np.zeros(64), False, (1, 1), (1, 1), (1, 1), (1, 1))
+    refusal = verdict(split_separable, spec, 100)
+    assert isinstance(refusal, Refusal) and not refusal.reported

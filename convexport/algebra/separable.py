@@ -33,6 +33,7 @@ RECONSTRUCTION_TOLERANCE = 1e-6
 SCREEN_TOLERANCE = 1e-4  # R's diagonal entries above this fraction of the largest: full rank
 SUBMATRIX_SEED = 0  # the screen's draw of rows and columns: the same decision every run
 SUBMATRIX_FROM = 64  # below this many columns, screening the whole matrix costs less than the draw
+FIRST_SKETCH = 8  # the low-rank factoring's first sketch width, doubled while the rank fills it
 # The most work a kernel's factoring may cost (bench/RESULTS.md, "Measurements behind the
 # code"): beyond it a split, however low the rank, is not looked for.
 FACTOR_BUDGET_FLOPS = 2e10
@@ -98,18 +99,33 @@ def split_separable(spec: ConvSpec, max_rank: int | None = None) -> SeparableCon
 
 def _low_rank_svd(matrix: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """U, S, V^T of `matrix` [m, n] when its rank is below `width`: its column space is that of
-    matrix @ G for a [n, width] Gaussian G (with probability one), so with Q an orthonormal
-    basis of it, matrix = Q (Q^T matrix) and the SVD of the small [width, n] Q^T matrix gives
-    the whole one's nonzero part, at O(m n width) instead of O(m n min(m, n)). A rank of width
-    or more shows as width singular values above the tolerance, which the caller refuses; the
-    caller's reconstruction check catches the rest. At full width, the plain SVD."""
+    matrix @ G for a [n, k] Gaussian G (with probability one, for any k above the rank), so with
+    Q an orthonormal basis of it, matrix = Q (Q^T matrix) and the SVD of the small [k, n]
+    Q^T matrix gives the whole one's nonzero part, at O(m n k) instead of O(m n min(m, n)).
+    The sketch starts FIRST_SKETCH columns wide and doubles, up to `width`, until it holds the
+    rank with room to spare and its factors reproduce the matrix (RECONSTRUCTION_TOLERANCE): a
+    rank-1 kernel (a constant one) is factored at k = 8, not at the width where a split would
+    stop paying; a rank near `width` costs at most twice the one sketch at `width`. A rank of
+    `width` or more shows as `width` singular values above the tolerance, which the caller
+    refuses; the caller's reconstruction check catches the rest. At full width, the plain SVD."""
     m, n = matrix.shape
     if width >= min(m, n):
         return np.linalg.svd(matrix, full_matrices=False)
-    sketch = matrix @ np.random.default_rng(SUBMATRIX_SEED).standard_normal((n, width))
-    basis, _ = np.linalg.qr(sketch)
-    u_small, singular, vt = np.linalg.svd(basis.T @ matrix, full_matrices=False)
-    return basis @ u_small, singular, vt
+    gaussian = np.random.default_rng(SUBMATRIX_SEED).standard_normal((n, width))
+    scale = np.max(np.abs(matrix))
+    k = min(FIRST_SKETCH, width)
+    while True:
+        basis, _ = np.linalg.qr(matrix @ gaussian[:, :k])
+        u_small, singular, vt = np.linalg.svd(basis.T @ matrix, full_matrices=False)
+        u = basis @ u_small
+        if k >= width or not singular.size or singular[0] == 0:
+            return u, singular, vt
+        rank = int(np.count_nonzero(singular > RANK_TOLERANCE * singular[0]))
+        if rank < k:
+            rebuilt = (u[:, :rank] * singular[:rank]) @ vt[:rank]
+            if np.max(np.abs(rebuilt - matrix)) <= RECONSTRUCTION_TOLERANCE * scale:
+                return u, singular, vt
+        k = min(2 * k, width)
 
 
 def rank_at_least(weight: np.ndarray, rank: int) -> bool:
