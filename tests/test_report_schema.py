@@ -144,3 +144,21 @@ def test_the_report_says_its_schema_version():
     for kind in ("optimize", "validate", "profile"):
         report = json.loads((REPORTS / f"{kind}-1.0.json").read_text(encoding="utf-8"))
         assert next(iter(report)) == "schema_version"
+
+
+def test_the_result_objects_hold_every_field_their_report_entry_declares():
+    """A result object's to_report() writes the fields its TypedDict declares (report/types.py, the
+    one list): the object holds each of them, and nothing it holds goes unreported but by design."""
+    import dataclasses
+
+    from convexport.half.kept import KeptFloat32
+    from convexport.validate.results import OutputError
+
+    for result, declared in [(OutputError, report_types.OutputError), (KeptFloat32, report_types.KeptFloat32)]:
+        assert [slot.name for slot in dataclasses.fields(result)] == list(declared.__annotations__), result.__name__
+    error = OutputError(max_abs=2.0, elements=4, exact_error=1e-3)
+    assert list(error.to_report()) == [name for name in report_types.OutputError.__annotations__
+                                       if name != "exact_error_rounded"]
+    merged = error.merge(OutputError(max_abs=1.0, mean_abs=1.0, elements=12, cosine=0.5, exact_error=2e-3, nonfinite=1))
+    assert (merged.max_abs, merged.mean_abs, merged.elements, merged.cosine, merged.exact_error, merged.nonfinite) == (
+        2.0, 0.75, 16, 0.5, 2e-3, 1)

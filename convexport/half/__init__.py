@@ -65,7 +65,9 @@ def in_half_precision(
         names, feeds, float32 = reference_runs(original, inputs, "the model as given", target.device)
     if exact is None:
         exact = exact_reference(original, feeds)
-    exact_outputs = [dict(zip(names, exact.outputs[i])) if exact.available(i) else None for i in range(len(feeds))]
+    exact_outputs = [
+        dict(zip(names, exact.outputs[i] or [])) if exact.available(i) else None for i in range(len(feeds))
+    ]
     judged_on = HalfRuns(feeds, [dict(zip(names, run)) for run in float32], exact_outputs)
     heap.release_after(optimized)  # validation's float64 evaluators, in cycles: before this stage's own
     values = _exact_values(optimized, feeds[0], exact.available(0))

@@ -54,7 +54,8 @@ def _first_chain(graph, types) -> tuple[onnx.NodeProto, list[onnx.NodeProto], on
     for node in graph.node:
         if node.op_type != "Cast" or (types.get(node.input[0]), cast_to(node)) not in WIDENS:
             continue
-        between, tensor = [], node.output[0]
+        between: list[onnx.NodeProto] = []
+        tensor = node.output[0]
         while tensor not in outputs and len(readers.get(tensor, ())) == 1:
             (reader,) = readers[tensor]
             if reader.op_type == "Cast":
@@ -75,6 +76,7 @@ def _merged(graph, types, first: onnx.NodeProto, between: list[onnx.NodeProto], 
     output; where that makes `first` a Cast to its input's own type, it goes too (unless its
     output is a graph output). The Casts removed."""
     target = cast_to(second)
+    assert target is not None, "a Cast names its type"
     last = between[-1] if between else first
     moved = [first.output[0]] + [node.output[0] for node in between[:-1]]
     last.output[0] = second.output[0]

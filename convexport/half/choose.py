@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field, replace
+from typing import Literal, cast
 
 import numpy as np
 import onnx
@@ -63,7 +64,7 @@ from .. import ir
 from ..ir import heap, proto_subgraphs
 from ..ir.slots import HALF_TYPES, DataSlots, NoHalfForm, data_slots, element_types
 from ..ir.stats import flops_by_node
-from ..report.types import Precision
+from ..report.types import Precision, WeightsRounded
 from ..validate.rounded_run import lost_outputs, rounded_runs
 from .cast_chains import MOVES_VALUES
 from .convert import PrecisionPlan, with_precision
@@ -103,13 +104,13 @@ class HalfPrecision:
     casts: int
     kept: list[KeptFloat32]
     outputs: dict[str, OutputJudgement]
-    against: str  # "float64", or "float32" where no float64 reference was computed
+    against: Literal["float64", "float32"]  # float32 where no float64 reference was computed
     attempts: int = 1  # conversions judged, the bisection's included
     measured: int = 0  # nodes whose own error was measured
     weights_rounded: dict[str, int] = field(default_factory=dict)  # by way: convert.Converted
     # what the bound counts as the model's own error (module doc, step 4): the float32
     # original's ("float32"), or also the model's with every value rounded to half ("rounded")
-    bound_by: str = "float32"
+    bound_by: Literal["float32", "rounded"] = "float32"
     # the folder of a large model's weights (on_disk.py): the caller's to close once it is written
     files: contextlib.ExitStack | None = None
     rounding: WeightRounding | None = None  # how the weights were rounded (its way of each)
@@ -137,7 +138,7 @@ class HalfPrecision:
             "kept_float32": [kept.to_report() for kept in self.kept],
             "nodes_measured": self.measured,
             "attempts": self.attempts,
-            "weights_rounded": {way: self.weights_rounded.get(way, 0) for way in ROUNDING_WAYS},
+            "weights_rounded": cast(WeightsRounded, {way: self.weights_rounded.get(way, 0) for way in ROUNDING_WAYS}),
             "validation": {
                 "passed": self.passed,
                 "against": self.against,
@@ -228,7 +229,9 @@ class _Choice:
         self.out_of_range: set[int] = set()  # step 2's nodes whose exact output half cannot hold
         self.islands: set[int] = set()  # step 4's float32 islands' nodes and their Casts in, once kept
         self.attempts = 0
-        self.bound_by = "float32"  # HalfPrecision.bound_by: "rounded" once step 4 judges by the rounded run
+        self.bound_by: Literal["float32", "rounded"] = (
+            "float32"  # HalfPrecision.bound_by: "rounded" once step 4 judges by the rounded run
+        )
 
     def attempt(self, keep: dict[int, KeptFloat32]) -> Attempt:
         plan = PrecisionPlan(self.half, self.io_type, {i: s for i, s in self.candidates.items() if i not in keep})
@@ -349,7 +352,7 @@ class _Choice:
         ranked = self._ranked(kept, judged)
         within = _within_share(ranked, self.flops, REGION_FLOPS_SHARE * sum(self.flops))
         if within == len(ranked) or self.runs.against != "float64":
-            return self._bisected(kept, ranked, judged, len(ranked))
+            return self._bisected_all(kept, ranked, judged)
         grown = self._bisected(kept, ranked, judged, within)
         if grown is not None:
             return grown
@@ -358,16 +361,17 @@ class _Choice:
             result = self.attempt(everything)
             if over_bound(result[1]):
                 return everything, result
-        rounded = replace(self.runs, rounded=self._rounded_runs())
+        rounded_outputs = self._rounded_runs()
+        rounded = replace(self.runs, rounded=rounded_outputs)
         wanted = [exact or float32 for exact, float32 in zip(self.runs.exact, self.runs.float32)]
-        if lost_outputs(rounded.rounded, wanted, [name for name, judgement in judged.items() if judgement.beyond]):
-            return self._bisected(kept, ranked, judged, len(ranked))
+        if lost_outputs(rounded_outputs, wanted, [name for name, judgement in judged.items() if judgement.beyond]):
+            return self._bisected_all(kept, ranked, judged)
         self.bound_by, self.runs = "rounded", rounded
         result = self.attempt(kept)
         if not over_bound(result[1]):
             return kept, result
         ranked = self._ranked(kept, result[1])
-        return self._bisected(kept, ranked, result[1], len(ranked))
+        return self._bisected_all(kept, ranked, result[1])
 
     def _ranked(self, kept: dict[int, KeptFloat32], judged) -> list[int]:
         missed = [name for name, judgement in judged.items() if judgement.beyond]
@@ -377,6 +381,13 @@ class _Choice:
         trial = dict(kept)
         _keep_worst(trial, ranked[:count], self.model.graph.node, self.local, failing)
         return self.with_regions(trial)
+
+    def _bisected_all(self, kept, ranked: list[int], failing) -> tuple[dict[int, KeptFloat32], Attempt]:
+        """_bisected among all of `ranked`: with every one of them float32 the outputs are the
+        float32 model's, so some number of them meets the bound."""
+        found = self._bisected(kept, ranked, failing, len(ranked))
+        assert found is not None, "_bisected returns None only below len(ranked)"
+        return found
 
     def _bisected(self, kept, ranked: list[int], failing, high: int) -> tuple[dict[int, KeptFloat32], Attempt] | None:
         """The fewest of `ranked`, nearest first, kept float32 that make the outputs meet the

@@ -287,7 +287,7 @@ def _kept_upcasts(nodes, passed_through: dict[str, str], home: dict[str, int]) -
     that name in float32 reads the Cast's output, where it comes after it: one Cast of the value
     into float32, not the model's and one more (a residual Add summed in float32 beside the
     norm whose Cast into float32 reads the same stream: islands.py)."""
-    upcasts = {}
+    upcasts: dict[str, tuple[int, str]] = {}
     for index, node in enumerate(nodes):
         name = node.output[0] if node.op_type == "Cast" else None
         if name in passed_through and home.get(name) == FLOAT and home.get(passed_through[name]) != FLOAT:

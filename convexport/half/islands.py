@@ -74,7 +74,9 @@ def float32_islands(
     producer = {name: index for index, node in enumerate(nodes) for name in node.output}
     casts_in = {index for index, node in enumerate(nodes) if _casts_to_float(node) and index in candidates}
     upcast = {name for index in casts_in for name in nodes[index].output}
-    islands, taken, made_by_islands = [], set(), set()
+    islands: list = []
+    taken: set[int] = set()
+    made_by_islands: set[str] = set()
     allowed = ISLAND_FLOPS_SHARE * sum(flops)
     for start in sorted(casts_in):
         if nodes[start].input[0] in made_by_islands:

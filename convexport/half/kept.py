@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import onnx
 
+from ..report import types as report_types
+
 
 @dataclass
 class KeptFloat32:
@@ -23,5 +25,5 @@ class KeptFloat32:
         """The entry of `node`, named by its name or, where it has none, its first output."""
         return cls(node.name or node.output[0], node.op_type, reason, error, bound)
 
-    def to_report(self) -> dict:
-        return dict(vars(self))
+    def to_report(self) -> report_types.KeptFloat32:
+        return {"node": self.node, "op": self.op, "reason": self.reason, "error": self.error, "bound": self.bound}

@@ -37,8 +37,9 @@ def lacking_kernels(
         key = _signature(alone)
         if key not in verdicts:
             verdicts[key] = _refusal(alone, device, half)
-        if verdicts[key] is not None:
-            lacking[index] = verdicts[key]
+        refusal = verdicts[key]
+        if refusal is not None:
+            lacking[index] = refusal
     return lacking
 
 

@@ -120,7 +120,9 @@ def _worst_outputs(model, chunk, values, half_runs, float_runs, half: int) -> di
 def _chunks(model, candidates: dict[int, DataSlots], values, weights) -> list[dict[int, DataSlots]]:
     """The candidates in groups whose inputs, fed and weights, are EXPLODED_BYTES or less in
     float32 (a node over it alone is a group of its own)."""
-    chunks, current, size = [], {}, 0
+    chunks: list[dict[int, DataSlots]] = []
+    current: dict[int, DataSlots] = {}
+    size = 0
     for index, slots in candidates.items():
         node = model.graph.node[index]
         need = sum(_float32_bytes(name, values, weights) for name in node.input if name)
@@ -166,7 +168,7 @@ def _run_exploded(
                 continue
             in_data = position in slots.inputs
             if name in stored:
-                if in_data and elem != FLOAT:
+                if in_data and rounding is not None:  # (elem: its half type)
                     renamed = f"{name}@rounded"
                     if renamed not in initializers:
                         initializers[renamed] = _rounded_initializer(stored[name], renamed, rounding)
@@ -177,13 +179,14 @@ def _run_exploded(
             value = values[name]
             is_float = value.dtype == np.float64
             elem_type = elem if in_data else (FLOAT if is_float else None)
-            fed = f"{name}@{TYPE_TAGS.get(elem_type, 'as_is')}"
+            tag = TYPE_TAGS.get(elem_type, "as_is") if elem_type is not None else "as_is"
+            fed = f"{name}@{tag}"
             # each input declared with the shape it is fed: ONNX Runtime's inference reads a
             # Resize's `sizes` of unknown shape beside a constant X as empty, and refuses the model
             if fed not in inputs:  # (keyed by the name the node reads)
                 with np.errstate(over="ignore"):  # beyond half's range: an infinity, as the model would make
                     rounded = value.astype(NUMPY_TYPES[inputs_in]) if in_data and inputs_in is not None else value
-                    array = rounded.astype(NUMPY_TYPES[elem_type]) if is_float else value
+                    array = rounded.astype(NUMPY_TYPES[elem_type]) if is_float and elem_type is not None else value
                 if elem_type in CAST_AT_EDGES:
                     nodes.append(onnx.helper.make_node("Cast", [f"{fed}@f32"], [fed], to=elem_type))
                     feeds[f"{fed}@f32"] = array.astype(np.float32)

@@ -17,10 +17,12 @@ then counts as none).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import onnx
 
+from ..report.types import HalfOutput
 from ..runtime import checked_run, create_session
 from ..validate.exact_check import judge, noise_floor_bound
 from ..validate.rounded_run import largest_apart
@@ -86,9 +88,14 @@ class OutputJudgement:
             return (self.squared_error / self.squared_exact) ** 0.5
         return float(self.squared_error > 0)
 
-    def to_report(self) -> dict:
-        reported = ("error", "error_original", "bound", "beyond", "elements", "error_rounded")
-        return {name: getattr(self, name) for name in reported if getattr(self, name) is not None}
+    def to_report(self) -> HalfOutput:
+        reported: HalfOutput = {
+            "error": self.error, "error_original": self.error_original, "bound": self.bound, "beyond": self.beyond,
+            "elements": self.elements,
+        }  # fmt: skip
+        if self.error_rounded is not None:
+            reported["error_rounded"] = self.error_rounded
+        return reported
 
 
 @dataclass
@@ -104,7 +111,7 @@ class HalfRuns:
     rounded: list[dict[str, np.ndarray]] | None = None
 
     @property
-    def against(self) -> str:
+    def against(self) -> Literal["float64", "float32"]:
         return "float64" if any(exact is not None for exact in self.exact) else "float32"
 
 
@@ -125,7 +132,7 @@ def judged_outputs(outputs: list[dict[str, np.ndarray]], runs: HalfRuns, dtype: 
     names = list(runs.float32[0])
     judged = {name: OutputJudgement() for name in names}
     own_seen = dict.fromkeys(names, 0.0)
-    rounded_runs = runs.rounded or [None] * len(runs.feeds)
+    rounded_runs: list[dict[str, np.ndarray] | None] = list(runs.rounded) if runs.rounded else [None] * len(runs.feeds)
     for got, expected, exact, rounded in zip(outputs, runs.float32, runs.exact, rounded_runs):
         for name in names:
             half = got[name]

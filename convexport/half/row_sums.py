@@ -57,10 +57,10 @@ class Rows:
     def original_positions(self, flat: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         """Flat positions in the matrix of an array of `shape`, as flat positions in the array."""
         moved = np.unravel_index(flat, tuple(shape[axis] for axis in self.order))
-        index = [None] * len(shape)
+        index: list = [None] * len(shape)
         for position, axis in enumerate(self.order):
             index[axis] = moved[position]
-        return np.ravel_multi_index(tuple(index), shape) if shape else flat
+        return np.asarray(np.ravel_multi_index(tuple(index), shape)) if shape else flat
 
 
 def summed_rows(nodes: list[onnx.NodeProto], names: set[str], shapes: dict[str, tuple[int, ...]]) -> dict[str, Rows]:

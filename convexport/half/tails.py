@@ -137,7 +137,8 @@ def _flops_to_outputs(model: onnx.ModelProto, outputs: list[str], flops: list[fl
     for index, node in enumerate(model.graph.node):
         for name in node.input:
             readers.setdefault(name, []).append(index)
-    wanted, cost = set(outputs), {}
+    wanted = set(outputs)
+    cost: dict[int, float] = {}
     for index in reversed(range(len(model.graph.node))):
         node = model.graph.node[index]
         onward = [cost[reader] for name in node.output for reader in readers.get(name, ()) if reader in cost]
@@ -154,7 +155,7 @@ def _tail_parts(model, candidates: dict[int, DataSlots], producer, tail: set[int
     nodes = model.graph.node
     entries: dict[int, frozenset[str]] = {}
     for index in sorted(tail):
-        reached = set()
+        reached: set[str] = set()
         for position in candidates[index].inputs:
             name = nodes[index].input[position]
             made_by = producer.get(name)

@@ -28,7 +28,7 @@ TYPE_TAGS: dict[int, str] = {
     TensorProto.BFLOAT16: "bf16",
 }
 # each float type's numpy dtype (ml_dtypes' for bfloat16)
-NUMPY_TYPES = {
+NUMPY_TYPES: dict[int, np.dtype] = {
     TensorProto.FLOAT: np.dtype(np.float32), TensorProto.FLOAT16: np.dtype(np.float16),
     TensorProto.BFLOAT16: np.dtype(ml_dtypes.bfloat16),
 }  # fmt: skip

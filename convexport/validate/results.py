@@ -4,9 +4,12 @@ whole comparison (ValidationResult), each with the report entry the schema decla
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -117,13 +120,19 @@ class OutputError:
     nonfinite: int = 0  # elements where the original gives NaN or an infinity
 
     def to_report(self) -> report_types.OutputError:
-        """Its fields, exact_error_rounded only where it counted (a half-precision candidate)."""
-        fields = {
-            name: value for name, value in vars(self).items() if name != "exact_error_rounded" or value is not None
+        """The fields report/types.py's OutputError declares (the one list of what is reported;
+        tests/test_report_schema.py checks that this class holds each), exact_error_rounded only
+        where it counted (a half-precision candidate)."""
+        reported = {
+            name: getattr(self, name)
+            for name in report_types.OutputError.__annotations__
+            if name != "exact_error_rounded" or self.exact_error_rounded is not None
         }
-        return cast(report_types.OutputError, fields)  # the report's OutputError declares these fields
+        return cast(report_types.OutputError, reported)
 
     def merge(self, other: OutputError) -> OutputError:
+        """This output's error over one more input set's: field by field, the larger error, the
+        mean weighted by elements, the smaller cosine, the counts added, the tolerances kept."""
         elements = self.elements + other.elements
 
         def mean(a, b):
@@ -132,23 +141,17 @@ class OutputError:
         def most(a, b):
             return b if a is None else a if b is None else max(a, b)
 
-        return OutputError(
-            max(self.max_abs, other.max_abs),
-            mean(self.mean_abs, other.mean_abs),
-            max(self.max_rel, other.max_rel),
-            mean(self.mean_rel, other.mean_rel),
-            min(self.cosine, other.cosine),
-            self.mismatches + other.mismatches,
-            elements,
-            self.rtol,
-            self.atol,
-            most(self.exact_error_original, other.exact_error_original),
-            most(self.exact_error, other.exact_error),
-            most(self.exact_error_float64, other.exact_error_float64),
-            most(self.exact_bound, other.exact_bound),
-            most(self.exact_error_rounded, other.exact_error_rounded),
-            self.nonfinite + other.nonfinite,
-        )
+        def kept(a, b):
+            return a
+
+        combined: dict[str, Callable[[Any, Any], Any]] = {
+            "mean_abs": mean, "mean_rel": mean, "cosine": min, "rtol": kept, "atol": kept,
+            "mismatches": operator.add, "elements": operator.add, "nonfinite": operator.add,
+        }  # fmt: skip
+        return OutputError(**{
+            slot.name: combined.get(slot.name, most)(getattr(self, slot.name), getattr(other, slot.name))
+            for slot in dataclasses.fields(self)
+        })  # fmt: skip
 
 
 @dataclass(frozen=True)
