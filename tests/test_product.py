@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -69,6 +70,35 @@ def test_a_dotted_factory_from_the_current_folder(tmp_path):
                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert onnx.load(tmp_path / "nets.opt.onnx").graph.node[0].op_type == "Conv"
+
+
+def test_a_factory_file_optimized_twice_writes_the_same_bytes(tmp_path):
+    """The factory's module is named by its path, not by Python's per-process string hash: the
+    name is in the exported graph's metadata, so the same file gave a different model each run."""
+    (tmp_path / "net.py").write_text(textwrap.dedent("""
+        import torch
+
+        class Net(torch.nn.Module):  # its class is named in each node's metadata: net's module's name
+            def __init__(self):
+                super().__init__()
+                self.conv, self.bn = torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4)
+
+            def forward(self, x):
+                return torch.relu(self.bn(self.conv(x)))
+
+        def build():
+            torch.manual_seed(0)
+            return Net().eval()
+    """))
+    written = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"out{seed}.onnx"
+        result = subprocess.run([*CONVEXPORT, "optimize", "net.py:build", "--input", "x:1x3x8x8", "--no-profile",
+                                 "--no-validate", "-o", str(out)], cwd=tmp_path, capture_output=True, text=True,
+                                timeout=300, env={**os.environ, "PYTHONHASHSEED": seed})  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        written.append(out.read_bytes())
+    assert written[0] == written[1]
 
 
 def test_the_api_from_a_script_without_a_main_guard(tmp_path):

@@ -350,6 +350,7 @@ def _export_dynamo(loaded: LoadedModel, args: tuple, names: list[str], opset: in
             verbose=False,
             optimize=True,
         )
+    assert program is not None, "torch.onnx.export(dynamo=True) returns its ONNXProgram"
     return program.model_proto
 
 
@@ -367,7 +368,7 @@ def _export_torchscript(
         torch.onnx.export(
             loaded.program,
             args,
-            buffer,
+            buffer,  # type: ignore[arg-type]  # the TorchScript exporter writes to a file object too
             dynamo=False,
             opset_version=opset,
             input_names=names,

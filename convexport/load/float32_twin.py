@@ -48,7 +48,7 @@ def weights_half_type(model: onnx.ModelProto) -> str | None:
     for tensor in held:
         if tensor.data_type in elements:
             elements[tensor.data_type] += int(np.prod(tensor.dims, dtype=np.int64))
-    kind = max(elements, key=elements.get)
+    kind = max(elements, key=lambda data_type: elements[data_type])
     wide = elements[TensorProto.FLOAT] + elements[TensorProto.DOUBLE]
     return _FLOAT_TYPES[kind] if elements[kind] > wide else None
 
@@ -106,9 +106,9 @@ def float32_twin(model: onnx.ModelProto) -> onnx.ModelProto:
             _made_as(graph, value.name, inner)
             leaving.append(_edge(inner, value.name, TensorProto.FLOAT16, nodes(f"{inner}_cast")))
             graph.value_info.append(_in_float32_type(value, inner))
-    nodes = [*entering, *graph.node, *leaving]
+    ordered = [*entering, *graph.node, *leaving]
     del graph.node[:]
-    graph.node.extend(nodes)
+    graph.node.extend(ordered)
     return twin
 
 

@@ -209,10 +209,10 @@ def _adds_leading_dims(node: onnx.NodeProto, constants: dict[str, onnx.TensorPro
     if node.op_type != "Unsqueeze":
         return False
     if len(node.input) > 1:
-        axes = constants.get(node.input[1])
-        if axes is None:
+        given_axes = constants.get(node.input[1])
+        if given_axes is None:
             return False
-        axes = onnx.numpy_helper.to_array(axes).reshape(-1).tolist()
+        axes = onnx.numpy_helper.to_array(given_axes).reshape(-1).tolist()
     else:  # before opset 13 the axes are an attribute
         axes = next((list(a.ints) for a in node.attribute if a.name == "axes"), [])
     return bool(axes) and all(0 <= axis < 2 for axis in axes)

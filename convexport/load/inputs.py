@@ -213,6 +213,7 @@ def random_inputs(specs: list[InputSpec], seed: int, dynamic_size: int = DEFAULT
         elif low is None:
             feeds[spec.name] = rng.integers(0, 4, shape).astype(dtype)
         else:
+            assert high is not None, "a value range has both ends"
             feeds[spec.name] = rng.integers(math.ceil(low), math.floor(high) + 1, shape).astype(dtype)
         if (spec.mask or MASK_NAME.search(spec.name)) and spec.value_range == (0, 1) and len(shape) > 1 and shape[-1]:
             # a padding mask attends to at least one position of each row: a row of zeros has no

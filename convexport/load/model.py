@@ -40,9 +40,17 @@ class ModelArgument:
     def suffix(self) -> str:
         return self.path.suffix.lower() if self.path is not None else ""
 
+    @property
+    def file(self) -> Path:
+        """The file before ':', for the routes that read one (they recognise a suffix, which an
+        object has not)."""
+        if self.path is None:
+            raise TypeError(f"{self.source} is an object, not a file")
+        return self.path
+
     def default_output(self) -> Path:
         """<stem>[.<entry>].opt.onnx beside the model file."""
-        return self.path.with_name(self.path.stem + (f".{self.entry}" if self.entry else "") + ".opt.onnx")
+        return self.file.with_name(self.file.stem + (f".{self.entry}" if self.entry else "") + ".opt.onnx")
 
 
 def _split_factory(source: str) -> tuple[str, str, str]:

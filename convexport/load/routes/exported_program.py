@@ -25,8 +25,8 @@ def _recognises(argument: ModelArgument) -> bool:
 
 
 def _load(argument: ModelArgument, trust_pickle: bool) -> LoadedModel:
-    check_readable_file(argument.source, argument.path)
-    program = read_exported_program(argument.path, trust_pickle)
+    check_readable_file(argument.source, argument.file)
+    program = read_exported_program(argument.file, trust_pickle)
     declared = _program_inputs(program)
     return LoadedModel(
         str(argument.path),
@@ -36,7 +36,7 @@ def _load(argument: ModelArgument, trust_pickle: bool) -> LoadedModel:
         example_inputs=None if declared is None else _example_tensors(declared),
         input_names=[] if declared is None else [value.name for value in declared],
         program_inputs=declared or [],
-        files=[argument.path],
+        files=[argument.file],
     )
 
 
@@ -236,7 +236,8 @@ def _symbol_names(model: onnx.ModelProto, specs: list[InputSpec]) -> dict[str, s
             symbol = dim.dim_param
             if not _TORCH_SYMBOL.match(symbol) or symbol in names:
                 continue
-            named = dims_given[axis] if axis < len(dims_given) and isinstance(dims_given[axis], str) else None
+            given_dim = dims_given[axis] if axis < len(dims_given) else None
+            named = given_dim if isinstance(given_dim, str) else None
             fallback = f"{value.name}_dim{axis}"
             names[symbol] = _unused_name([named or (BATCH_DIM if axis == 0 else fallback), fallback], taken)
             taken.add(names[symbol])

@@ -6,6 +6,7 @@ it, and the standard streams are put back if it closed them."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -64,14 +65,19 @@ def _import_factory_module(source: str, path_text: str):
     if path_text.endswith(".py"):
         path = Path(path_text)
         check_readable_file(source, path)
-        name = f"convexport_user_{abs(hash(str(path.resolve())))}"
+        # named by its path, not by hash(): the module's name is in the exported graph's metadata,
+        # so one file optimized twice writes the same bytes
+        name = f"convexport_user_{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]}"
         spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:  # (a .py file always has both)
+            raise ConvexportError(f"{source}: {path_text} cannot be imported as a Python module")
+        loader = spec.loader
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         loader_dir = str(path.resolve().parent)
         sys.path.insert(0, loader_dir)  # let the file import its neighbours
         try:
-            _user_call(source, f"importing {path_text}", lambda: spec.loader.exec_module(module))
+            _user_call(source, f"importing {path_text}", lambda: loader.exec_module(module))
         except ConvexportError:
             del sys.modules[name]
             raise

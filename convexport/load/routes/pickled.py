@@ -17,9 +17,9 @@ def _recognises(argument: ModelArgument) -> bool:
 
 
 def _load(argument: ModelArgument, trust_pickle: bool) -> LoadedModel:
-    check_readable_file(argument.source, argument.path)
-    program = read_pickled_module(argument.path, trust_pickle, argument.entry or None)
-    return LoadedModel(argument.source, ROUTE, argument.default_output(), program=program, files=[argument.path])
+    check_readable_file(argument.source, argument.file)
+    program = read_pickled_module(argument.file, trust_pickle, argument.entry or None)
+    return LoadedModel(argument.source, ROUTE, argument.default_output(), program=program, files=[argument.file])
 
 
 ROUTE = Route(

@@ -11,13 +11,13 @@ from .route import Route
 
 
 def _recognises(argument: ModelArgument) -> bool:
-    return argument.suffix in (".pt", ".pth") and is_torchscript_file(argument.path)
+    return argument.suffix in (".pt", ".pth") and is_torchscript_file(argument.file)
 
 
 def _load(argument: ModelArgument, trust_pickle: bool) -> LoadedModel:
-    check_readable_file(argument.source, argument.path)
-    program = read_torchscript(argument.path, argument.entry or None)
-    return LoadedModel(argument.source, ROUTE, argument.default_output(), program=program, files=[argument.path])
+    check_readable_file(argument.source, argument.file)
+    program = read_torchscript(argument.file, argument.entry or None)
+    return LoadedModel(argument.source, ROUTE, argument.default_output(), program=program, files=[argument.file])
 
 
 ROUTE = Route(
