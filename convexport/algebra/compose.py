@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import padding_reads
-from .spec import AxisGeometry, ConvSpec, Refusal, spatial_lengths
+from .spec import AxisGeometry, ConvSpec, Refusal, known, spatial_lengths
 
 # A bias of the first conv read through the second's zero padding is exact only with a
 # constant correction map added to the output ([O, *out], float32); it is used when at most
@@ -138,8 +138,9 @@ def compose(
             f"{second.nd}-D conv with {second.in_channels} inputs"
         )
     lengths = spatial_lengths(input_spatial, first.nd)
-    if None not in lengths:
-        second.output_shape(first.output_shape(lengths))  # raises for an empty output
+    static = known(lengths)
+    if static is not None:
+        second.output_shape(first.output_shape(static))  # raises for an empty output
     reads = [padding_reads.axis_reads(f, s, length) for f, s, length in zip(first.axes(), second.axes(), lengths)]
     leak = padding_reads.window_leak(reads, active_pairs(first.weight, second.weight))
     if leak is not None:
@@ -152,12 +153,12 @@ def compose(
     bias_taps = np.tensordot(second.weight, first.bias, axes=(1, 0))  # [O, *k2]: W2[:, :, u] @ b1
     border = None
     if padding_reads.bias_through_padding(reads, bias_taps):
-        if None in lengths:
+        if static is None:
             raise Refusal(
                 "the first conv's bias is read through the second conv's zero padding; the correction "
                 f"map needs a static spatial shape, and the input's is {lengths}"
             )
-        output_shape = second.output_shape(first.output_shape(lengths))
+        output_shape = second.output_shape(first.output_shape(static))
         size = padding_reads.border_bytes(second.out_channels, output_shape)
         if size > border_limit_bytes:
             raise Refusal(
@@ -165,7 +166,7 @@ def compose(
                 f"map [{second.out_channels}, {', '.join(map(str, output_shape))}] would take {size} "
                 f"bytes, over the limit of {border_limit_bytes}"
             )
-        border = padding_reads.border_map(first.axes(), second.axes(), lengths, bias_taps)
+        border = padding_reads.border_map(first.axes(), second.axes(), static, bias_taps)
         border = border if np.any(border) else None
     spec = composite_conv(first, second)
     return Composition(spec, border)

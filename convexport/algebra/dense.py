@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -164,10 +165,8 @@ def fold_chain(maps: Sequence[LinearMap], keep_low_rank: bool = True) -> Dense:
 
 def compose_maps(first: LinearMap, second: LinearMap) -> LinearMap:
     """second(first(x)): a Dense where either is one, else (x s1 + t1) s2 + t2 = x (s1 s2) + (t1 s2 + t2)."""
-    if isinstance(first, Dense) and isinstance(second, Dense):
-        return compose_dense(first, second)
     if isinstance(first, Dense):
-        return rescale_outputs(first, second)
+        return compose_dense(first, second) if isinstance(second, Dense) else rescale_outputs(first, second)
     if isinstance(second, Dense):
         return rescale_inputs(first, second)
     return FeatureAffine(first.scale * second.scale, first.shift * second.scale + second.shift)
@@ -213,5 +212,5 @@ def sum_dense(terms: Sequence[Dense], signs: Sequence[float]) -> Dense:
         raise Refusal(f"the terms' weights differ in shape ({sorted(shapes)}): their sum broadcasts", reported=False)
     weight = _signed_sum([term.weight for term in terms], signs)
     biases = [(sign, term.bias) for sign, term in zip(signs, terms) if term.bias is not None]
-    bias = sum(sign * b for sign, b in biases) if biases else None
+    bias = cast(np.ndarray, sum(sign * b for sign, b in biases)) if biases else None
     return Dense(weight, bias)

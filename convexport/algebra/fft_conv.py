@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .spec import ConvSpec, Refusal
+from .spec import ConvSpec, Refusal, known
 
 
 @dataclass(frozen=True)
@@ -41,14 +41,15 @@ def next_power_of_two(n: int) -> int:
 
 def plan_fft_conv(spec: ConvSpec, input_spatial: Sequence[int | None]) -> FftPlan:
     """The FFT plan of a conv on an input of static spatial shape."""
-    if input_spatial is None or any(length is None for length in input_spatial):
+    static = known(input_spatial) if input_spatial is not None else None
+    if static is None:
         raise Refusal("an FFT convolution needs a static spatial shape")
     if spec.nd not in (1, 2):
         raise Refusal(f"FFT convolution is implemented for 1-D and 2-D convs, not {spec.nd}-D")
-    padded = tuple(int(n) + a + e for n, a, e in zip(input_spatial, spec.pads_begin, spec.pads_end))
+    padded = tuple(n + a + e for n, a, e in zip(static, spec.pads_begin, spec.pads_end))
     sizes = tuple(next_power_of_two(n) for n in padded)
     dilated = np.zeros((spec.out_channels, spec.in_channels, *sizes))
     taps = tuple(slice(0, d * (k - 1) + 1, d) for k, d in zip(spec.kernel_shape, spec.dilations))
     dilated[(slice(None), slice(None), *taps)] = spec.weight
     spectrum = np.conj(np.fft.rfftn(dilated, axes=tuple(range(2, 2 + spec.nd))))
-    return FftPlan(sizes, padded, spectrum, spec.output_shape(input_spatial), spec.strides)
+    return FftPlan(sizes, padded, spectrum, spec.output_shape(static), spec.strides)

@@ -63,7 +63,7 @@ def avgpool_as_conv(
                 )
     weight = np.zeros((channels, channels, *kernel_shape))
     weight[np.arange(channels), np.arange(channels)] = 1.0 / float(np.prod(kernel_shape))
-    return ConvSpec(weight, np.zeros(channels), False, strides, (1,) * nd, pads_begin, pads_end)
+    return ConvSpec(weight, np.zeros(channels), False, tuple(strides), (1,) * nd, tuple(pads_begin), tuple(pads_end))
 
 
 def merge_zero_pad(spec: ConvSpec, pad_begin_spatial: Sequence[int], pad_end_spatial: Sequence[int]) -> ConvSpec:
@@ -86,6 +86,7 @@ def scale_shift_after(spec: ConvSpec, scale, shift) -> ConvSpec:
     b' = scale * b + shift ([O]); scale, shift scalars or [O] (scale_shift_onnx_weight on the
     dense kernel, whose bias is always there, zero when the conv had none)."""
     weight, bias = scale_shift_onnx_weight(spec.weight, spec.bias, scale, shift)
+    assert bias is not None, "a ConvSpec always holds a bias array"
     return dataclasses.replace(spec, weight=weight, bias=bias, has_bias=spec.has_bias or bool(np.any(shift)))
 
 

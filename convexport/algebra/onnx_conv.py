@@ -42,8 +42,9 @@ def _explicit_pads(attrs: dict, kernel, strides, dilations, lengths) -> tuple[tu
         return (0,) * nd, (0,) * nd
     if mode not in ("SAME_UPPER", "SAME_LOWER"):
         raise Refusal(f"Conv auto_pad {mode!r} is not an ONNX padding mode")
-    pairs = [_same_pads(mode, *args) for args in zip(kernel, strides, dilations, lengths)]
-    if None in pairs:
+    found = [_same_pads(mode, *args) for args in zip(kernel, strides, dilations, lengths)]
+    pairs = [pair for pair in found if pair is not None]
+    if len(pairs) != len(found):
         raise Refusal(
             f"Conv auto_pad={mode} with stride > 1 needs the input's static spatial shape, which is {tuple(lengths)}"
         )

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
-from .spec import AxisGeometry, ConvSpec, Refusal, spatial_lengths
+from .spec import AxisGeometry, ConvSpec, Refusal, known, spatial_lengths
 
 
 def _check_branches(specs: Sequence[ConvSpec]) -> None:
@@ -27,7 +28,6 @@ def _check_branches(specs: Sequence[ConvSpec]) -> None:
         )
     if len({s.strides for s in specs}) > 1:
         raise Refusal(f"the branches use different strides {[s.strides for s in specs]}")
-    return None
 
 
 def _end_pad(axes: Sequence[AxisGeometry], begin: int, span: int, length: int | None, index: int) -> int:
@@ -63,13 +63,12 @@ def _common_axis(axes: Sequence[AxisGeometry], length: int | None, index: int) -
 
 
 def _common_window(specs: Sequence[ConvSpec], input_spatial) -> list[AxisGeometry]:
-    refusal = _check_branches(specs)
-    if refusal:
-        return refusal
+    _check_branches(specs)
     lengths = spatial_lengths(input_spatial, specs[0].nd)
-    if None not in lengths:
+    static = known(lengths)
+    if static is not None:
         for spec in specs:
-            spec.output_shape(lengths)  # raises for an empty output
+            spec.output_shape(static)  # raises for an empty output
     window = []
     for index, length in enumerate(lengths):
         axis = _common_axis([spec.axis(index) for spec in specs], length, index)
@@ -113,8 +112,8 @@ def combine_parallel(
             f"the branches have different output channel counts {[s.out_channels for s in specs]}: "
             "the result would broadcast, not add"
         )
-    weight = sum(float(sign) * _place(spec, window) for spec, sign in zip(specs, signs))
-    bias = sum(float(sign) * spec.bias for spec, sign in zip(specs, signs))
+    weight = cast(np.ndarray, sum(float(sign) * _place(spec, window) for spec, sign in zip(specs, signs)))
+    bias = cast(np.ndarray, sum(float(sign) * spec.bias for spec, sign in zip(specs, signs)))
     return _merged(window, weight, bias, any(spec.has_bias for spec in specs))
 
 

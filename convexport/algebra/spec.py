@@ -155,6 +155,12 @@ class ConvSpec:
         return shape
 
 
+def known(lengths: Sequence[int | None]) -> tuple[int, ...] | None:
+    """The lengths where every one is known, else None."""
+    given = tuple(int(length) for length in lengths if length is not None)
+    return given if len(given) == len(lengths) else None
+
+
 def spatial_lengths(input_spatial: Sequence[int | None] | None, nd: int) -> tuple[int | None, ...]:
     """The input's spatial lengths, one per axis, None where unknown."""
     if input_spatial is None:

@@ -4,8 +4,13 @@ number, `False`, the first item), which is where hypothesis's shrinker moves it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TypeVar
+
 import numpy as np
 from hypothesis import strategies as st
+
+T = TypeVar("T")
 
 
 class Draws:
@@ -19,7 +24,7 @@ class Draws:
     def integer(self, low: int, high: int) -> int:
         return self._draw(st.integers(low, high))
 
-    def choice(self, options):
+    def choice(self, options: Iterable[T]) -> T:
         return self._draw(st.sampled_from(list(options)))
 
     def flag(self) -> bool:

@@ -34,7 +34,7 @@ def add_branches(builder) -> None:
     width, out = draws.integer(1, 6), draws.integer(1, 6)
     x = builder._materialize(ValueRef("x"), draws.normal([*lead, width]))
     first = _branch(builder, lead, x, width, out)
-    start = draws.choice(first[:-1]) if len(first) > 1 and draws.flag() else (x, width)
+    start: tuple[str, int] = draws.choice(first[:-1]) if len(first) > 1 and draws.flag() else (x, width)
     second = _branch(builder, lead, *start, out)
     for ref, branch in zip(builder.rule.root.inputs, (first, second)):
         builder.env[(ref.name, None)] = branch[-1][0]
