@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 Shape = Sequence[int]
 
 
-def counted(shape) -> tuple[int, ...] | None:
-    """A shape as counted here: a dim that is not a known size >= 0 as 1 (None stays None)."""
-    if shape is None:
-        return None
+def counted(shape: Sequence) -> tuple[int, ...]:
+    """A shape as counted here: a dim that is not a known size >= 0 as 1."""
     return tuple([d if type(d) is int and d >= 0 else 1 for d in shape])
 
 
@@ -68,6 +67,8 @@ def dft_node(input_shape, output_shape, axis: int) -> float:
     """A DFT node: transforms along `axis` of N points (the longer of the input's and the
     output's length there: a one-sided transform has N/2 + 1 outputs), one per complex output
     point divided by N'; the output's last axis holds (real, imaginary)."""
+    if input_shape is None:
+        return 0.0
     source, out = counted(input_shape), counted(output_shape)
     if not source or len(source) != len(out):
         return 0.0
@@ -97,7 +98,7 @@ def low_rank_factoring(shape: Shape, width: int) -> float:
 
 
 def node_flops(
-    op: str, output_shape, input_shapes: Sequence[Shape | None], attribute: Callable[[str, object], object]
+    op: str, output_shape, input_shapes: Sequence[Shape | None], attribute: Callable[[str, Any], Any]
 ) -> float:
     """The count of one node of `op`, from its first output's and its inputs' shapes (None:
     unknown) and its attributes (`attribute(name, default)`; a DFT's axis, whether it is an

@@ -166,7 +166,7 @@ FLAGS: dict[str, Flag] = {
 def from_flags(given: dict[str, object]) -> dict[str, object]:
     """OptimizeOptions' fields from the command line's values of FLAGS (by field name): a
     switch that negates turned around, a flag not given (None) left at the field's default."""
-    chosen = {}
+    chosen: dict[str, object] = {}
     for name, flag in FLAGS.items():
         value = given[name]
         if flag.negates:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import onnx
@@ -88,7 +89,8 @@ class _InstanceBuilder:
         self.constants = _constant_names(rule)
         self.minimums = _count_minimums(rule)
         lowest = max([2, *self.minimums.values()])
-        self.count = draws.integer(lowest, max(lowest, 4)) if any(line.is_element for line in rule.pattern) else None
+        # a group line's elements (0: the rule has none)
+        self.count = draws.integer(lowest, max(lowest, 4)) if any(line.is_element for line in rule.pattern) else 0
         self.sharing = draws.choice(["same-geometry", "independent", "same-constants"])
         partitionable = any(line.is_element and line.op_type in PARTITIONS for line in rule.pattern)
         self.partition = partitionable and draws.flag()  # a group's parts cut their shared input
@@ -125,22 +127,25 @@ class _InstanceBuilder:
         slots = [Slot(self._shape(name) if name is not None else None, name != ABSENT) for name in names]
         partitioned = self.partition and line.is_element and line.op_type in PARTITIONS
         reused = (
-            not partitioned and template is not None and self.sharing != "independent"
+            template
+            if not partitioned and template is not None and self.sharing != "independent"
             and _same_layout(template[0], slots)
+            else None
         )  # fmt: skip
         if partitioned:
+            assert element is not None, "a group line's elements are numbered"
             if element == 0:
                 self.partitions[index] = PARTITIONS[line.op_type](self.draws, slots, fixed, self.count)
             draft = self.partitions[index][element]
-        elif reused:
-            draft = self._reshuffled(template[0])
+        elif reused is not None:
+            draft = self._reshuffled(reused[0])
         else:
-            outputs = None if line.outputs[0].variadic else len(line.outputs)
-            draft = self.samplers[line.op_type](self.draws, slots, fixed, outputs)
+            output_count = None if line.outputs[0].variadic else len(line.outputs)
+            draft = self.samplers[line.op_type](self.draws, slots, fixed, output_count)
         inputs = []
         for position, (ref, name) in enumerate(zip(refs, names)):
             if name is None:
-                shared = template[1][position] if reused and self.sharing == "same-constants" else None
+                shared = reused[1][position] if reused is not None and self.sharing == "same-constants" else None
                 name = (
                     shared if shared and ref.name in self.constants else self._materialize(ref, draft.values[position])
                 )
@@ -250,7 +255,8 @@ class _InstanceBuilder:
             return
         for _ in range(self.draws.integer(1, 2)):
             op = self.draws.choice(CHAIN_OPS)
-            if op == "Conv" and len(self._shape(tails[0])) < 3:
+            shape = self._shape(tails[0])
+            if op == "Conv" and (shape is None or len(shape) < 3):
                 op = "Relu"
             template = None
             for position, tail in enumerate(tails):
@@ -398,7 +404,7 @@ def _constant_names(rule: Rule) -> set[str]:
     names = {ref.name for line in rule.pattern for ref in line.inputs if ref.constant}
     for key, argument in (*rule.where, *rule.require):
         if key == "constant":
-            names |= set(argument if isinstance(argument, list) else [argument])
+            names |= set(cast(list[str], argument) if isinstance(argument, list) else [cast(str, argument)])
     return names
 
 
@@ -407,7 +413,7 @@ def _count_minimums(rule: Rule) -> dict[str, int]:
         name: int(minimum)
         for key, argument in (*rule.where, *rule.require)
         if key == "count"
-        for name, minimum in argument.items()
+        for name, minimum in cast(dict[str, int], argument).items()
     }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -38,9 +39,12 @@ class Draft:
 Sampler = Callable[[Draws, list[Slot], dict, "int | None"], Draft]
 
 
-def _pick(fixed: dict, name: str, choose: Callable[[], object]):
-    """The pattern's value for attribute `name` (a list where the pattern wrote a tuple), or choose()."""
+def _pick(fixed: dict, name: str, choose: Callable[[], Any] | None) -> Any:
+    """The pattern's value for attribute `name` (a list where the pattern wrote a tuple), or
+    choose() (None: the pattern is known to fix it)."""
     if name not in fixed:
+        if choose is None:
+            raise KeyError(name)
         return choose()
     return list(fixed[name]) if isinstance(fixed[name], tuple) else fixed[name]
 
@@ -53,7 +57,7 @@ def _values(slots: list[Slot], produced: dict[int, np.ndarray]) -> list:
     return [produced.get(index) if _open(slots, index) else None for index in range(len(slots))]
 
 
-def _data(draws: Draws, slots: list[Slot], ranks) -> tuple[tuple[int, ...], dict[int, np.ndarray]]:
+def _data(draws: Draws, slots: list[Slot], ranks) -> tuple[tuple[int, ...], dict[int, Any]]:
     """The first input's shape: fixed, or drawn (and its value made)."""
     if slots[0].shape is not None:
         if len(slots[0].shape) not in ranks:
@@ -108,7 +112,7 @@ def conv(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
             produced[1] = _low_rank_kernel(draws, produced[1].shape)
     if len(kernel) != nd:
         raise Reject
-    attrs = {"group": group} if group != 1 or "group" in fixed or draws.flag() else {}
+    attrs: dict[str, Any] = {"group": group} if group != 1 or "group" in fixed or draws.flag() else {}
     if not draws.flag():
         attrs["kernel_shape"] = list(kernel)
     attrs["strides"] = _pick(fixed, "strides", lambda: [1 if large else draws.choice([1, 2, 3]) for _ in range(nd)])
@@ -178,7 +182,8 @@ def batch_normalization(draws: Draws, slots: list[Slot], fixed: dict, outputs) -
     """BatchNormalization(X [N, C, ...], scale, bias, mean, var [C]) in inference mode."""
     shape, produced = _data(draws, slots, (2, 3, 4, 5))
     channels = (shape[1],)
-    for index, make in zip(range(1, 5), (draws.positive, draws.normal, draws.normal, draws.positive)):
+    makers: list[Callable[[tuple[int, ...]], np.ndarray]] = [draws.positive, draws.normal, draws.normal, draws.positive]
+    for index, make in zip(range(1, 5), makers):
         if _open(slots, index):
             produced[index] = make(channels)
     attrs = {"epsilon": _pick(fixed, "epsilon", lambda: draws.choice([1e-5, 1e-3]))}
@@ -292,8 +297,9 @@ def split(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
     """Split(X, split?) into `outputs` parts (drawn, 2-4, for `*parts = Split(...)`): equal
     parts from num_outputs, or sizes from the `split` input."""
     count = outputs or draws.integer(2, 4)
-    drawn = slots[0].shape is None
-    shape = list(draws.data_shape((1, 2, 3, 4)) if drawn else slots[0].shape)
+    given = slots[0].shape
+    drawn = given is None
+    shape = list(draws.data_shape((1, 2, 3, 4)) if given is None else given)
     axis = _pick(fixed, "axis", lambda: draws.choice(range(len(shape))))
     if not -len(shape) <= axis < len(shape):
         raise Reject
@@ -307,8 +313,11 @@ def split(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
     attrs = {"axis": axis} if axis != 0 or draws.flag() else {}
     if _open(slots, 1):
         equal = size % count == 0 and not draws.flag()
-        cuts = np.sort(draws.rng.choice(np.arange(1, size), count - 1, replace=False)) if not equal else None
-        sizes = [size // count] * count if equal else np.diff([0, *cuts, size]).tolist()
+        if equal:
+            sizes = [size // count] * count
+        else:
+            cuts = np.sort(draws.rng.choice(np.arange(1, size), count - 1, replace=False))
+            sizes = np.diff([0, *cuts, size]).tolist()
         produced[1] = np.array(sizes, np.int64)
     elif len(slots) < 2 or not slots[1].present:
         attrs["num_outputs"] = count
@@ -364,6 +373,7 @@ def matmul(draws: Draws, slots: list[Slot], fixed: dict, outputs) -> Draft:
     if _open(slots, 1):
         inner, columns = shape[-1], draws.integer(1, 5)
         kind = draws.choice(["matrix", "vector", "stack"])
+        weight_shape: tuple[int, ...]
         if kind == "vector":
             weight_shape = (inner,)
         elif kind == "stack":  # leading dims that broadcast against A's: 1 or A's own, or new ones

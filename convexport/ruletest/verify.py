@@ -278,7 +278,7 @@ def _compare(
 def _float64_runs(original, rewritten, feeds) -> tuple[dict | None, dict | None]:
     """The original's and the rewritten graph's outputs in float64 by name (None where the
     float64 evaluator cannot run them)."""
-    runs = []
+    runs: list[dict | None] = []
     for model in (original, rewritten):
         try:
             values = Float64Evaluator(model).run(feeds)
@@ -317,7 +317,7 @@ def _save_counterexample(
 
 def _save_npz(path: str, feeds: dict[str, np.ndarray]) -> None:
     with open(path, "wb") as handle:
-        np.savez(handle, **feeds)
+        np.savez(handle, **feeds)  # type: ignore[arg-type]  # (numpy's stub: a key could be allow_pickle)
 
 
 def _known_ops() -> str:
