@@ -20,6 +20,12 @@ def pytest_configure(config):
     convexport has imported create_session."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
+    # numpy's OpenBLAS and torch's OpenMP pools one thread too, for the same reason: each starts
+    # a thread per core, two workers' pools spinning on two cores (bench/RESULTS.md, "Measurements
+    # behind the code"); the variables are read when the libraries load, none of which has yet
+    assert "numpy" not in sys.modules and "torch" not in sys.modules, "a thread pool sized before this"
+    for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(variable, "1")
     from convexport import runtime
 
     create_session = runtime.create_session

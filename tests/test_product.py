@@ -110,11 +110,15 @@ def test_the_api_from_a_script_without_a_main_guard(tmp_path):
         with open({str(marker)!r}, "a") as runs:
             runs.write("run\\n")
         result = convexport.optimize({str(tmp_path / "m.onnx")!r})
-        print(result.report["profile"]["verdict"])
+        profile = result.report["profile"]
+        print(profile["verdict"] if profile else result.report["profile_skipped"])
     """))
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    verdicts = ("faster", "slower", "no measurable change", "unchanged graph")  # which one is the machine's
+    # which one is the machine's: ONNX Runtime fuses the BatchNormalization itself, so the fold
+    # can read slower by noise, and then the model as given is written, unprofiled
+    verdicts = ("faster", "slower", "no measurable change",
+                "every candidate was slower than the model as given, which is written")  # fmt: skip
     assert marker.read_text() == "run\n" and result.stdout.strip() in verdicts
 
 
