@@ -196,3 +196,23 @@ def test_a_candidate_that_cannot_run_where_the_reference_runs_fails_validation()
                         [tensor("y", [1, 3, 8, 8])], {"w": np.ones((3, 5, 1, 1), np.float32)})
     result = compare_models(relu, broken, InputSets([InputSpec("x", (1, 3, 8, 8))]))
     assert not result.passed and "cannot run the candidate on x:1x3x8x8:float32" in result.problem, result.problem
+
+
+def test_each_input_set_is_judged_by_one_criterion_chosen_for_it():
+    """judge_of_set: a set with a float64 result against it; a later one by the noise floor
+    measured there (an output not judged yet by the tolerances); without any, the tolerances."""
+    import numpy as np
+
+    from convexport.validate.exact_check import ExactReference
+    from convexport.validate.judges import AgainstFloat64, ByNoiseFloor, ByTolerances, NoiseFloor, judge_of_set
+
+    ref = np.linspace(-1, 1, 64, dtype=np.float32)
+    exact = ExactReference([[ref.astype(np.float64)], None])
+    floor = NoiseFloor({"y": 1.0}, {})
+    first = judge_of_set(0, ["y"], exact, floor, {}, None, Tolerances(), None)
+    assert type(first) is AgainstFloat64
+    judged = {"y": first(0, "y", ref, ref + 1e-7, None)}
+    second = judge_of_set(1, ["y"], exact, floor, judged, None, Tolerances(), None)
+    assert type(second) is ByNoiseFloor and second(0, "y", ref, ref, None).rtol is None  # bound by the floor
+    assert second(0, "z", ref, ref, None).rtol is not None  # not judged before: the tolerances
+    assert type(judge_of_set(0, ["y"], None, None, {}, None, Tolerances(), None)) is ByTolerances

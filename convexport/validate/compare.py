@@ -3,9 +3,9 @@
 Both models run on the CPU provider with graph optimisations off (so ORT's own fusions cannot
 hide or cause a difference) on seeded random inputs (dynamic dims take the sizes 1, 2, 3, ...
 in successive runs) and on any input sets given. compare_models runs them (runs.py), picks
-the criterion for each output on each input set (judges.py: the float64 result where the
-reference has one, else the noise floor measured where it had one, else the tolerances) and
-gathers what was found (results.py)."""
+one criterion for each input set (judges.judge_of_set: the float64 result where the set has
+one, else the noise floor measured on the sets that had one, else the tolerances), judges
+every output of the set by it and gathers what was found (results.py)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,7 @@ from ..load.input_domains import sized_by_running
 from ..load.inputs import InputSets, InputSpec, with_overrides
 from ..runtime import MissingKernel, checked_run, create_session
 from .exact_check import ExactReference, ExactRequest, exact_reference
-from .float64.precision import dtype_name
-from .judges import NoiseFloor, compare_arrays, compare_by_noise_floor, compare_exactly, reference_note
+from .judges import NoiseFloor, compare_arrays, judge_of_set, reference_note
 from .results import NonfiniteOn, OutputError, ReferenceRuns, Tolerances, ValidationResult
 from .runs import candidate_runs, float64_or_none, reference_runs, rounded_reference
 
@@ -88,23 +87,13 @@ def compare_models(
         float64_run = candidate64.run(feeds) if candidate64 is not None and exact and exact.available(index) else None
         if unchanged and exact is not None and exact.available(index) and exact.source == "onnx":
             float64_run = exact.outputs[index]  # the reference's own float64 run
+        judge = judge_of_set(index, names, exact, floor, result.outputs, float64_run, tolerances, precision)
         for position, (name, ref, cand) in enumerate(zip(names, expected, actual)):
-            ours = rounded[index].get(name)
             if ref.shape != cand.shape:
                 result.passed = False
                 result.problem = f"output {name!r}: shape {cand.shape} instead of {ref.shape}"
                 return result
-            if exact is not None and exact.available(index):
-                exact_values = dict(zip(names, exact.outputs[index] or []))[name]
-                candidate_float64 = float64_run[position] if float64_run is not None else None
-                error = compare_exactly(
-                    ref, cand, exact_values, candidate_float64, tolerances, name, strict, precision, ours
-                )
-            elif floor is not None and name in result.outputs:
-                own = floor.on_set(index, position, name, ref, result.outputs[name], ours)
-                error = compare_by_noise_floor(ref, cand, own, tolerances, name, precision)
-            else:
-                error = compare_arrays(ref, cand, *tolerances.for_output(name, precision or dtype_name(ref)))
+            error = judge(position, name, ref, cand, rounded[index].get(name))
             result.outputs[name] = result.outputs[name].merge(error) if name in result.outputs else error
     if candidate64 is not None:
         del candidate64

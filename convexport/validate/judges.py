@@ -1,7 +1,8 @@
 """The criteria validation judges an output by, each on arrays: the scale-aware tolerance
 check (compare_arrays), the float64 criterion (compare_exactly: no further from the exact
 result than the original), and the noise floor measured where the float64 reference ran
-(NoiseFloor, from the reference summed in another order; compare_by_noise_floor).
+(NoiseFloor, from the reference summed in another order; compare_by_noise_floor). Each is a
+Judge (AgainstFloat64, ByNoiseFloor, ByTolerances); judge_of_set picks one per input set.
 
 The check is per element and scale-aware:
 
@@ -22,6 +23,7 @@ max(|ref|, rms(ref))), cosine similarity (the lowest over the runs), failing ele
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -165,6 +167,81 @@ def compare_by_noise_floor(
         error.rtol, error.atol = tolerances.for_output(name, dtype)
         error.mismatches += compare_arrays(ref, cand, error.rtol, error.atol).mismatches
     return error
+
+
+class Judge(Protocol):
+    """How the outputs of one input set are judged, chosen once for the set (judge_of_set):
+    output `name` (at `position` among the outputs) from the reference's run `ref`, the
+    candidate's `cand` and, for a half-precision candidate, the reference's run with every value
+    rounded to half (`rounded`, else None)."""
+
+    def __call__(
+        self, position: int, name: str, ref: np.ndarray, cand: np.ndarray, rounded: np.ndarray | None
+    ) -> OutputError: ...
+
+
+@dataclass
+class ByTolerances:
+    """No float64 result on this set nor any earlier: the tolerances (compare_arrays)."""
+
+    tolerances: Tolerances
+    precision: str | None
+
+    def __call__(self, position, name, ref, cand, rounded) -> OutputError:
+        return compare_arrays(ref, cand, *self.tolerances.for_output(name, self.precision or dtype_name(ref)))
+
+
+@dataclass
+class AgainstFloat64(ByTolerances):
+    """A set with a float64 result: the float64 criterion (compare_exactly), the candidate's
+    own float64 run (by position) where it was made; `strict` where the reference is suspect."""
+
+    exact: dict[str, np.ndarray]  # the reference's float64 outputs by name
+    candidate_float64: list[np.ndarray] | None
+    strict: bool
+
+    def __call__(self, position, name, ref, cand, rounded) -> OutputError:
+        cand64 = self.candidate_float64[position] if self.candidate_float64 is not None else None
+        return compare_exactly(
+            ref, cand, self.exact[name], cand64, self.tolerances, name, self.strict, self.precision, rounded
+        )
+
+
+@dataclass
+class ByNoiseFloor(ByTolerances):
+    """A set after those the float64 reference fitted on: each output by the noise floor
+    measured there (NoiseFloor.on_set, from its judgement so far, `judged`), an output not
+    judged before by the tolerances."""
+
+    floor: NoiseFloor
+    index: int
+    judged: dict[str, OutputError]
+
+    def __call__(self, position, name, ref, cand, rounded) -> OutputError:
+        if name not in self.judged:
+            return super().__call__(position, name, ref, cand, rounded)
+        own = self.floor.on_set(self.index, position, name, ref, self.judged[name], rounded)
+        return compare_by_noise_floor(ref, cand, own, self.tolerances, name, self.precision)
+
+
+def judge_of_set(
+    index: int,
+    names: list[str],
+    exact: ExactReference | None,
+    floor: NoiseFloor | None,
+    judged: dict[str, OutputError],
+    candidate_float64: list[np.ndarray] | None,
+    tolerances: Tolerances,
+    precision: str | None,
+) -> Judge:
+    """The criterion of input set `index`: against its float64 result where it has one, else by
+    the noise floor measured on the sets that have one, else by the tolerances."""
+    if exact is not None and exact.available(index):
+        outputs = dict(zip(names, exact.outputs[index] or []))
+        return AgainstFloat64(tolerances, precision, outputs, candidate_float64, exact.suspect is not None)
+    if floor is not None:
+        return ByNoiseFloor(tolerances, precision, floor, index, judged)
+    return ByTolerances(tolerances, precision)
 
 
 def reference_note(exact: ExactReference) -> str | None:
