@@ -139,7 +139,7 @@ def _validated_on_device(
 ):
     """The check on the CUDA provider the model is deployed on, beside the CPU reference check:
     original and optimized on CUDA with TF32 off, so that only the rewrite can differ; its
-    result goes to validation["on_device"] (TF32's own effect is added by record_tf32_effect).
+    result goes to validation["on_device"] (TF32's own effect is added by tf32_effect_fields).
     The device check's result is returned: a graph that fails it fails validation."""
     on_device = compare_models(
         exported.reference, rewritten.outcome.model, inputs.sets, request.tolerances, labels=labels,
