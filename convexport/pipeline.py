@@ -20,7 +20,7 @@ from .load.export import export_model
 from .load.inputs import InputSpec, input_specs
 from .options import OPTION_NAMES, OptimizeOptions
 from .profile.profiler import timing_threads
-from .report.types import OnDevice, OptimizeReport, Validation
+from .report.types import InvalidModel, OnDevice, OptimizeReport, Validation
 from .report.words import plural
 from .runtime import custom_op_libraries
 from .stages import half, load, rewrite
@@ -192,10 +192,8 @@ def _refusal_reported(report: OptimizeReport):
     try:
         yield
     except Refused as refused:
-        if refused.made_up_inputs is not None:
-            report["made_up_inputs"] = refused.made_up_inputs
         if refused.validation is not None:
-            report["validation"] = refused.validation
+            _place_validation(report, refused.validation, refused.made_up_inputs)
         if refused.precision is not None:
             report["precision"] = refused.precision
         raise ValidationError(str(refused), report) from None
@@ -214,10 +212,15 @@ def _validated(
 ) -> validate_stage.Checked:
     """The validate stage's check, its sections placed in the report."""
     checked = validate_stage.checked(exported.graph, rewritten, runs, request, exported.torch_source)
-    if checked.made_up_inputs is not None:
-        report["made_up_inputs"] = checked.made_up_inputs
-    report["validation"] = checked.validation
+    _place_validation(report, checked.validation, checked.made_up_inputs)
     return checked
+
+
+def _place_validation(report: OptimizeReport, validation: Validation | InvalidModel, made_up_inputs: str | None):
+    """The validate stage's section, and why made-up inputs were not used where they were not."""
+    if made_up_inputs is not None:
+        report["made_up_inputs"] = made_up_inputs
+    report["validation"] = validation
 
 
 def _restate(report: OptimizeReport, model: onnx.ModelProto, declared) -> None:

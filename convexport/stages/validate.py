@@ -17,7 +17,7 @@ from ..errors import ConvexportError, first_line
 from ..load.export import ExportResult
 from ..load.float32_twin import weights_half_type
 from ..load.inputs import InputSets
-from ..report.types import Culprit, InvalidModel, OnDevice, Rewrite, Validation
+from ..report.types import Culprit, InvalidModel, OnDevice, Rewrite, TF32Effect, Validation
 from ..runtime import CUDA, Unloadable, create_session, provider_options
 from ..validate.compare import compare_models, tf32_effect
 from ..validate.exact_check import ExactRequest, reference_seconds
@@ -157,18 +157,17 @@ def _validated_on_device(
     return on_device
 
 
-def tf32_effect_fields(model: onnx.ModelProto, sample, session=None) -> OnDevice:
+def tf32_effect_fields(model: onnx.ModelProto, sample, session=None) -> TF32Effect:
     """The fields of validation["on_device"] that say, per output, how far the optimized graph
     as deployed (ORT's default CUDA options, TF32 on) lands from the device check's TF32-off
     outputs (validate.tf32_effect), measured on `session` where the profile hands its own over."""
     effect = tf32_effect(model, sample, session)
     if effect is None:
-        note = f"not measured: {CUDA} has no kernel for the graph with its default options"
-        return cast(OnDevice, {"tf32_effect_note": note})
-    return cast(OnDevice, {
+        return {"tf32_effect_note": f"not measured: {CUDA} has no kernel for the graph with its default options"}
+    return {
         "tf32_effect": {name: {"max_abs": e.max_abs, "max_rel": e.max_rel} for name, e in effect.items()},
         "tf32_effect_options": provider_options("cuda"),
-    })  # fmt: skip
+    }
 
 
 def tf32_effect_recorded(on_device: OnDevice) -> bool:

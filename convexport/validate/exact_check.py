@@ -256,11 +256,10 @@ def _torch_reference(
 
     if torch_source is None or not all_feeds or not original_runs:
         return None, None
-    left = first_deadline - time.perf_counter()
-    if not isinstance(torch_source, TorchUnavailable) and estimated_flops(model) / reference_rate() > left:
-        return None, None  # the ONNX graph's float64 run, already made, is the reference
     if isinstance(torch_source, TorchUnavailable):
         return None, {"note": str(torch_source)}
+    if estimated_flops(model) / reference_rate() > first_deadline - time.perf_counter():
+        return None, None  # the ONNX graph's float64 run, already made, is the reference
     shapes = [array.shape for array in onnx_first]
     try:
         first = torch_source.run(all_feeds[0], shapes)

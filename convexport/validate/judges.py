@@ -192,10 +192,12 @@ class ByTolerances:
 
 
 @dataclass
-class AgainstFloat64(ByTolerances):
+class AgainstFloat64:
     """A set with a float64 result: the float64 criterion (compare_exactly), the candidate's
     own float64 run (by position) where it was made; `strict` where the reference is suspect."""
 
+    tolerances: Tolerances
+    precision: str | None
     exact: dict[str, np.ndarray]  # the reference's float64 outputs by name
     candidate_float64: list[np.ndarray] | None
     strict: bool
